@@ -1,0 +1,28 @@
+# The two commands of the README. Both create .venv when missing and install
+# the project into it, so a fresh clone needs only Python 3.11+ (and Java for
+# the Spark pipeline).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test install clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/seamq dev
+
+test: $(STAMP)
+	$(BIN)/pytest
+
+clean:
+	rm -rf $(VENV) .seamq .pytest_cache

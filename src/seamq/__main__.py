@@ -1,0 +1,5 @@
+"""`python -m seamq` is the `seamq` command."""
+
+from seamq.cli import app
+
+app()

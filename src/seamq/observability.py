@@ -1,0 +1,50 @@
+"""Metrics and structured logs, named once so every worker reports alike.
+
+Prometheus metrics are process-wide; `serve_metrics(port)` exposes them.
+Logs are structlog JSON lines on stderr. EVT-047-001 OutboxEventPublished is
+a counter plus a debug-level log event (one line per event would cost more
+than publishing it).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import structlog
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
+
+RELAY_PUBLISHED = Counter("seamq_relay_published_total", "Outbox events published (EVT-047-001)", ["context"])
+RELAY_FAILED = Counter("seamq_relay_failed_total", "Outbox publish failures", ["context", "kind"])
+RELAY_BATCH_SECONDS = Histogram(
+    "seamq_relay_batch_seconds", "Claim + publish + mark of one batch",
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+OUTBOX_BACKLOG = Gauge("seamq_outbox_backlog", "Unpublished outbox rows (QRY-050)", ["context"])
+OUTBOX_OLDEST_SECONDS = Gauge("seamq_outbox_oldest_seconds", "Age of the oldest unpublished row", ["context"])
+
+
+def configure_logging(level: str = "info", *, json: bool = True) -> None:
+    numeric = logging.getLevelName(level.upper())
+    if not isinstance(numeric, int):
+        numeric = logging.INFO
+    renderer = structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer()
+    structlog.configure(
+        processors=[
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(numeric),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=True,
+    )
+
+
+def serve_metrics(port: int | None) -> None:
+    if port:
+        start_http_server(port, addr="127.0.0.1")
+
+
+log = structlog.get_logger("seamq")

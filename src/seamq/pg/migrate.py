@@ -1,0 +1,93 @@
+"""Versioned schema migrations shipped inside the package.
+
+Files are `migrations/NNNN_name.sql`. `upgrade` applies the missing ones in
+one transaction under an advisory lock, so two processes upgrading at once
+serialise and the second finds nothing to do. A checksum per applied file
+catches a migration edited after it ran.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+from importlib import resources
+
+import psycopg
+from psycopg.rows import dict_row
+
+from seamq.model import ErrorCode, SeamqError
+from seamq.pg.sql import query
+
+_FILE = re.compile(r"^(\d{4})_(\w+)\.sql$")
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    sql: str = field(repr=False)
+
+    @property
+    def checksum(self) -> str:
+        return hashlib.sha256(self.sql.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class MigrationStatus:
+    version: int
+    name: str
+    applied_at: datetime | None
+
+
+def migrations() -> list[Migration]:
+    found = []
+    for entry in resources.files("seamq.pg").joinpath("migrations").iterdir():
+        match = _FILE.match(entry.name)
+        if match:
+            found.append(Migration(int(match[1]), match[2], entry.read_text()))
+    return sorted(found, key=lambda m: m.version)
+
+
+async def upgrade(dsn: str) -> list[Migration]:
+    """Apply what is missing; returns the migrations applied by this call."""
+    async with await psycopg.AsyncConnection.connect(dsn, row_factory=dict_row) as conn:
+        async with conn.transaction():
+            await conn.execute(query("migrations_lock"))
+            await conn.execute(query("migrations_table"))
+            applied = {row["version"]: row for row in await (await conn.execute(query("migrations_applied"))).fetchall()}
+            done = []
+            for migration in migrations():
+                row = applied.get(migration.version)
+                if row is not None:
+                    if row["checksum"] != migration.checksum:
+                        raise SeamqError(
+                            ErrorCode.MIGRATION_FAILED,
+                            f"migration {migration.version:04d}_{migration.name} was changed after it was applied",
+                        )
+                    continue
+                try:
+                    await conn.execute(migration.sql)
+                except psycopg.Error as exc:
+                    raise SeamqError(
+                        ErrorCode.MIGRATION_FAILED, f"{migration.version:04d}_{migration.name}: {exc}"
+                    ) from exc
+                await conn.execute(
+                    query("migrations_record"),
+                    dict(version=migration.version, name=migration.name, checksum=migration.checksum),
+                )
+                done.append(migration)
+            return done
+
+
+async def status(dsn: str) -> list[MigrationStatus]:
+    async with await psycopg.AsyncConnection.connect(dsn, row_factory=dict_row) as conn:
+        present = (await (await conn.execute(query("migrations_table_exists"))).fetchone())["present"]
+        applied = {}
+        if present:
+            applied = {r["version"]: r for r in await (await conn.execute(query("migrations_applied"))).fetchall()}
+    return [
+        MigrationStatus(m.version, m.name, applied[m.version]["applied_at"] if m.version in applied else None)
+        for m in migrations()
+    ]

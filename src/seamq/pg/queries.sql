@@ -1,0 +1,106 @@
+-- Every SQL statement seamq runs, by name. Loaded by seamq.pg.sql.
+-- Parameters use psycopg's %(name)s style; casts use CAST(...) so the same
+-- text also works through SQLAlchemy's text() and asyncpg.
+
+-- name: insert_outbox
+INSERT INTO outbox_events
+  (id, context, aggregate_type, aggregate_id, event_type, event_version, payload,
+   occurred_at, correlation_id, causation_id, traceparent)
+VALUES
+  (%(id)s, %(context)s, %(aggregate_type)s, %(aggregate_id)s, %(event_type)s, %(event_version)s,
+   CAST(%(payload)s AS jsonb), %(occurred_at)s, %(correlation_id)s, %(causation_id)s, %(traceparent)s)
+
+-- name: claim_batch
+-- Claim buckets, not rows: a relay takes an advisory lock (held to commit) on
+-- each bucket it serves, skipping buckets another relay holds. All events of
+-- one aggregate share a bucket, so only one relay publishes an aggregate at a
+-- time, in seq order. Row-level SKIP LOCKED alone would let two relays publish
+-- one aggregate's events out of order.
+WITH pending AS MATERIALIZED (
+  SELECT bucket, min(seq) AS first_seq
+  FROM (SELECT bucket, seq FROM outbox_events
+        WHERE published_at IS NULL ORDER BY seq LIMIT %(scan)s) head
+  GROUP BY bucket
+  ORDER BY first_seq
+), mine AS MATERIALIZED (
+  SELECT bucket FROM pending
+  WHERE pg_try_advisory_xact_lock(%(lock_class)s, bucket)
+  LIMIT %(buckets)s
+)
+SELECT o.id, o.context, o.aggregate_type, o.aggregate_id, o.event_type, o.event_version,
+       o.payload::text AS payload, o.occurred_at, o.correlation_id, o.causation_id,
+       o.traceparent, o.publish_attempts
+FROM outbox_events o
+WHERE o.published_at IS NULL
+  AND o.bucket IN (SELECT bucket FROM mine)
+  AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= now())
+  -- an aggregate waits behind its own earlier row that is backing off
+  AND NOT EXISTS (
+    SELECT 1 FROM outbox_events e
+    WHERE e.published_at IS NULL AND e.next_attempt_at IS NOT NULL
+      AND e.next_attempt_at > now()
+      AND e.aggregate_type = o.aggregate_type AND e.aggregate_id = o.aggregate_id
+      AND e.seq < o.seq)
+ORDER BY o.seq
+LIMIT %(limit)s
+FOR UPDATE OF o
+
+-- name: mark_published
+UPDATE outbox_events o
+SET published_at = clock_timestamp(), publish_attempts = o.publish_attempts + 1,
+    publish_error = NULL, next_attempt_at = NULL, stream_seq = u.stream_seq
+FROM unnest(CAST(%(ids)s AS uuid[]), CAST(%(seqs)s AS bigint[])) AS u(id, stream_seq)
+WHERE o.id = u.id
+
+-- name: mark_failed
+-- A failed row backs off exponentially (capped) when `retry_later`; a
+-- transport failure (broker unreachable) does not, the relay waits instead.
+UPDATE outbox_events o
+SET publish_attempts = o.publish_attempts + 1,
+    publish_error = left(u.error, 2000),
+    next_attempt_at = CASE WHEN u.retry_later THEN
+      now() + least(%(max_backoff)s, %(base_backoff)s * power(2, least(o.publish_attempts, 20)))
+              * interval '1 second'
+    END
+FROM unnest(CAST(%(ids)s AS uuid[]), CAST(%(errors)s AS text[]), CAST(%(retry_later)s AS boolean[]))
+  AS u(id, error, retry_later)
+WHERE o.id = u.id
+
+-- name: purge_outbox
+-- Bounded batches keep each DELETE short: no long locks, no WAL spikes.
+DELETE FROM outbox_events
+WHERE id IN (SELECT id FROM outbox_events
+             WHERE published_at IS NOT NULL AND published_at < now() - %(older_than)s * interval '1 second'
+             ORDER BY published_at LIMIT %(batch)s)
+
+-- name: outbox_backlog
+SELECT context, count(*) AS count, min(occurred_at) AS oldest_at,
+       count(*) FILTER (WHERE publish_error IS NOT NULL) AS failing
+FROM outbox_events WHERE published_at IS NULL
+GROUP BY context ORDER BY context
+
+-- name: inbox_backlog
+SELECT consumer, count(*) AS count, min(received_at) AS oldest_at
+FROM inbox_messages WHERE processed_at IS NULL AND status = 'received'
+GROUP BY consumer ORDER BY consumer
+
+-- name: migrations_table
+CREATE TABLE IF NOT EXISTS seamq_migrations (
+  version INT PRIMARY KEY,
+  name TEXT NOT NULL,
+  checksum TEXT NOT NULL,
+  applied_at TIMESTAMPTZ NOT NULL DEFAULT now()
+)
+
+-- name: migrations_lock
+-- One migrator at a time: a second process waits here, then finds nothing to do.
+SELECT pg_advisory_xact_lock(7103, 0)
+
+-- name: migrations_applied
+SELECT version, name, checksum, applied_at FROM seamq_migrations ORDER BY version
+
+-- name: migrations_record
+INSERT INTO seamq_migrations (version, name, checksum) VALUES (%(version)s, %(name)s, %(checksum)s)
+
+-- name: migrations_table_exists
+SELECT to_regclass('seamq_migrations') IS NOT NULL AS present

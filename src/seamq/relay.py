@@ -1,0 +1,205 @@
+"""The relay (CMD-050): outbox rows -> JetStream, each exactly once in the stream.
+
+Loop: claim a batch (bucket locks keep per-aggregate order across relays),
+publish it pipelined with `Nats-Msg-Id` = outbox id, mark what JetStream
+acknowledged, commit. A crash anywhere before the commit leaves the rows
+unpublished; the next claim publishes them again and JetStream drops the
+duplicates by id. Published rows are kept (see `seamq outbox purge`) longer
+than the reconcile interval, so a broker that loses acknowledged writes can
+be repaired from the outbox.
+
+The relay wakes on PostgreSQL NOTIFY right after a commit and polls as a
+fallback. When NATS is unreachable it waits with capped backoff instead of
+burning attempts; when PostgreSQL is, it reconnects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+import psycopg
+
+from seamq.model import EventSubject, SeamqError, message_headers
+from seamq.nats.publisher import OutMessage, PubResult
+from seamq.observability import (
+    OUTBOX_BACKLOG, OUTBOX_OLDEST_SECONDS, RELAY_BATCH_SECONDS, RELAY_FAILED, RELAY_PUBLISHED, log,
+)
+from seamq.ports import JetStreamPublisher, OutboxRepository, OutboxRow
+from seamq.topology import Topology
+
+# Errors that mean "the broker is unreachable", not "this message is bad".
+_TRANSPORT = ("timeout", "ConnectionClosed", "Disconnected", "NoServers", "OutboundBufferLimit")
+
+
+@dataclass
+class RelayConfig:
+    batch_size: int = 500
+    poll_interval: float = 1.0
+    max_backoff: float = 30.0
+    max_payload: int = 1024 * 1024
+    backlog_interval: float = 5.0
+
+
+class Relay:
+    def __init__(
+        self, outbox: OutboxRepository, publisher: JetStreamPublisher, topology: Topology,
+        config: RelayConfig | None = None, *, connected=lambda: True,
+    ) -> None:
+        self.outbox = outbox
+        self.publisher = publisher
+        self.topology = topology
+        self.config = config or RelayConfig()
+        self._connected = connected
+        self.wake = asyncio.Event()
+        self.published_total = 0
+
+    def _message(self, row: OutboxRow) -> OutMessage | str:
+        """The message for a row, or why it cannot be published."""
+        try:
+            subject = EventSubject(row.context, row.event_type, row.event_version)
+        except SeamqError as exc:
+            return exc.message
+        if row.context not in self.topology.contexts:
+            return f"context {row.context!r} has no stream in the topology"
+        payload = row.payload.encode()
+        if len(payload) > self.config.max_payload:
+            return f"payload of {len(payload)} bytes exceeds the server's max_payload {self.config.max_payload}"
+        return OutMessage(str(subject), payload, message_headers(row, row.traceparent))
+
+    async def run_once(self) -> tuple[int, bool]:
+        """One batch. Returns (rows claimed, whether the broker was unreachable)."""
+        started = time.perf_counter()
+        async with self.outbox.claim(self.config.batch_size) as batch:
+            if not batch.rows:
+                return 0, False
+            marks = _Marks()
+            sendable = []
+            for row in batch.rows:
+                built = self._message(row)
+                if isinstance(built, str):
+                    marks.invalid(row, built)
+                else:
+                    sendable.append((row, built))
+            results = await self.publisher.publish_many([m for _, m in sendable]) if sendable else []
+            for (row, _), result in zip(sendable, results):
+                marks.result(row, result)
+            await batch.mark_published(marks.ok_ids, marks.ok_seqs)
+            await batch.mark_failed(marks.fail_ids, marks.fail_errors, marks.fail_retry)
+        self.published_total += len(marks.ok_ids)
+        RELAY_BATCH_SECONDS.observe(time.perf_counter() - started)
+        return len(batch.rows), marks.transport_failed
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Until `stop` is set: batches back to back while there is work, then wait."""
+        backoff = 0.0
+        last_backlog = 0.0
+        while not stop.is_set():
+            if not self._connected():
+                backoff = await self._sleep(stop, backoff, "nats_unavailable")
+                continue
+            try:
+                claimed, transport_failed = await self.run_once()
+            except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+                log.warning("relay_database_error", error=str(exc))
+                backoff = await self._sleep(stop, backoff, "database_unavailable")
+                continue
+            except Exception as exc:  # unexpected: log, back off, keep the worker alive
+                log.exception("relay_batch_failed", error=str(exc))
+                backoff = await self._sleep(stop, backoff, "unexpected_error")
+                continue
+            if transport_failed:
+                backoff = await self._sleep(stop, backoff, "nats_publish_failed")
+                continue
+            backoff = 0.0
+            if time.monotonic() - last_backlog > self.config.backlog_interval:
+                last_backlog = time.monotonic()
+                await self._report_backlog()
+            if claimed < self.config.batch_size:
+                await self._wait_for_work(stop)
+
+    async def _sleep(self, stop: asyncio.Event, backoff: float, why: str) -> float:
+        backoff = min(self.config.max_backoff, max(0.1, backoff * 2))
+        log.info("relay_backing_off", reason=why, seconds=backoff)
+        try:
+            await asyncio.wait_for(stop.wait(), backoff)
+        except asyncio.TimeoutError:
+            pass
+        return backoff
+
+    async def _wait_for_work(self, stop: asyncio.Event) -> None:
+        self.wake.clear()
+        waiters = [asyncio.ensure_future(self.wake.wait()), asyncio.ensure_future(stop.wait())]
+        await asyncio.wait(waiters, timeout=self.config.poll_interval, return_when=asyncio.FIRST_COMPLETED)
+        for waiter in waiters:
+            waiter.cancel()
+
+    async def _report_backlog(self) -> None:
+        try:
+            rows = await self.outbox.backlog()
+        except psycopg.Error:
+            return
+        now = time.time()
+        for ctx in self.topology.contexts:
+            OUTBOX_BACKLOG.labels(ctx).set(0)
+            OUTBOX_OLDEST_SECONDS.labels(ctx).set(0)
+        for row in rows:
+            OUTBOX_BACKLOG.labels(row["context"]).set(row["count"])
+            OUTBOX_OLDEST_SECONDS.labels(row["context"]).set(max(0.0, now - row["oldest_at"].timestamp()))
+
+
+@dataclass
+class _Marks:
+    """What one batch learned, sorted into the two UPDATEs that record it."""
+
+    ok_ids: list = field(default_factory=list)
+    ok_seqs: list = field(default_factory=list)
+    fail_ids: list = field(default_factory=list)
+    fail_errors: list = field(default_factory=list)
+    fail_retry: list = field(default_factory=list)
+    transport_failed: bool = False
+
+    def result(self, row: OutboxRow, result: PubResult) -> None:
+        if result.ok:
+            self.ok_ids.append(row.id)
+            self.ok_seqs.append(result.seq)
+            RELAY_PUBLISHED.labels(row.context).inc()
+            log.debug("outbox_event_published", outbox_id=str(row.id), event_type=row.event_type, seq=result.seq)
+            return
+        transport = any(marker in (result.error or "") for marker in _TRANSPORT)
+        self.transport_failed |= transport
+        # A broker outage is not the row's fault: no per-row backoff, the relay waits.
+        self._fail(row, result.error or "unknown error", retry_later=not transport)
+        RELAY_FAILED.labels(row.context, "transport" if transport else "message").inc()
+
+    def invalid(self, row: OutboxRow, reason: str) -> None:
+        self._fail(row, reason, retry_later=True)
+        RELAY_FAILED.labels(row.context, "invalid").inc()
+        log.warning("outbox_row_unpublishable", outbox_id=str(row.id), reason=reason)
+
+    def _fail(self, row: OutboxRow, error: str, retry_later: bool) -> None:
+        self.fail_ids.append(row.id)
+        self.fail_errors.append(error)
+        self.fail_retry.append(retry_later)
+
+
+async def listen_for_outbox(dsn: str, wake: asyncio.Event, stop: asyncio.Event) -> None:
+    """LISTEN on its own connection; every NOTIFY wakes the relay. Reconnects forever."""
+    backoff = 0.1
+    while not stop.is_set():
+        try:
+            async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+                await conn.execute("LISTEN seamq_outbox")
+                backoff = 0.1
+                wake.set()  # rows may have arrived while we were away
+                while not stop.is_set():
+                    async for _ in conn.notifies(timeout=1.0):
+                        wake.set()
+        except psycopg.Error as exc:
+            log.info("relay_listen_reconnecting", error=str(exc))
+            try:
+                await asyncio.wait_for(stop.wait(), backoff)
+            except asyncio.TimeoutError:
+                pass
+            backoff = min(5.0, backoff * 2)

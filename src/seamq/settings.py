@@ -1,0 +1,124 @@
+"""Typed settings from `SEAMQ_*` environment variables and an optional YAML file.
+
+Precedence, highest first: explicit keyword arguments, environment, the YAML
+file (`SEAMQ_CONFIG` or `--config`), defaults. Secrets are `SecretStr`, so
+they print as `**********` in logs, reprs and `--help`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit
+
+import yaml
+from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from seamq.model import ErrorCode, SeamqError
+
+
+class NatsSettings(BaseModel):
+    url: str = "nats://127.0.0.1:4222"
+    user: str | None = None
+    password: SecretStr | None = None
+    token: SecretStr | None = None
+    creds_file: Path | None = None
+    nkey_seed_file: Path | None = None
+    tls_ca: Path | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    connect_timeout: float = 5.0
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        for server in value.split(","):
+            if urlsplit(server.strip()).scheme not in ("nats", "tls", "ws", "wss"):
+                raise ValueError(f"{server!r} is not a nats://, tls://, ws:// or wss:// URL")
+        return value
+
+
+class RelaySettings(BaseModel):
+    batch_size: int = Field(500, ge=1, le=10_000)
+    poll_interval: float = Field(1.0, gt=0, description="seconds between polls when NOTIFY is quiet")
+    publish_timeout: float = Field(5.0, gt=0)
+    max_backoff: float = Field(30.0, gt=0)
+    purge_older_than: str | None = Field(None, description="e.g. 7d: purge published rows on a timer")
+
+
+class EmbeddedSettings(BaseModel):
+    """The services `seamq dev` starts when no external ones are configured."""
+
+    data_dir: Path = Path(".seamq")
+    nats_port: int = 4222
+    pg_port: int = 5432
+    # JetStream fsync: "default" syncs every 2 minutes (fast, can lose acked
+    # writes on power loss); "always" fsyncs every message. See docs/operations.md.
+    nats_sync: Literal["default", "always"] = "default"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="SEAMQ_", env_nested_delimiter="__", extra="forbid", case_sensitive=False
+    )
+
+    database_url: SecretStr | None = None
+    nats: NatsSettings = NatsSettings()
+    topology_file: Path | None = None
+    replicas: int | None = Field(None, ge=1, le=5, description="overrides every stream's replicas")
+    relay: RelaySettings = RelaySettings()
+    embedded: EmbeddedSettings = EmbeddedSettings()
+    log_level: str = "info"
+    metrics_port: int | None = None
+
+    @classmethod
+    def settings_customise_sources(
+        cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, _YamlSource(settings_cls), file_secret_settings)
+
+    def database_dsn(self) -> str:
+        if self.database_url is None:
+            raise SeamqError(ErrorCode.INVALID_CONFIG, "no database configured: set SEAMQ_DATABASE_URL")
+        return self.database_url.get_secret_value()
+
+
+class _YamlSource(PydanticBaseSettingsSource):
+    """Reads the file named by SEAMQ_CONFIG, if any."""
+
+    def get_field_value(self, field, field_name):  # pragma: no cover - unused by __call__
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        path = os.environ.get("SEAMQ_CONFIG")
+        if not path:
+            return {}
+        try:
+            data = yaml.safe_load(Path(path).read_text()) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise SeamqError(ErrorCode.INVALID_CONFIG, f"{path}: cannot read config: {exc}") from None
+        if not isinstance(data, dict):
+            raise SeamqError(ErrorCode.INVALID_CONFIG, f"{path}: the top level must be a mapping")
+        return data
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Settings, or a SeamqError that names each bad key."""
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
+        )
+        raise SeamqError(ErrorCode.INVALID_CONFIG, problems) from None
+
+
+def redact_url(url: str) -> str:
+    """A URL with its password replaced, for printing."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))

@@ -1,0 +1,264 @@
+"""The topology: which contexts exist, their streams, DLQ streams and consumers.
+
+A YAML file (the shipped default is SDS-047 §10) becomes typed, validated
+objects here. Nothing in this module talks to NATS; `seamq.nats.provision`
+turns a Topology into server state.
+
+Consumer names follow ADR-032's `{target}__from_{source}`, so the stream and
+filter of a consumer are derived from its name unless given.
+"""
+
+from __future__ import annotations
+
+import re
+from importlib import resources
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from seamq.model import ErrorCode, SeamqError
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)$")
+_DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+_SIZE = re.compile(r"^(\d+)\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)?$")
+_SIZE_UNITS = {
+    None: 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+    "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40,
+}
+_STREAM_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
+_CONTEXT = re.compile(r"^[a-z][a-z0-9_]*$")
+_CONSUMER = re.compile(r"^([a-z][a-z0-9_]*)__from_([a-z][a-z0-9_]*)$")
+
+
+def parse_duration(value: str | int | float) -> float:
+    """'120s', '7d', '2m', or a number of seconds -> seconds."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    match = _DURATION.match(str(value).strip())
+    if not match:
+        raise ValueError(f"{value!r} is not a duration like 500ms, 120s, 2m, 1h or 7d")
+    return float(match[1]) * _DURATION_UNITS[match[2]]
+
+
+def parse_size(value: str | int) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    match = _SIZE.match(str(value).strip())
+    if not match:
+        raise ValueError(f"{value!r} is not a size like 512MB or 10GB")
+    return int(match[1]) * _SIZE_UNITS[match[2]]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class StreamSpec(_Strict):
+    name: str
+    subjects: tuple[str, ...]
+    retention: Literal["limits", "interest", "workqueue"] = "limits"
+    max_age: float = 7 * 86400  # seconds
+    max_bytes: int = -1
+    max_msg_size: int = -1
+    storage: Literal["file", "memory"] = "file"
+    replicas: int = 1
+    duplicate_window: float = 120  # seconds
+
+
+class ConsumerSpec(_Strict):
+    name: str
+    target: str
+    source: str
+    stream: str
+    filter_subject: str
+    ack_wait: float = 120  # seconds
+    max_deliver: int = 20
+    max_ack_pending: int = 50
+
+
+class ContextSpec(_Strict):
+    name: str
+    stream: StreamSpec
+    dlq: StreamSpec
+
+
+class Topology(_Strict):
+    contexts: dict[str, ContextSpec]
+    consumers: dict[str, ConsumerSpec]
+    source: str = "<memory>"
+
+    def streams(self) -> list[StreamSpec]:
+        return [s for ctx in self.contexts.values() for s in (ctx.stream, ctx.dlq)]
+
+    def stream_for_context(self, context: str) -> StreamSpec:
+        try:
+            return self.contexts[context].stream
+        except KeyError:
+            raise SeamqError(
+                ErrorCode.INVALID_TOPOLOGY, f"{self.source}: no context {context!r} in the topology"
+            ) from None
+
+    def consumer(self, name: str) -> ConsumerSpec:
+        try:
+            return self.consumers[name]
+        except KeyError:
+            known = ", ".join(sorted(self.consumers)) or "none"
+            raise SeamqError(
+                ErrorCode.INVALID_TOPOLOGY, f"{self.source}: no consumer {name!r} (known: {known})"
+            ) from None
+
+
+# The YAML shape: contexts: {name: {stream: {...}, dlq: {...}}}, consumers: {name: {...}}.
+# Units are parsed here, so a bad value is reported at its own key.
+class _StreamFile(_Strict):
+    name: str | None = None
+    retention: Literal["limits", "interest", "workqueue"] = "limits"
+    max_age: float = 7 * 86400
+    max_bytes: int = -1
+    max_msg_size: int = -1
+    storage: Literal["file", "memory"] = "file"
+    replicas: int | None = Field(None, ge=1, le=5)
+    duplicate_window: float = 120
+
+    _durations = field_validator("max_age", "duplicate_window", mode="before")(lambda v: parse_duration(v))
+    _sizes = field_validator("max_bytes", "max_msg_size", mode="before")(lambda v: parse_size(v))
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str | None) -> str | None:
+        if value is not None and not _STREAM_NAME.match(value):
+            raise ValueError(f"stream name {value!r} must be UPPER_SNAKE_CASE")
+        return value
+
+    @model_validator(mode="after")
+    def _window(self) -> "_StreamFile":
+        if self.max_age and self.duplicate_window > self.max_age:
+            raise ValueError("duplicate_window must not exceed max_age")
+        return self
+
+
+class _ContextFile(_Strict):
+    stream: _StreamFile = _StreamFile()
+    dlq: _StreamFile = _StreamFile(max_age=30 * 86400)
+
+
+class _ConsumerFile(_Strict):
+    stream: str | None = None
+    filter_subject: str | None = None
+    ack_wait: float = 120
+    max_deliver: int = Field(20, ge=1)
+    max_ack_pending: int = Field(50, ge=1)
+
+    _durations = field_validator("ack_wait", mode="before")(lambda v: parse_duration(v))
+
+
+class _Defaults(_Strict):
+    replicas: int = Field(1, ge=1, le=5)
+
+
+class _TopologyFile(_Strict):
+    defaults: _Defaults = _Defaults()
+    contexts: dict[str, _ContextFile]
+    consumers: dict[str, _ConsumerFile] = {}
+
+    @field_validator("contexts")
+    @classmethod
+    def _context_names(cls, value: dict) -> dict:
+        for name in value:
+            if not _CONTEXT.match(name):
+                raise ValueError(f"context name {name!r} must be lowercase snake_case")
+        if not value:
+            raise ValueError("at least one context is required")
+        return value
+
+
+def _build(raw: _TopologyFile, source: str, replicas: int | None) -> Topology:
+    def stream(spec: _StreamFile, name: str, subject: str) -> StreamSpec:
+        return StreamSpec(
+            name=spec.name or name,
+            subjects=(subject,),
+            retention=spec.retention,
+            max_age=spec.max_age,
+            max_bytes=spec.max_bytes,
+            max_msg_size=spec.max_msg_size,
+            storage=spec.storage,
+            replicas=replicas or spec.replicas or raw.defaults.replicas,
+            duplicate_window=spec.duplicate_window,
+        )
+
+    contexts = {
+        name: ContextSpec(
+            name=name,
+            stream=stream(ctx.stream, f"{name.upper()}_EVENTS", f"{name}.event.>"),
+            dlq=stream(ctx.dlq, f"{name.upper()}_DLQ", f"{name}.dlq.>"),
+        )
+        for name, ctx in raw.contexts.items()
+    }
+    consumers = {}
+    for name, spec in raw.consumers.items():
+        match = _CONSUMER.match(name)
+        if not match:
+            raise _KeyError(("consumers", name), "consumer name must be {target}__from_{source}")
+        target, src = match[1], match[2]
+        for role, ctx in (("target", target), ("source", src)):
+            if ctx not in contexts:
+                raise _KeyError(("consumers", name), f"{role} context {ctx!r} is not declared under contexts")
+        stream_name = spec.stream or contexts[src].stream.name
+        if stream_name not in {c.stream.name for c in contexts.values()}:
+            raise _KeyError(("consumers", name, "stream"), f"no stream named {stream_name!r}")
+        filter_subject = spec.filter_subject or f"{src}.event.>"
+        if not filter_subject.startswith(f"{src}.event."):
+            raise _KeyError(
+                ("consumers", name, "filter_subject"), f"must lie within {src}.event.> (the source stream)"
+            )
+        consumers[name] = ConsumerSpec(
+            name=name, target=target, source=src, stream=stream_name, filter_subject=filter_subject,
+            ack_wait=spec.ack_wait, max_deliver=spec.max_deliver, max_ack_pending=spec.max_ack_pending,
+        )
+    names = [s.name for c in contexts.values() for s in (c.stream, c.dlq)]
+    if len(set(names)) != len(names):
+        raise _KeyError(("contexts",), f"stream names must be unique, got {sorted(names)}")
+    return Topology(contexts=contexts, consumers=consumers, source=source)
+
+
+class _KeyError(Exception):
+    def __init__(self, loc: tuple, reason: str) -> None:
+        self.loc, self.reason = loc, reason
+
+
+def load_topology(path: Path | str | None = None, *, replicas: int | None = None) -> Topology:
+    """Load and validate a topology file (the shipped default when None).
+
+    Errors name the file, the dotted key and the reason, with the
+    INVALID_TOPOLOGY code; the CLI exits 2 on them.
+    """
+    if path is None:
+        text = resources.files("seamq").joinpath("default_topology.yaml").read_text()
+        source = "default_topology.yaml"
+    else:
+        source = str(path)
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise SeamqError(ErrorCode.INVALID_TOPOLOGY, f"{source}: cannot read: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SeamqError(ErrorCode.INVALID_TOPOLOGY, f"{source}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise SeamqError(ErrorCode.INVALID_TOPOLOGY, f"{source}: the top level must be a mapping")
+    try:
+        return _build(_TopologyFile.model_validate(data), source, replicas)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise _topology_error(source, tuple(err["loc"]), err["msg"]) from None
+    except _KeyError as exc:
+        raise _topology_error(source, exc.loc, exc.reason) from None
+
+
+def _topology_error(source: str, loc: tuple, reason: str) -> SeamqError:
+    key = ".".join(str(part) for part in loc) or "<root>"
+    reason = reason.removeprefix("Value error, ")
+    return SeamqError(ErrorCode.INVALID_TOPOLOGY, f"{source}: {key}: {reason}")

@@ -1,0 +1,51 @@
+"""Test helpers that read what really happened: stream contents, table counts."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import psycopg
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+
+async def read_stream(js, stream: str, subject: str = ">", timeout: float = 30.0) -> list:
+    """Every message in a stream, in stream order, through an ack-less pull consumer."""
+    info = await js.stream_info(stream)
+    total = info.state.messages
+    if total == 0:
+        return []
+    sub = await js.pull_subscribe(
+        subject, stream=stream,
+        config=ConsumerConfig(ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.ALL, inactive_threshold=30),
+    )
+    messages = []
+    deadline = time.monotonic() + timeout
+    try:
+        while len(messages) < total and time.monotonic() < deadline:
+            try:
+                messages += await sub.fetch(min(1000, total - len(messages)), timeout=2)
+            except asyncio.TimeoutError:
+                pass
+    finally:
+        await sub.unsubscribe()
+    return messages
+
+
+async def wait_for(predicate, timeout: float = 30.0, interval: float = 0.05, what: str = "condition"):
+    """Poll an async or sync predicate until truthy; fail with `what` on timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(interval)
+
+
+def scalar(dsn: str, sql: str, params=None):
+    with psycopg.connect(dsn) as conn:
+        return conn.execute(sql, params).fetchone()[0]

@@ -1,0 +1,54 @@
+import subprocess
+
+import pytest
+
+from seamq.model import ErrorCode, SeamqError
+from seamq.settings import load_settings, redact_url
+
+from conftest import SEAMQ
+
+
+def test_env_and_yaml(monkeypatch, tmp_path):
+    config = tmp_path / "seamq.yaml"
+    config.write_text("nats:\n  url: nats://127.0.0.1:4333\nrelay:\n  batch_size: 100\n")
+    monkeypatch.setenv("SEAMQ_CONFIG", str(config))
+    monkeypatch.setenv("SEAMQ_RELAY__BATCH_SIZE", "250")  # env beats YAML
+    monkeypatch.setenv("SEAMQ_NATS__PASSWORD", "hunter2")
+    settings = load_settings()
+    assert settings.nats.url == "nats://127.0.0.1:4333"
+    assert settings.relay.batch_size == 250
+    assert settings.nats.password.get_secret_value() == "hunter2"
+    assert "hunter2" not in repr(settings) and "hunter2" not in str(settings.model_dump())
+
+
+def test_bad_values_name_the_key(monkeypatch):
+    monkeypatch.setenv("SEAMQ_RELAY__BATCH_SIZE", "0")
+    with pytest.raises(SeamqError) as err:
+        load_settings()
+    assert err.value.code == ErrorCode.INVALID_CONFIG and "relay.batch_size" in err.value.message
+    monkeypatch.delenv("SEAMQ_RELAY__BATCH_SIZE")
+    monkeypatch.setenv("SEAMQ_NATS__URL", "http://example")
+    with pytest.raises(SeamqError, match="nats.url"):
+        load_settings()
+
+
+def test_redact_url():
+    assert redact_url("postgresql://app:s3cret@db:5432/x") == "postgresql://app:***@db:5432/x"
+    assert redact_url("postgresql://app@db/x") == "postgresql://app@db/x"
+
+
+def test_secrets_never_reach_help_or_errors(tmp_path):
+    env = {"SEAMQ_NATS__PASSWORD": "hunter2", "SEAMQ_DATABASE_URL": "postgresql://u:hunter2@127.0.0.1:1/x",
+           "PATH": "/usr/bin:/bin"}
+    for args in (["--help"], ["relay", "--help"], ["db", "status"]):
+        result = subprocess.run([*SEAMQ, *args], capture_output=True, text=True, env=env)
+        assert "hunter2" not in result.stdout + result.stderr, args
+
+
+def test_help_lists_groups_each_with_help():
+    result = subprocess.run([*SEAMQ, "--help"], capture_output=True, text=True)
+    assert result.returncode == 0
+    for group in ["db", "outbox", "provision", "relay", "backlog", "dev"]:
+        assert group in result.stdout
+        sub = subprocess.run([*SEAMQ, group, "--help"], capture_output=True, text=True)
+        assert sub.returncode == 0 and "Usage" in sub.stdout, group
