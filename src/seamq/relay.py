@@ -76,10 +76,15 @@ class Relay:
                 return 0, False
             marks = _Marks()
             sendable = []
+            held = set()  # aggregates with an unpublishable row: their later rows wait, in order
             for row in batch.rows:
+                aggregate = (row.aggregate_type, row.aggregate_id)
+                if aggregate in held:
+                    continue
                 built = self._message(row)
                 if isinstance(built, str):
                     marks.invalid(row, built)
+                    held.add(aggregate)
                 else:
                     sendable.append((row, built))
             results = await self.publisher.publish_many([m for _, m in sendable]) if sendable else []

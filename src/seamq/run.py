@@ -18,7 +18,7 @@ from seamq.observability import log
 from seamq.pg.outbox_repo import PgOutbox
 from seamq.relay import Relay, RelayConfig, listen_for_outbox
 from seamq.settings import Settings
-from seamq.topology import Topology
+from seamq.topology import Topology, parse_duration
 
 
 @asynccontextmanager
@@ -59,15 +59,34 @@ async def run_relay(settings: Settings, topology: Topology, stop: asyncio.Event)
                 ),
                 connected=lambda: nc.is_connected,
             )
-            listener = asyncio.create_task(listen_for_outbox(dsn, relay.wake, stop))
+            helpers = [asyncio.create_task(listen_for_outbox(dsn, relay.wake, stop))]
+            if settings.relay.purge_older_than:
+                window = parse_duration(settings.relay.purge_older_than)
+                helpers.append(asyncio.create_task(purge_periodically(relay.outbox, window, stop)))
             log.info("relay_started", contexts=sorted(topology.contexts), batch_size=settings.relay.batch_size)
             try:
                 await relay.run(stop)
             finally:
-                listener.cancel()
-                await asyncio.gather(listener, return_exceptions=True)
+                for task in helpers:
+                    task.cancel()
+                await asyncio.gather(*helpers, return_exceptions=True)
             log.info("relay_stopped", published=relay.published_total)
             return relay
     finally:
         await publisher.close()
         await nc.drain()
+
+
+async def purge_periodically(outbox: PgOutbox, older_than: float, stop: asyncio.Event, every: float = 600) -> None:
+    """`relay.purge_older_than`: the relay purges published rows itself every 10 minutes."""
+    while not stop.is_set():
+        try:
+            deleted = await outbox.purge(older_than)
+            if deleted:
+                log.info("outbox_purged", deleted=deleted, older_than_seconds=older_than)
+        except Exception as exc:  # the next round will try again
+            log.warning("outbox_purge_failed", error=str(exc))
+        try:
+            await asyncio.wait_for(stop.wait(), every)
+        except asyncio.TimeoutError:
+            pass

@@ -47,6 +47,15 @@ class RelaySettings(BaseModel):
     max_backoff: float = Field(30.0, gt=0)
     purge_older_than: str | None = Field(None, description="e.g. 7d: purge published rows on a timer")
 
+    @field_validator("purge_older_than")
+    @classmethod
+    def _duration(cls, value: str | None) -> str | None:
+        if value is not None:
+            from seamq.topology import parse_duration
+
+            parse_duration(value)
+        return value
+
 
 class EmbeddedSettings(BaseModel):
     """The services `seamq dev` starts when no external ones are configured."""

@@ -1,0 +1,59 @@
+import uuid
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from seamq.model import ErrorCode, Event, EventSubject, SeamqError, check_outbox_policies, message_headers
+
+
+def event(**overrides):
+    fields = dict(context="sea", aggregate_type="order", aggregate_id="o-1", event_type="order_placed",
+                  payload={"total": 3})
+    fields.update(overrides)
+    return Event(**fields)
+
+
+def test_subject_convention():
+    assert str(event(event_version=2).subject) == "sea.event.order_placed.v2"
+    assert EventSubject.parse("vibespro.event.vibe_created.v1") == EventSubject("vibespro", "vibe_created", 1)
+
+
+@pytest.mark.parametrize("subject", [
+    "sea.event.order_placed", "sea.event.Order.v1", "sea.event.a.b.v1", "sea.event.*.v1", "sea.event.>.v1",
+    "sea.event.order placed.v1", "sea.evt.x.v1", "sea.event.x.v0", "",
+])
+def test_bad_subjects(subject):
+    with pytest.raises(SeamqError) as err:
+        EventSubject.parse(subject)
+    assert err.value.code == ErrorCode.INVALID_SUBJECT
+
+
+@pytest.mark.parametrize("overrides,code", [
+    (dict(event_type=""), ErrorCode.INVALID_OUTBOX),
+    (dict(event_type="Order.Placed"), ErrorCode.INVALID_OUTBOX),
+    (dict(event_type="order_*"), ErrorCode.INVALID_OUTBOX),
+    (dict(context="SEA"), ErrorCode.INVALID_OUTBOX),
+    (dict(id=None), ErrorCode.INVALID_OUTBOX),
+    (dict(aggregate_id=""), ErrorCode.INVALID_OUTBOX),
+    (dict(payload=[1, 2]), ErrorCode.INVALID_OUTBOX),
+    (dict(event_version=0), ErrorCode.INVALID_OUTBOX),
+    (dict(correlation_id="not-a-uuid"), ErrorCode.INVALID_OUTBOX),
+    (dict(occurred_at=datetime(2020, 1, 1)), ErrorCode.INVALID_OUTBOX),  # naive
+    (dict(occurred_at=datetime.now(timezone.utc) + timedelta(minutes=5)), ErrorCode.FUTURE_EVENT),
+])
+def test_outbox_policies_carry_codes(overrides, code):
+    with pytest.raises(SeamqError) as err:
+        check_outbox_policies(event(**overrides))
+    assert err.value.code == code
+
+
+def test_small_clock_skew_is_allowed():
+    check_outbox_policies(event(occurred_at=datetime.now(timezone.utc) + timedelta(seconds=30)))
+
+
+def test_headers():
+    e = event(correlation_id=uuid.uuid4())
+    headers = message_headers(e, "00-abc-def-01")
+    assert headers["Nats-Msg-Id"] == str(e.id)
+    assert headers["Seamq-Correlation-Id"] == str(e.correlation_id)
+    assert "Seamq-Causation-Id" not in headers and headers["traceparent"] == "00-abc-def-01"
