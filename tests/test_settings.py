@@ -45,10 +45,19 @@ def test_secrets_never_reach_help_or_errors(tmp_path):
         assert "hunter2" not in result.stdout + result.stderr, args
 
 
+def test_unreachable_services_give_coded_errors():
+    env = {"SEAMQ_DATABASE_URL": "postgresql://u@127.0.0.1:1/x", "SEAMQ_NATS__URL": "nats://127.0.0.1:1",
+           "SEAMQ_NATS__CONNECT_TIMEOUT": "1", "PATH": "/usr/bin:/bin"}
+    db = subprocess.run([*SEAMQ, "db", "status"], capture_output=True, text=True, env=env)
+    assert db.returncode == 1 and "DATABASE_UNAVAILABLE" in db.stderr and "Traceback" not in db.stderr
+    broker = subprocess.run([*SEAMQ, "provision", "--dry-run"], capture_output=True, text=True, env=env)
+    assert broker.returncode == 1 and "BROKER_UNAVAILABLE" in broker.stderr and "Traceback" not in broker.stderr
+
+
 def test_help_lists_groups_each_with_help():
     result = subprocess.run([*SEAMQ, "--help"], capture_output=True, text=True)
     assert result.returncode == 0
-    for group in ["db", "outbox", "provision", "relay", "backlog", "dev"]:
+    for group in ["db", "outbox", "inbox", "provision", "relay", "consume", "backlog", "dev"]:
         assert group in result.stdout
         sub = subprocess.run([*SEAMQ, group, "--help"], capture_output=True, text=True)
         assert sub.returncode == 0 and "Usage" in sub.stdout, group

@@ -29,8 +29,10 @@ app = typer.Typer(
 )
 db_app = typer.Typer(help="Database schema: versioned migrations shipped in the package.", no_args_is_help=True)
 outbox_app = typer.Typer(help="Outbox maintenance: purge published rows.", no_args_is_help=True)
+inbox_app = typer.Typer(help="Inbox maintenance: purge processed rows.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 app.add_typer(outbox_app, name="outbox")
+app.add_typer(inbox_app, name="inbox")
 
 _INPUT_ERRORS = {
     ErrorCode.INVALID_CONFIG, ErrorCode.INVALID_TOPOLOGY, ErrorCode.INVALID_OUTBOX, ErrorCode.FUTURE_EVENT,
@@ -54,27 +56,36 @@ def main(
 
 def _run(coro):
     """Run a coroutine, turning SeamqError into a clean message and exit code."""
+    import psycopg
+    from nats.errors import NoServersError
+
     try:
         return asyncio.run(coro)
     except SeamqError as exc:
-        err_console.print(f"[red]error[{exc.code.value}][/red]: {exc.message}", highlight=False)
-        raise typer.Exit(2 if exc.code in _INPUT_ERRORS else 1) from None
+        _exit_with(exc)
+    except psycopg.OperationalError as exc:
+        _exit_with(SeamqError(ErrorCode.DATABASE_UNAVAILABLE, f"{exc} (check SEAMQ_DATABASE_URL)".strip()))
+    except (NoServersError, OSError) as exc:
+        _exit_with(SeamqError(ErrorCode.BROKER_UNAVAILABLE, f"cannot reach NATS: {exc} (check SEAMQ_NATS__URL)"))
+
+
+def _exit_with(error: SeamqError):
+    err_console.print(f"[red]error[{error.code.value}][/red]: {error.message}", highlight=False)
+    raise typer.Exit(2 if error.code in _INPUT_ERRORS else 1)
 
 
 def _settings() -> Settings:
     try:
         return load_settings()
     except SeamqError as exc:
-        err_console.print(f"[red]error[{exc.code.value}][/red]: {exc.message}", highlight=False)
-        raise typer.Exit(2) from None
+        _exit_with(exc)
 
 
 def _topology(path: Optional[Path], settings: Settings) -> Topology:
     try:
         return load_topology(path or settings.topology_file, replicas=settings.replicas)
     except SeamqError as exc:
-        err_console.print(f"[red]error[{exc.code.value}][/red]: {exc.message}", highlight=False)
-        raise typer.Exit(2) from None
+        _exit_with(exc)
 
 
 # -- db -----------------------------------------------------------------------
@@ -119,7 +130,7 @@ def provision(
         from seamq.nats.connect import connect
         from seamq.nats.provision import apply, plan
 
-        nc = await connect(settings.nats, name="seamq-provision")
+        nc = await connect(settings.nats, name="seamq-provision", persistent=False)
         try:
             js = nc.jetstream()
             return await (plan(js, topo) if dry_run else apply(js, topo, force=force))
@@ -173,8 +184,7 @@ def outbox_purge(
     try:
         seconds = parse_duration(older_than)
     except ValueError as exc:
-        err_console.print(f"[red]error[INVALID_CONFIG][/red]: --older-than: {exc}")
-        raise typer.Exit(2) from None
+        _exit_with(SeamqError(ErrorCode.INVALID_CONFIG, f"--older-than: {exc}"))
 
     async def go():
         from seamq.pg.outbox_repo import PgOutbox
@@ -184,6 +194,68 @@ def outbox_purge(
             return await PgOutbox(pool).purge(seconds, batch)
 
     console.print(f"deleted {_run(go())} published rows older than {older_than}")
+
+
+@app.command()
+def consume(
+    consumer: str = typer.Option(..., "--consumer", help="A durable consumer of the topology, e.g. sea__from_vibespro."),
+    topology: Optional[Path] = TopologyOption,
+    handler_url: Optional[str] = typer.Option(None, help="HTTP handler (POST /handle) for every event without a route."),
+    registry: Optional[str] = typer.Option(None, help="Registry import path, e.g. myapp.registry:REGISTRY."),
+) -> None:
+    """Pull from a durable consumer, record in the inbox, dispatch, ACK / redeliver / dead-letter (CMD-051/052)."""
+    settings = _settings()
+    overrides = {k: v for k, v in dict(handler_url=handler_url, registry=registry).items() if v}
+    if overrides:
+        settings = settings.model_copy(update={"consumer": settings.consumer.model_copy(update=overrides)})
+    topo = _topology(topology, settings)
+    if consumer not in topo.consumers:
+        _exit_with(SeamqError(ErrorCode.INVALID_TOPOLOGY,
+                              f"no consumer {consumer!r}; known: {', '.join(sorted(topo.consumers))}"))
+
+    async def go():
+        from seamq.observability import serve_metrics
+        from seamq.run import run_consumer, stop_on_signals
+
+        serve_metrics(settings.metrics_port)
+        stop = asyncio.Event()
+        stop_on_signals(stop)
+        await run_consumer(settings, topo, consumer, stop)
+
+    _run(go())
+
+
+@inbox_app.command("purge")
+def inbox_purge(
+    older_than: str = typer.Option(..., "--older-than", help="Age of processed rows to delete, e.g. 30d."),
+    topology: Optional[Path] = TopologyOption,
+    batch: int = typer.Option(5000, help="Rows per DELETE."),
+) -> None:
+    """Delete processed inbox rows older than a window that still covers every possible redelivery."""
+    from seamq.topology import inbox_retention_floor
+
+    settings = _settings()
+    topo = _topology(topology, settings)
+    try:
+        seconds = parse_duration(older_than)
+    except ValueError as exc:
+        _exit_with(SeamqError(ErrorCode.INVALID_CONFIG, f"--older-than: {exc}"))
+    floor = inbox_retention_floor(topo, nak_max=settings.consumer.nak_max)
+    if seconds <= floor:
+        _exit_with(SeamqError(ErrorCode.INVALID_CONFIG, (
+            f"--older-than {older_than} is too short: a copy of a message may still arrive up to {floor:g}s "
+            "(duplicate window + max_deliver x max(ack_wait, NAK delay)) after it was first seen; "
+            "purging sooner could process it twice")))
+
+    async def go():
+        import psycopg
+
+        from seamq.pg.inbox_repo import purge_inbox
+
+        async with await psycopg.AsyncConnection.connect(settings.database_dsn(), autocommit=True) as conn:
+            return await purge_inbox(conn, seconds, batch)
+
+    console.print(f"deleted {_run(go())} processed inbox rows older than {older_than}")
 
 
 @app.command()

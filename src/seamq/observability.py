@@ -23,6 +23,21 @@ RELAY_BATCH_SECONDS = Histogram(
 OUTBOX_BACKLOG = Gauge("seamq_outbox_backlog", "Unpublished outbox rows (QRY-050)", ["context"])
 OUTBOX_OLDEST_SECONDS = Gauge("seamq_outbox_oldest_seconds", "Age of the oldest unpublished row", ["context"])
 
+CONSUMER_PROCESSED = Counter("seamq_consumer_processed_total", "Messages handled", ["consumer", "event_type"])
+CONSUMER_DUPLICATES = Counter("seamq_consumer_duplicates_total", "Duplicate deliveries skipped", ["consumer"])
+CONSUMER_DEAD_LETTERED = Counter("seamq_consumer_dead_lettered_total", "Messages sent to the DLQ",
+                                 ["consumer", "reason"])
+CONSUMER_REDELIVERIES = Counter("seamq_consumer_redeliveries_total", "Deliveries after the first", ["consumer"])
+CONSUMER_RETRIES = Counter("seamq_consumer_retries_total", "Handler failures left for redelivery", ["consumer"])
+CONSUMER_HANDLER_SECONDS = Histogram(
+    "seamq_consumer_handler_seconds", "Handler call duration", ["consumer"],
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+CONSUMER_E2E_SECONDS = Histogram(
+    "seamq_consumer_end_to_end_seconds", "occurred_at -> handled", ["consumer"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 60),
+)
+
 
 def configure_logging(level: str = "info", *, json: bool = True) -> None:
     numeric = logging.getLevelName(level.upper())

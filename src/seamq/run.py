@@ -12,10 +12,15 @@ from typing import AsyncIterator
 
 from psycopg_pool import AsyncConnectionPool
 
+from seamq.consumer import ConsumerConfig, InboxConsumer
+from seamq.http.client import http_client
+from seamq.model import ErrorCode, SeamqError
 from seamq.nats.connect import connect
 from seamq.nats.publisher import PipelinedPublisher
+from seamq.nats.pull import PullSource
 from seamq.observability import log
 from seamq.pg.outbox_repo import PgOutbox
+from seamq.registry import Registry, load_registry
 from seamq.relay import Relay, RelayConfig, listen_for_outbox
 from seamq.settings import Settings
 from seamq.topology import Topology, parse_duration
@@ -74,7 +79,7 @@ async def run_relay(settings: Settings, topology: Topology, stop: asyncio.Event)
             return relay
     finally:
         await publisher.close()
-        await nc.drain()
+        await _close(nc)
 
 
 async def purge_periodically(outbox: PgOutbox, older_than: float, stop: asyncio.Event, every: float = 600) -> None:
@@ -90,3 +95,43 @@ async def purge_periodically(outbox: PgOutbox, older_than: float, stop: asyncio.
             await asyncio.wait_for(stop.wait(), every)
         except asyncio.TimeoutError:
             pass
+
+
+async def run_consumer(
+    settings: Settings, topology: Topology, name: str, stop: asyncio.Event, registry: Registry | None = None,
+) -> InboxConsumer:
+    """Run one durable consumer of the topology until `stop`."""
+    spec = topology.consumer(name)
+    cfg = settings.consumer
+    registry = registry or (load_registry(cfg.registry) if cfg.registry else Registry(default=cfg.handler_url))
+    if not registry.routes and not registry.default:
+        raise SeamqError(ErrorCode.INVALID_CONFIG,
+                         "no handlers: set consumer.registry or consumer.handler_url (SEAMQ_CONSUMER__HANDLER_URL)")
+    secret = cfg.handler_secret.get_secret_value() if cfg.handler_secret else None
+    nc = await connect(settings.nats, name=f"seamq-consumer-{name}")
+    client = http_client(max_connections=cfg.concurrency * 2)
+    try:
+        handlers = registry.build(http_client=client, secret=secret, timeout=cfg.handler_timeout)
+        dlq = await PipelinedPublisher(nc, timeout=settings.relay.publish_timeout).start()
+        source = await PullSource(nc.jetstream(), spec.stream, spec.name).start()
+        async with pg_pool(settings.database_dsn(), max_size=cfg.concurrency + 1) as pool:
+            consumer = InboxConsumer(spec, source, pool, dlq, handlers, ConsumerConfig(
+                batch_size=cfg.batch_size, fetch_timeout=cfg.fetch_timeout, concurrency=cfg.concurrency,
+                ordered=cfg.ordered, nak_base=cfg.nak_base, nak_max=cfg.nak_max, max_payload=nc.max_payload,
+            ))
+            log.info("consumer_started", consumer=name, stream=spec.stream, concurrency=cfg.concurrency)
+            await consumer.run(stop)
+            log.info("consumer_stopped", consumer=name)
+            return consumer
+    finally:
+        await client.aclose()
+        await _close(nc)
+
+
+async def _close(nc) -> None:
+    """Flush what we published, then close. (drain() can hang on a pull subscription.)"""
+    try:
+        await nc.flush(timeout=2)
+    except Exception:
+        pass
+    await nc.close()

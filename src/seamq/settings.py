@@ -57,6 +57,19 @@ class RelaySettings(BaseModel):
         return value
 
 
+class ConsumerSettings(BaseModel):
+    batch_size: int = Field(50, ge=1, le=10_000, description="capped by the consumer's max_ack_pending")
+    fetch_timeout: float = Field(1.0, gt=0)
+    concurrency: int = Field(8, ge=1, le=256, description="lanes: transactions in flight at once")
+    ordered: bool = Field(True, description="one aggregate's messages one after another")
+    handler_timeout: float = Field(10.0, gt=0)
+    handler_url: str | None = Field(None, description="HTTP handler for every event without a route")
+    handler_secret: SecretStr | None = Field(None, description="HMAC secret shared with handler services")
+    registry: str | None = Field(None, description="import path of a Registry, e.g. myapp.registry:REGISTRY")
+    nak_base: float = Field(1.0, gt=0, description="first redelivery delay after a failure, seconds")
+    nak_max: float = Field(60.0, gt=0)
+
+
 class EmbeddedSettings(BaseModel):
     """The services `seamq dev` starts when no external ones are configured."""
 
@@ -78,6 +91,7 @@ class Settings(BaseSettings):
     topology_file: Path | None = None
     replicas: int | None = Field(None, ge=1, le=5, description="overrides every stream's replicas")
     relay: RelaySettings = RelaySettings()
+    consumer: ConsumerSettings = ConsumerSettings()
     embedded: EmbeddedSettings = EmbeddedSettings()
     log_level: str = "info"
     metrics_port: int | None = None

@@ -262,3 +262,19 @@ def _topology_error(source: str, loc: tuple, reason: str) -> SeamqError:
     key = ".".join(str(part) for part in loc) or "<root>"
     reason = reason.removeprefix("Value error, ")
     return SeamqError(ErrorCode.INVALID_TOPOLOGY, f"{source}: {key}: {reason}")
+
+
+def inbox_retention_floor(topology: Topology, *, nak_max: float, replay_window: float = 0.0) -> float:
+    """How long processed inbox rows must be kept, in seconds.
+
+    A copy of a message can still arrive as long as JetStream may redeliver
+    it (every delivery can wait out ack_wait or a NAK delay), as long as a
+    publisher may republish it inside the duplicate window, and as long as
+    the DLQ replay may bring it back. Purging a row earlier would let that
+    copy be processed a second time.
+    """
+    window = max(s.duplicate_window for s in topology.streams())
+    redelivery = max(
+        (c.max_deliver * max(c.ack_wait, nak_max) for c in topology.consumers.values()), default=0.0
+    )
+    return window + redelivery + replay_window

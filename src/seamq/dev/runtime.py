@@ -45,7 +45,7 @@ def start_embedded(settings: Settings, data_dir: Path, stack: ExitStack) -> Sett
 
 
 async def provision(settings: Settings, topology: Topology):
-    nc = await connect(settings.nats, name="seamq-dev")
+    nc = await connect(settings.nats, name="seamq-dev", persistent=False)
     try:
         return await apply(nc.jetstream(), topology)
     finally:

@@ -1,0 +1,1 @@
+"""HTTP adapter: the SDS-047 §12 handler contract, both sides."""

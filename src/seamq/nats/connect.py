@@ -11,6 +11,7 @@ import ssl
 import nats
 from nats.aio.client import Client
 
+from seamq.observability import log
 from seamq.settings import NatsSettings
 
 
@@ -23,14 +24,20 @@ def _tls_context(settings: NatsSettings) -> ssl.SSLContext | None:
     return context
 
 
-async def connect(settings: NatsSettings, *, name: str = "seamq", **callbacks) -> Client:
-    """Connect with unlimited reconnects: workers ride out broker restarts."""
+async def _log_error(exc: Exception) -> None:
+    # nats-py's default prints a traceback per failed attempt; one line is enough.
+    log.warning("nats_error", error=f"{type(exc).__name__}: {exc}")
+
+
+async def connect(settings: NatsSettings, *, name: str = "seamq", persistent: bool = True, **callbacks) -> Client:
+    """Connect. Workers (`persistent`) reconnect forever, riding out broker restarts,
+    and also wait for a broker that is not up yet; one-shot commands fail fast."""
     secret = lambda s: s.get_secret_value() if s else None  # noqa: E731
     options = dict(
         servers=[s.strip() for s in settings.url.split(",")],
         name=name,
         connect_timeout=settings.connect_timeout,
-        max_reconnect_attempts=-1,
+        max_reconnect_attempts=-1 if persistent else 2,
         reconnect_time_wait=0.5,
         user=settings.user,
         password=secret(settings.password),
@@ -38,6 +45,7 @@ async def connect(settings: NatsSettings, *, name: str = "seamq", **callbacks) -
         user_credentials=str(settings.creds_file) if settings.creds_file else None,
         nkeys_seed=str(settings.nkey_seed_file) if settings.nkey_seed_file else None,
         tls=_tls_context(settings),
+        error_cb=_log_error,
         **callbacks,
     )
     return await nats.connect(**{k: v for k, v in options.items() if v is not None})

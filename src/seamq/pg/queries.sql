@@ -104,3 +104,61 @@ INSERT INTO seamq_migrations (version, name, checksum) VALUES (%(version)s, %(na
 
 -- name: migrations_table_exists
 SELECT to_regclass('seamq_migrations') IS NOT NULL AS present
+
+-- name: inbox_insert
+-- Record messages before processing (REQ-051). New rows come back; rows that
+-- already exist are read by inbox_lock. Sorted, so two consumers claiming
+-- overlapping batches lock rows in one order and cannot deadlock.
+INSERT INTO inbox_messages (consumer, message_id, subject, event_type, event_version, occurred_at, attempts)
+SELECT %(consumer)s, m.message_id, m.subject, m.event_type, m.event_version, m.occurred_at, 1
+FROM unnest(CAST(%(ids)s AS uuid[]), CAST(%(subjects)s AS text[]), CAST(%(types)s AS text[]),
+            CAST(%(versions)s AS int[]), CAST(%(occurred)s AS timestamptz[]))
+  AS m(message_id, subject, event_type, event_version, occurred_at)
+ORDER BY m.message_id
+ON CONFLICT (consumer, message_id) DO NOTHING
+RETURNING message_id
+
+-- name: inbox_lock
+-- Existing rows, locked until this transaction ends: a concurrent redelivery
+-- of the same message waits here, then sees it processed.
+SELECT message_id, status, attempts FROM inbox_messages
+WHERE consumer = %(consumer)s AND message_id = ANY(CAST(%(ids)s AS uuid[]))
+ORDER BY message_id
+FOR UPDATE
+
+-- name: inbox_retry
+-- An earlier attempt failed or crashed (processed_at IS NULL), or a DLQ replay
+-- arrived: process again, counting the attempt.
+UPDATE inbox_messages SET attempts = attempts + 1, status = 'received'
+WHERE consumer = %(consumer)s AND message_id = ANY(CAST(%(ids)s AS uuid[]))
+
+-- name: inbox_duplicate
+UPDATE inbox_messages SET duplicates = duplicates + 1
+WHERE consumer = %(consumer)s AND message_id = ANY(CAST(%(ids)s AS uuid[]))
+
+-- name: inbox_processed
+UPDATE inbox_messages SET status = 'processed', processed_at = clock_timestamp(), last_error = NULL
+WHERE consumer = %(consumer)s AND message_id = ANY(CAST(%(ids)s AS uuid[]))
+
+-- name: inbox_failed
+UPDATE inbox_messages i SET last_error = left(u.error, 2000)
+FROM unnest(CAST(%(ids)s AS uuid[]), CAST(%(errors)s AS text[])) AS u(id, error)
+WHERE i.consumer = %(consumer)s AND i.message_id = u.id
+
+-- name: inbox_dead_lettered
+UPDATE inbox_messages i
+SET status = 'dead_lettered', last_error = left(u.reason || ': ' || u.detail, 2000),
+    dlq_metadata = coalesce(i.dlq_metadata, '{}'::jsonb) || jsonb_build_object(
+      'reason', u.reason, 'detail', left(u.detail, 2000), 'dlq_subject', u.dlq_subject,
+      'dlq_seq', u.dlq_seq, 'dead_lettered_at', clock_timestamp())
+FROM unnest(CAST(%(ids)s AS uuid[]), CAST(%(reasons)s AS text[]), CAST(%(details)s AS text[]),
+            CAST(%(dlq_subjects)s AS text[]), CAST(%(dlq_seqs)s AS bigint[]))
+  AS u(id, reason, detail, dlq_subject, dlq_seq)
+WHERE i.consumer = %(consumer)s AND i.message_id = u.id
+
+-- name: purge_inbox
+DELETE FROM inbox_messages
+WHERE (consumer, message_id) IN (
+  SELECT consumer, message_id FROM inbox_messages
+  WHERE processed_at IS NOT NULL AND processed_at < now() - %(older_than)s * interval '1 second'
+  ORDER BY processed_at LIMIT %(batch)s)

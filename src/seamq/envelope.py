@@ -1,0 +1,213 @@
+"""The handler envelope (REQ-058), handler outcomes, and dead letters (EVT-047-002).
+
+`parse_message` turns what arrived from JetStream into an Envelope or a
+`Rejected` with a precise reason, so a malformed message can be dead-lettered
+and acknowledged instead of stalling its stream. No I/O here.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from enum import Enum
+from typing import Any, Mapping
+
+from seamq.model import EventSubject, Header, SeamqError
+
+# Headers a replay adds: the new Nats-Msg-Id defeats JetStream's duplicate
+# window, while Seamq-Message-Id keeps the inbox key of the original.
+REPLAY_MESSAGE_ID = "Seamq-Message-Id"
+REPLAY_ATTEMPT = "Seamq-Replay-Attempt"
+
+
+class Reason(str, Enum):
+    """Why a message was dead-lettered; stable strings for filters and alerts."""
+
+    MISSING_MSG_ID = "missing_msg_id"
+    INVALID_MSG_ID = "invalid_msg_id"
+    INVALID_SUBJECT = "invalid_subject"
+    INVALID_JSON = "invalid_json"
+    INVALID_ENVELOPE = "invalid_envelope"
+    NO_HANDLER = "no_handler"
+    SCHEMA_MISMATCH = "schema_mismatch"
+    HANDLER_REJECTED = "handler_rejected"  # 422
+    MAX_DELIVER = "max_deliver"
+    OVERSIZE = "oversize"
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    message_id: uuid.UUID
+    subject: str
+    event_type: str
+    event_version: int
+    occurred_at: datetime
+    correlation_id: uuid.UUID | None
+    causation_id: uuid.UUID | None
+    aggregate_type: str
+    aggregate_id: str
+    payload: dict[str, Any]
+    replay_attempt: int = 0
+
+    @property
+    def context(self) -> str:
+        return self.subject.split(".", 1)[0]
+
+    def to_json(self) -> dict[str, Any]:
+        """The SDS-047 §12 request body."""
+        return {
+            "message_id": str(self.message_id),
+            "subject": self.subject,
+            "event_type": self.event_type,
+            "event_version": self.event_version,
+            "occurred_at": self.occurred_at.isoformat(),
+            "correlation_id": str(self.correlation_id) if self.correlation_id else None,
+            "causation_id": str(self.causation_id) if self.causation_id else None,
+            "aggregate_type": self.aggregate_type,
+            "aggregate_id": self.aggregate_id,
+            "payload": self.payload,
+        }
+
+    @classmethod
+    def from_json(cls, body: Mapping[str, Any]) -> "Envelope":
+        """Parse a §12 body; raises ValueError naming the bad field."""
+        missing = [f for f in _REQUIRED if body.get(f) in (None, "")]
+        if missing:
+            raise ValueError(f"missing fields: {', '.join(missing)}")
+        subject = EventSubject.parse(body["subject"])
+        if (subject.name, subject.version) != (body["event_type"], body["event_version"]):
+            raise ValueError("event_type/event_version disagree with subject")
+        if not isinstance(body["payload"], dict):
+            raise ValueError("payload must be a JSON object")
+        return cls(
+            message_id=_uuid(body["message_id"], "message_id"),
+            subject=str(subject), event_type=subject.name, event_version=subject.version,
+            occurred_at=_time(body["occurred_at"]),
+            correlation_id=_uuid(body.get("correlation_id"), "correlation_id", optional=True),
+            causation_id=_uuid(body.get("causation_id"), "causation_id", optional=True),
+            aggregate_type=str(body["aggregate_type"]), aggregate_id=str(body["aggregate_id"]),
+            payload=body["payload"],
+        )
+
+
+_REQUIRED = ("message_id", "subject", "event_type", "event_version", "occurred_at", "aggregate_type",
+             "aggregate_id", "payload")
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """A message that cannot be handled, ever: it goes to the DLQ and is ACKed."""
+
+    reason: Reason
+    detail: str
+    message_id: uuid.UUID | None = None  # known when the id itself was fine
+
+
+def _uuid(value: Any, name: str, optional: bool = False) -> uuid.UUID | None:
+    if value in (None, "") and optional:
+        return None
+    try:
+        return uuid.UUID(str(value))
+    except ValueError:
+        raise ValueError(f"{name} {value!r} is not a UUID") from None
+
+
+def _time(value: Any) -> datetime:
+    try:
+        parsed = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"occurred_at {value!r} is not an ISO-8601 time") from None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+
+
+def parse_message(subject: str, headers: Mapping[str, str] | None, data: bytes) -> Envelope | Rejected:
+    """Envelope from a JetStream message (subject, headers, JSON payload)."""
+    headers = headers or {}
+    raw_id = headers.get(REPLAY_MESSAGE_ID) or headers.get(Header.MSG_ID)
+    if not raw_id:
+        return Rejected(Reason.MISSING_MSG_ID, "no Nats-Msg-Id header")
+    try:
+        message_id = uuid.UUID(raw_id)
+    except ValueError:
+        return Rejected(Reason.INVALID_MSG_ID, f"Nats-Msg-Id {raw_id[:100]!r} is not a UUID")
+    try:
+        parsed = EventSubject.parse(subject)
+    except SeamqError as exc:
+        return Rejected(Reason.INVALID_SUBJECT, exc.message, message_id)
+    try:
+        payload = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        return Rejected(Reason.INVALID_JSON, f"payload is not JSON: {exc}", message_id)
+    if not isinstance(payload, dict):
+        return Rejected(Reason.INVALID_JSON, f"payload must be a JSON object, got {type(payload).__name__}",
+                        message_id)
+    missing = [h for h in (Header.AGGREGATE_TYPE, Header.AGGREGATE_ID, Header.OCCURRED_AT) if not headers.get(h)]
+    if missing:
+        return Rejected(Reason.INVALID_ENVELOPE, f"missing headers: {', '.join(missing)}", message_id)
+    declared = (headers.get(Header.EVENT_TYPE, parsed.name), headers.get(Header.EVENT_VERSION, str(parsed.version)))
+    if declared != (parsed.name, str(parsed.version)):
+        return Rejected(Reason.INVALID_ENVELOPE, f"headers say {declared[0]}.v{declared[1]}, subject says "
+                        f"{parsed.name}.v{parsed.version}", message_id)
+    try:
+        return Envelope(
+            message_id=message_id, subject=subject, event_type=parsed.name, event_version=parsed.version,
+            occurred_at=_time(headers[Header.OCCURRED_AT]),
+            correlation_id=_uuid(headers.get(Header.CORRELATION_ID), "correlation_id", optional=True),
+            causation_id=_uuid(headers.get(Header.CAUSATION_ID), "causation_id", optional=True),
+            aggregate_type=headers[Header.AGGREGATE_TYPE], aggregate_id=headers[Header.AGGREGATE_ID],
+            payload=payload, replay_attempt=int(headers.get(REPLAY_ATTEMPT, "0") or 0),
+        )
+    except ValueError as exc:
+        return Rejected(Reason.INVALID_ENVELOPE, str(exc), message_id)
+
+
+class Outcome(str, Enum):
+    OK = "ok"  # 200
+    ALREADY_PROCESSED = "already_processed"  # 409
+    POISON = "poison"  # 422
+    RETRY = "retry"  # 5xx, timeout, connection error
+
+
+@dataclass(frozen=True, slots=True)
+class HandlerResult:
+    outcome: Outcome
+    detail: str | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.outcome in (Outcome.OK, Outcome.ALREADY_PROCESSED)
+
+
+class Poison(Exception):
+    """Raise from a handler: this message can never succeed (422). It goes to the DLQ."""
+
+
+class AlreadyProcessed(Exception):
+    """Raise from a handler: this message's effect already happened (409)."""
+
+
+def dead_letter_body(
+    *, message_id: uuid.UUID | None, original_subject: str, reason: Reason, detail: str, attempts: int,
+    consumer: str, headers: Mapping[str, str] | None, data: bytes, stream_seq: int | None,
+) -> bytes:
+    """EVT-047-002 MessageDeadLettered, carrying the original so it can be replayed."""
+    try:
+        payload, encoding = data.decode(), "utf-8"
+    except UnicodeDecodeError:
+        payload, encoding = base64.b64encode(data).decode(), "base64"
+    return json.dumps({
+        "message_id": str(message_id) if message_id else None,
+        "original_subject": original_subject,
+        "reason": reason.value,
+        "detail": detail[:2000],
+        "attempts": attempts,
+        "consumer": consumer,
+        "stream_seq": stream_seq,
+        "dead_lettered_at": datetime.now(timezone.utc).isoformat(),
+        "original_headers": dict(headers or {}),
+        "original_payload": payload,
+        "original_payload_encoding": encoding,
+    }).encode()

@@ -1,0 +1,59 @@
+"""A FastAPI helper for handler services (the other side of SDS-047 §12).
+
+    async def on_event(envelope: Envelope) -> None:
+        if envelope.payload.get("total", 0) < 0:
+            raise Poison("negative total")         # -> 422, dead-lettered
+        ...                                        # return -> 200
+
+    app = handler_app(on_event, secret=os.environ["SEAMQ_HANDLER_SECRET"])
+
+It verifies the signature (401), parses the envelope (422 when malformed),
+and maps the function's outcome: return -> 200, AlreadyProcessed -> 409,
+Poison -> 422, any other exception -> 500 (redelivered).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Awaitable, Callable
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from seamq.envelope import AlreadyProcessed, Envelope, Poison
+from seamq.http.signing import SIGNATURE_HEADER, verify
+
+EventFunction = Callable[[Envelope], Awaitable[None]]
+
+
+def handler_router(handle: EventFunction, *, secret: str | None, path: str = "/handle") -> APIRouter:
+    router = APIRouter()
+
+    @router.post(path)
+    async def _handle(request: Request) -> JSONResponse:
+        body = await request.body()
+        if secret:
+            problem = verify(secret, body, request.headers.get(SIGNATURE_HEADER))
+            if problem:
+                return JSONResponse({"error": problem}, status_code=401)
+        try:
+            envelope = Envelope.from_json(json.loads(body))
+        except (ValueError, TypeError, KeyError) as exc:
+            return JSONResponse({"error": f"invalid envelope: {exc}"}, status_code=422)
+        try:
+            await handle(envelope)
+        except AlreadyProcessed as exc:
+            return JSONResponse({"status": "already_processed", "detail": str(exc)}, status_code=409)
+        except Poison as exc:
+            return JSONResponse({"error": str(exc) or "poison"}, status_code=422)
+        except Exception as exc:  # transient by default: the message is redelivered
+            return JSONResponse({"error": f"{type(exc).__name__}: {exc}"}, status_code=500)
+        return JSONResponse({"status": "processed"})
+
+    return router
+
+
+def handler_app(handle: EventFunction, *, secret: str | None, path: str = "/handle") -> FastAPI:
+    app = FastAPI(title="seamq handler")
+    app.include_router(handler_router(handle, secret=secret, path=path))
+    return app

@@ -1,0 +1,104 @@
+"""PostgreSQL implementation of the InboxRepository port (PORT-047-002).
+
+Every method runs on the caller's connection, inside the consumer's
+transaction, so an in-process handler's writes and the inbox marks commit
+together.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from enum import Enum
+
+from psycopg import AsyncConnection
+
+from seamq.pg.sql import query
+
+
+class Claim(str, Enum):
+    NEW = "new"  # first time seen
+    RETRY = "retry"  # seen, never processed: an earlier attempt failed or crashed
+    REPLAY = "replay"  # dead-lettered, now replayed from the DLQ
+    DUPLICATE = "duplicate"  # already processed (or dead-lettered and not a replay)
+
+
+@dataclass(frozen=True, slots=True)
+class InboxItem:
+    message_id: uuid.UUID
+    subject: str
+    event_type: str | None
+    event_version: int | None
+    occurred_at: datetime | None
+    replay: bool = False
+
+
+class PgInbox:
+    def __init__(self, consumer: str) -> None:
+        self.consumer = consumer
+
+    async def claim(self, conn: AsyncConnection, items: list[InboxItem]) -> dict[uuid.UUID, tuple[Claim, int]]:
+        """Record the items; returns, per message id, what to do with it and its attempt number."""
+        if not items:
+            return {}
+        params = dict(
+            consumer=self.consumer, ids=[i.message_id for i in items], subjects=[i.subject for i in items],
+            types=[i.event_type for i in items], versions=[i.event_version for i in items],
+            occurred=[i.occurred_at for i in items],
+        )
+        cur = await conn.execute(query("inbox_insert"), params)
+        claims = {row[0]: (Claim.NEW, 1) for row in await cur.fetchall()}
+        existing = [i for i in items if i.message_id not in claims]
+        if not existing:
+            return claims
+        replays = {i.message_id for i in existing if i.replay}
+        cur = await conn.execute(query("inbox_lock"), dict(consumer=self.consumer, ids=[i.message_id for i in existing]))
+        again, duplicates = [], []
+        for message_id, status, attempts in await cur.fetchall():
+            if status == "received":
+                claims[message_id] = (Claim.RETRY, attempts + 1)
+            elif status in ("dead_lettered", "exhausted") and message_id in replays:
+                claims[message_id] = (Claim.REPLAY, attempts + 1)
+            else:
+                claims[message_id] = (Claim.DUPLICATE, attempts)
+                duplicates.append(message_id)
+                continue
+            again.append(message_id)
+        if again:
+            await conn.execute(query("inbox_retry"), dict(consumer=self.consumer, ids=again))
+        if duplicates:
+            await conn.execute(query("inbox_duplicate"), dict(consumer=self.consumer, ids=duplicates))
+        return claims
+
+    async def processed(self, conn: AsyncConnection, ids: list[uuid.UUID]) -> None:
+        if ids:
+            await conn.execute(query("inbox_processed"), dict(consumer=self.consumer, ids=ids))
+
+    async def duplicate(self, conn: AsyncConnection, ids: list[uuid.UUID]) -> None:
+        if ids:
+            await conn.execute(query("inbox_duplicate"), dict(consumer=self.consumer, ids=ids))
+
+    async def failed(self, conn: AsyncConnection, ids: list[uuid.UUID], errors: list[str]) -> None:
+        if ids:
+            await conn.execute(query("inbox_failed"), dict(consumer=self.consumer, ids=ids, errors=errors))
+
+    async def dead_lettered(
+        self, conn: AsyncConnection, ids: list[uuid.UUID], reasons: list[str], details: list[str],
+        dlq_subjects: list[str], dlq_seqs: list[int | None],
+    ) -> None:
+        if ids:
+            await conn.execute(query("inbox_dead_lettered"), dict(
+                consumer=self.consumer, ids=ids, reasons=reasons, details=details,
+                dlq_subjects=dlq_subjects, dlq_seqs=dlq_seqs,
+            ))
+
+
+async def purge_inbox(conn: AsyncConnection, older_than_seconds: float, batch: int = 5000) -> int:
+    """Delete processed rows older than the window, in bounded batches (autocommit connection)."""
+    total = 0
+    while True:
+        cur = await conn.execute(query("purge_inbox"), dict(older_than=older_than_seconds, batch=batch))
+        total += cur.rowcount
+        if cur.rowcount < batch:
+            return total

@@ -1,0 +1,316 @@
+"""The inbox consumer against real NATS, PostgreSQL and a real HTTP handler service."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import uuid
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from seamq.model import Event, message_headers, traceparent_for
+from seamq.nats.provision import apply
+from seamq.registry import Registry, Route
+from seamq.run import run_consumer
+from seamq.settings import ConsumerSettings, NatsSettings, Settings
+from seamq.topology import load_topology
+
+from conftest import SEAMQ
+from handler_service import HandlerService
+from helpers import read_stream, scalar, wait_for
+
+CONSUMER = "sea__from_vibespro"
+# Fast timings, so redeliveries happen within a test: JetStream redelivers
+# an unacked message after ack_wait, and stops after max_deliver.
+FAST_TOPOLOGY = """
+contexts:
+  sea:
+    stream: {duplicate_window: 1s}
+  vibespro:
+    stream: {duplicate_window: 1s}
+consumers:
+  sea__from_vibespro: {ack_wait: 2s, max_deliver: 4, max_ack_pending: 50}
+"""
+
+
+@pytest.fixture
+async def topo(tmp_path, nc):
+    path = tmp_path / "topology.yaml"
+    path.write_text(FAST_TOPOLOGY)
+    topology = load_topology(path)
+    await apply(nc.jetstream(), topology)
+    return topology
+
+
+@pytest.fixture
+def service():
+    with HandlerService() as svc:
+        yield svc
+
+
+def vibe(aggregate: str = "v-1", n: int = 0, event_type: str = "vibe_created", version: int = 1, **kw) -> Event:
+    return Event(context="vibespro", aggregate_type="vibe", aggregate_id=aggregate, event_type=event_type,
+                 event_version=version, payload={"n": n, **kw})
+
+
+async def publish(js, events: list[Event], msg_id: str | None = None) -> None:
+    for e in events:
+        headers = message_headers(e, traceparent_for(e.id))
+        if msg_id:
+            headers["Nats-Msg-Id"] = msg_id
+        await js.publish(str(e.subject), json.dumps(e.payload).encode(), headers=headers)
+
+
+def settings(dsn, nats_url, **consumer) -> Settings:
+    consumer.setdefault("nak_base", 0.1)
+    consumer.setdefault("nak_max", 0.5)
+    consumer.setdefault("handler_secret", "test-secret")
+    return Settings(database_url=dsn, nats=NatsSettings(url=nats_url), consumer=ConsumerSettings(**consumer))
+
+
+@asynccontextmanager
+async def consuming(dsn, nats_url, topology, registry=None, **consumer):
+    stop = asyncio.Event()
+    task = asyncio.create_task(run_consumer(settings(dsn, nats_url, **consumer), topology, CONSUMER, stop, registry))
+    try:
+        yield task
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+
+
+def inbox(dsn, message_id) -> dict:
+    with psycopg.connect(dsn) as conn:
+        cur = conn.execute("SELECT * FROM inbox_messages WHERE message_id = %s", (message_id,))
+        row = cur.fetchone()
+        return dict(zip([c.name for c in cur.description], row)) if row else {}
+
+
+async def settled(js) -> bool:
+    info = await js.consumer_info("VIBESPRO_EVENTS", CONSUMER)
+    return info.num_pending == 0 and info.num_ack_pending == 0
+
+
+async def test_two_copies_with_one_msg_id_are_handled_once(dsn, nats_server, nc, topo, service):
+    js = nc.jetstream()
+    event = vibe()
+    await publish(js, [event])
+    await asyncio.sleep(1.2)  # past the 1 s duplicate window: JetStream stores a second copy
+    await publish(js, [event])
+    same_batch = vibe("v-2")
+    await publish(js, [same_batch])
+    await asyncio.sleep(1.2)
+    await publish(js, [same_batch])
+    assert (await js.stream_info("VIBESPRO_EVENTS")).state.messages == 4
+    async with consuming(dsn, nats_server.url, topo, handler_url=service.url):
+        await wait_for(lambda: settled(js), what="all four copies settled")
+    assert service.handler.handled == {str(event.id): 1, str(same_batch.id): 1}
+    assert inbox(dsn, event.id)["duplicates"] == 1 and inbox(dsn, same_batch.id)["duplicates"] == 1
+    assert inbox(dsn, event.id)["status"] == "processed"
+
+
+async def test_500_then_recovery_redelivers_and_counts_attempts(dsn, nats_server, nc, topo, service):
+    js = nc.jetstream()
+    event = vibe("flaky")
+    service.handler.script["flaky"] = ["fail", "fail"]
+    await publish(js, [event])
+    async with consuming(dsn, nats_server.url, topo, handler_url=service.url):
+        await wait_for(lambda: inbox(dsn, event.id).get("status") == "processed", what="processed after 2 failures")
+        await wait_for(lambda: settled(js), what="acked")
+    assert service.handler.calls[str(event.id)] == 3
+    assert service.handler.handled[str(event.id)] == 1
+    row = inbox(dsn, event.id)
+    assert row["attempts"] == 3 and row["last_error"] is None and row["processed_at"] >= row["received_at"]
+
+
+async def test_422_goes_to_dlq_marks_failed_and_acks(dsn, nats_server, nc, topo, service):
+    js = nc.jetstream()
+    event = vibe("bad", total=-1)
+    good = vibe("good")
+    service.handler.script["bad"] = ["poison"]
+    await publish(js, [event, good])
+    async with consuming(dsn, nats_server.url, topo, handler_url=service.url):
+        await wait_for(lambda: settled(js), what="both settled")
+        await asyncio.sleep(2.5)  # longer than ack_wait: an unacked original would come back
+    assert service.handler.calls[str(event.id)] == 1  # ACKed: never delivered again
+    assert service.handler.handled[str(good.id)] == 1
+    row = inbox(dsn, event.id)
+    assert row["status"] == "dead_lettered" and row["processed_at"] is None
+    assert row["dlq_metadata"]["reason"] == "handler_rejected"
+    [dead] = await read_stream(js, "SEA_DLQ")
+    assert dead.subject == "sea.dlq.vibespro.vibe_created.v1"
+    body = json.loads(dead.data)
+    assert body["message_id"] == str(event.id) and body["original_subject"] == "vibespro.event.vibe_created.v1"
+    assert body["reason"] == "handler_rejected" and "total must be positive" in body["detail"]
+    assert body["attempts"] == 1 and json.loads(body["original_payload"]) == {"n": 0, "total": -1}
+    assert body["original_headers"]["Nats-Msg-Id"] == str(event.id)
+
+
+async def test_handler_timeout_behaves_like_5xx(dsn, nats_server, nc, topo, service):
+    js = nc.jetstream()
+    event = vibe("slow")
+    service.handler.script["slow"] = ["sleep:1.5"]
+    await publish(js, [event])
+    async with consuming(dsn, nats_server.url, topo, handler_url=service.url, handler_timeout=0.5):
+        await wait_for(lambda: inbox(dsn, event.id).get("status") == "processed", what="processed after timeout")
+    row = inbox(dsn, event.id)
+    assert row["attempts"] == 2 and service.handler.calls[str(event.id)] == 2
+
+
+async def test_max_deliver_routes_to_dlq(dsn, nats_server, nc, topo, service):
+    js = nc.jetstream()
+    event = vibe("always_down")
+    service.handler.script["always_down"] = ["fail"] * 10
+    await publish(js, [event])
+    async with consuming(dsn, nats_server.url, topo, handler_url=service.url):
+        await wait_for(lambda: inbox(dsn, event.id).get("status") == "dead_lettered", what="max_deliver dead letter")
+        await wait_for(lambda: settled(js), what="acked")
+    assert service.handler.calls[str(event.id)] == 4  # topology max_deliver
+    [dead] = await read_stream(js, "SEA_DLQ")
+    body = json.loads(dead.data)
+    assert body["reason"] == "max_deliver" and body["attempts"] == 4
+    assert inbox(dsn, event.id)["attempts"] == 4
+
+
+async def test_malformed_input_is_dead_lettered_and_good_messages_flow(dsn, nats_server, nc, topo, service):
+    js = nc.jetstream()
+    good_before, good_after = vibe("g-1"), vibe("g-2")
+    valid = message_headers(vibe(), None)
+    bad_json_id, no_agg_id, unknown_id, bad_version_id = (str(uuid.uuid4()) for _ in range(4))
+    await publish(js, [good_before])
+    subject = "vibespro.event.vibe_created.v1"
+    await js.publish(subject, b'{"n": 1}', headers={k: v for k, v in valid.items() if k != "Nats-Msg-Id"})
+    await js.publish(subject, b'{"n": 1}', headers={**valid, "Nats-Msg-Id": "not-a-uuid"})
+    await js.publish(subject, b'{"n": oops', headers={**valid, "Nats-Msg-Id": bad_json_id})
+    await js.publish(subject, b'{"n": 1}', headers={"Nats-Msg-Id": no_agg_id})
+    await js.publish("vibespro.event.vibe_exploded.v1", b"{}", headers={
+        **message_headers(vibe(event_type="vibe_exploded"), None), "Nats-Msg-Id": unknown_id})
+    await js.publish("vibespro.event.vibe_created.v9", b"{}", headers={
+        **message_headers(vibe(version=9), None), "Nats-Msg-Id": bad_version_id})
+    await js.publish("vibespro.event.Not-Valid.v1", b"{}", headers={**valid, "Nats-Msg-Id": str(uuid.uuid4())})
+    await publish(js, [good_after])
+    registry = Registry(routes=(Route("vibe_created", 1, service.url),))
+    async with consuming(dsn, nats_server.url, topo, registry=registry):
+        await wait_for(lambda: settled(js), what="every message settled")
+    assert service.handler.handled[str(good_before.id)] == 1 and service.handler.handled[str(good_after.id)] == 1
+    reasons = sorted(json.loads(m.data)["reason"] for m in await read_stream(js, "SEA_DLQ"))
+    assert reasons == sorted(["missing_msg_id", "invalid_msg_id", "invalid_json", "invalid_envelope",
+                              "no_handler", "no_handler", "invalid_subject"])
+    assert inbox(dsn, unknown_id)["status"] == "dead_lettered"
+    assert inbox(dsn, bad_version_id)["dlq_metadata"]["reason"] == "no_handler"
+    assert "Seamq-Aggregate-Type" in inbox(dsn, no_agg_id)["last_error"]
+
+
+async def test_bad_signature_is_retried_not_dead_lettered(dsn, nats_server, nc, topo, service):
+    js = nc.jetstream()
+    event = vibe()
+    await publish(js, [event])
+    async with consuming(dsn, nats_server.url, topo, handler_url=service.url, handler_secret="wrong"):
+        await wait_for(lambda: (inbox(dsn, event.id).get("attempts") or 0) >= 2, what="retries")
+    row = inbox(dsn, event.id)
+    assert row["status"] == "received" and "401" in row["last_error"] and "signature" in row["last_error"]
+    assert service.handler.calls[str(event.id)] == 0
+
+
+async def test_in_process_handler_commits_with_the_inbox(dsn, nats_server, nc, topo):
+    with psycopg.connect(dsn) as conn:
+        conn.execute("CREATE TABLE side_effects (message_id uuid, aggregate_id text)")
+    calls = []
+
+    async def handler(envelope, tx):
+        calls.append(envelope.message_id)
+        await tx.execute("INSERT INTO side_effects VALUES (%s, %s)", (envelope.message_id, envelope.aggregate_id))
+        if len(calls) == 1:
+            raise RuntimeError("fails after writing: the write must roll back")
+
+    js = nc.jetstream()
+    event = vibe()
+    await publish(js, [event])
+    registry = Registry(default=handler)
+    async with consuming(dsn, nats_server.url, topo, registry=registry):
+        await wait_for(lambda: inbox(dsn, event.id).get("status") == "processed", what="processed")
+    assert len(calls) == 2
+    assert scalar(dsn, "SELECT count(*) FROM side_effects") == 1  # the failed attempt's write rolled back
+
+
+async def test_per_aggregate_order_with_concurrency(dsn, nats_server, nc, topo, service):
+    js = nc.jetstream()
+    events = [vibe(f"a-{a}", n) for n in range(30) for a in range(8)]
+    service.handler.script["a-3"] = ["sleep:0.05"] * 10
+    await publish(js, events)
+    async with consuming(dsn, nats_server.url, topo, handler_url=service.url, concurrency=8):
+        await wait_for(lambda: settled(js), timeout=60, what="all handled")
+    by_aggregate: dict[str, list[int]] = {}
+    for aggregate, n in service.handler.order:
+        by_aggregate.setdefault(aggregate, []).append(n)
+    assert len(by_aggregate) == 8 and all(ns == list(range(30)) for ns in by_aggregate.values())
+
+
+async def test_kill_9_mid_batch_then_restart_side_effects_exactly_once(dsn, nats_server, nc, topo, tmp_path,
+                                                                       service_env):
+    with psycopg.connect(dsn) as conn:
+        conn.execute("CREATE TABLE side_effects (message_id uuid, aggregate_id text)")
+    js = nc.jetstream()
+    events = [vibe(f"k-{i % 40}", i) for i in range(1500)]
+    await publish(js, events)
+    topology_file = tmp_path / "topology.yaml"
+    topology_file.write_text(FAST_TOPOLOGY)
+    env = dict(service_env, PYTHONPATH=str(Path(__file__).parent), HANDLER_SLEEP="0.002",
+               SEAMQ_CONSUMER__REGISTRY="inprocess_handlers:REGISTRY", SEAMQ_TOPOLOGY_FILE=str(topology_file))
+    argv = [*SEAMQ, "consume", "--consumer", CONSUMER]
+    for _ in range(2):  # two kills mid-run
+        worker = subprocess.Popen(argv, env=env, stderr=subprocess.DEVNULL)
+        await wait_for(lambda: scalar(dsn, "SELECT count(*) FROM side_effects") > 100, what="progress")
+        worker.send_signal(signal.SIGKILL)
+        worker.wait()
+    worker = subprocess.Popen(argv, env=env, stderr=subprocess.DEVNULL)
+    try:
+        await wait_for(lambda: settled(js), timeout=120, what="everything processed after restarts")
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(30) == 0
+    total, distinct = psycopg.connect(dsn).execute(
+        "SELECT count(*), count(DISTINCT message_id) FROM side_effects").fetchone()
+    assert (total, distinct) == (1500, 1500)
+    assert scalar(dsn, "SELECT count(*) FROM inbox_messages WHERE status = 'processed'") == 1500
+
+
+async def test_two_processes_share_one_durable_consumer(dsn, nats_server, nc, topo, service_env, tmp_path):
+    with psycopg.connect(dsn) as conn:
+        conn.execute("CREATE TABLE side_effects (message_id uuid, aggregate_id text)")
+    js = nc.jetstream()
+    await publish(js, [vibe(f"s-{i % 25}", i) for i in range(1000)])
+    topology_file = tmp_path / "topology.yaml"
+    topology_file.write_text(FAST_TOPOLOGY)
+    env = dict(service_env, PYTHONPATH=str(Path(__file__).parent),
+               SEAMQ_CONSUMER__REGISTRY="inprocess_handlers:REGISTRY", SEAMQ_TOPOLOGY_FILE=str(topology_file))
+    workers = [subprocess.Popen([*SEAMQ, "consume", "--consumer", CONSUMER], env=env, stderr=subprocess.DEVNULL)
+               for _ in range(2)]
+    try:
+        await wait_for(lambda: settled(js), timeout=120, what="all processed")
+    finally:
+        for w in workers:
+            w.send_signal(signal.SIGTERM)
+        assert [w.wait(30) for w in workers] == [0, 0]
+    assert scalar(dsn, "SELECT count(*) FROM side_effects") == 1000
+
+
+def test_inbox_purge_refuses_a_window_shorter_than_redelivery(dsn):
+    env = {"SEAMQ_DATABASE_URL": dsn, "PATH": os.environ["PATH"]}
+    short = subprocess.run([*SEAMQ, "inbox", "purge", "--older-than", "30m"], env=env, capture_output=True, text=True)
+    assert short.returncode == 2 and "too short" in short.stderr
+    with psycopg.connect(dsn) as conn:
+        conn.execute("INSERT INTO inbox_messages (message_id, subject, consumer, status, received_at, processed_at) "
+                     "SELECT gen_random_uuid(), 's', 'c', 'processed', now() - interval '40 days', "
+                     "now() - interval '40 days' FROM generate_series(1, 12)")
+        conn.execute("INSERT INTO inbox_messages (message_id, subject, consumer) VALUES (gen_random_uuid(), 's', 'c')")
+    ok = subprocess.run([*SEAMQ, "inbox", "purge", "--older-than", "30d", "--batch", "5"], env=env,
+                        capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    assert "deleted 12" in ok.stdout and scalar(dsn, "SELECT count(*) FROM inbox_messages") == 1
