@@ -314,3 +314,43 @@ def test_inbox_purge_refuses_a_window_shorter_than_redelivery(dsn):
                         capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr
     assert "deleted 12" in ok.stdout and scalar(dsn, "SELECT count(*) FROM inbox_messages") == 1
+
+
+async def test_sigterm_finishes_in_flight_and_acks(dsn, nats_server, nc, topo, tmp_path, service_env):
+    with psycopg.connect(dsn) as conn:
+        conn.execute("CREATE TABLE side_effects (message_id uuid, aggregate_id text)")
+    js = nc.jetstream()
+    await publish(js, [vibe(f"t-{i % 10}", i) for i in range(400)])
+    topology_file = tmp_path / "topology.yaml"
+    topology_file.write_text(FAST_TOPOLOGY.replace("ack_wait: 2s", "ack_wait: 60s"))
+    env = dict(service_env, PYTHONPATH=str(Path(__file__).parent), HANDLER_SLEEP="0.01",
+               SEAMQ_CONSUMER__REGISTRY="inprocess_handlers:REGISTRY", SEAMQ_TOPOLOGY_FILE=str(topology_file))
+    worker = subprocess.Popen([*SEAMQ, "consume", "--consumer", CONSUMER], env=env, stderr=subprocess.DEVNULL)
+    await wait_for(lambda: scalar(dsn, "SELECT count(*) FROM side_effects") > 20, what="progress")
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(30) == 0
+    info = await js.consumer_info("VIBESPRO_EVENTS", CONSUMER)
+    # Nothing left waiting for ack_wait (60 s): what was in hand was finished and ACKed.
+    assert info.num_ack_pending == 0
+    handled = scalar(dsn, "SELECT count(*) FROM side_effects")
+    assert handled == scalar(dsn, "SELECT count(*) FROM inbox_messages WHERE status = 'processed'")
+    assert info.num_pending == 400 - handled
+
+
+async def test_trace_context_continues_to_the_handler(dsn, nats_server, nc, topo):
+    seen = []
+
+    async def handler(envelope, tx):
+        from opentelemetry import propagate
+
+        carrier = {}
+        propagate.inject(carrier)
+        seen.append(carrier.get("traceparent"))
+
+    js = nc.jetstream()
+    event = vibe()
+    await publish(js, [event])
+    async with consuming(dsn, nats_server.url, topo, registry=Registry(default=handler)):
+        await wait_for(lambda: settled(js), what="handled")
+    # The relay's traceparent carries the outbox id as trace id; the handler runs inside that trace.
+    assert seen and seen[0].split("-")[1] == event.id.hex

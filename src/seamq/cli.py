@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -20,8 +21,9 @@ from seamq.model import ErrorCode, SeamqError
 from seamq.settings import Settings, load_settings
 from seamq.topology import Topology, load_topology, parse_duration
 
-console = Console()
-err_console = Console(stderr=True)
+# Piped output (logs, CI) gets wide tables instead of truncated 80-column ones.
+console = Console(width=None if sys.stdout.isatty() else 140)
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 140)
 
 app = typer.Typer(
     help="seamq: transactional outbox, JetStream relay, inbox consumers and dead letters.",
@@ -291,14 +293,16 @@ def backlog() -> None:
 def dev(
     data_dir: Optional[Path] = typer.Option(None, help="Where embedded services keep data (default .seamq/)."),
     topology: Optional[Path] = TopologyOption,
-    exit_when_ready: bool = typer.Option(False, "--exit-when-ready", help="Stop right after 'ready' (smoke tests)."),
+    exit_when_ready: bool = typer.Option(False, "--exit-when-ready", help="Stop once provisioned (smoke tests)."),
+    demo: bool = typer.Option(True, "--demo/--no-demo", help="Write a demo workload (1% poison)."),
+    run_for: Optional[float] = typer.Option(None, "--run-for", help="Stop after this many seconds."),
 ) -> None:
-    """Run everything locally: embedded nats-server and PostgreSQL, migrations, topology, workers."""
+    """Run everything locally: embedded NATS and PostgreSQL, migrations, topology, relay, consumers, demo."""
     from seamq.dev.runtime import run_dev
 
     settings = _settings()
     _run(run_dev(settings, _topology(topology, settings), data_dir or settings.embedded.data_dir,
-                 console=console, exit_when_ready=exit_when_ready))
+                 console=console, exit_when_ready=exit_when_ready, demo=demo, run_for=run_for))
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -39,7 +39,8 @@ CONSUMER_E2E_SECONDS = Histogram(
 )
 
 
-def configure_logging(level: str = "info", *, json: bool = True) -> None:
+def configure_logging(level: str = "info", *, json: bool = True, file=None) -> None:
+    """JSON lines to stderr, or to `file` (seamq dev keeps the terminal for its dashboard)."""
     numeric = logging.getLevelName(level.upper())
     if not isinstance(numeric, int):
         numeric = logging.INFO
@@ -52,8 +53,8 @@ def configure_logging(level: str = "info", *, json: bool = True) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
-        cache_logger_on_first_use=True,
+        logger_factory=structlog.PrintLoggerFactory(file=file or sys.stderr),
+        cache_logger_on_first_use=False,
     )
 
 

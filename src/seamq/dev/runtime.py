@@ -8,6 +8,7 @@ runs where, says "ready", and runs the workers until Ctrl-C.
 from __future__ import annotations
 
 import asyncio
+import secrets
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -19,7 +20,9 @@ from seamq.dev.embedded import NatsServer, PostgresServer, free_port, port_is_fr
 from seamq.nats.connect import connect
 from seamq.nats.provision import apply
 from seamq.pg import migrate
-from seamq.run import run_relay, stop_on_signals
+from seamq.dev.demo import HandlerServices, dashboard, render, stats, workload
+from seamq.observability import configure_logging
+from seamq.run import run_consumer, run_relay, stop_on_signals
 from seamq.settings import NatsSettings, Settings, redact_url
 from seamq.topology import Topology
 
@@ -72,7 +75,8 @@ def describe(console: Console, settings: Settings, topology: Topology, changes) 
 
 
 async def run_dev(
-    settings: Settings, topology: Topology, data_dir: Path, *, console: Console, exit_when_ready: bool = False
+    settings: Settings, topology: Topology, data_dir: Path, *, console: Console, exit_when_ready: bool = False,
+    demo: bool = True, run_for: float | None = None,
 ) -> None:
     data_dir = Path(data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -83,10 +87,52 @@ async def run_dev(
         console.print(f"database: {len(applied)} migration(s) applied, schema up to date")
         changes = await provision(settings, topology)
         describe(console, settings, topology, changes)
-        console.print("[bold green]ready[/bold green]: relay running; press Ctrl-C to stop")
         if exit_when_ready:
+            console.print("[bold green]ready[/bold green]")
             return
+        log_file = stack.enter_context(open(data_dir / "seamq.log", "a"))
+        configure_logging(settings.log_level, file=log_file)
         stop = asyncio.Event()
         stop_on_signals(stop)
-        await run_relay(settings, topology, stop)
+        await run_workers(settings, topology, stop, console=console, demo=demo, run_for=run_for,
+                          log_path=data_dir / "seamq.log")
         console.print("stopped")
+
+
+async def run_workers(settings: Settings, topology: Topology, stop: asyncio.Event, *, console: Console,
+                      demo: bool, run_for: float | None, log_path: Path) -> None:
+    """Relay, one consumer per topology consumer (each with its context's handler service), demo, dashboard."""
+    secret = secrets.token_hex(16)
+    services = HandlerServices(sorted(topology.contexts), secret)
+    await services.start()
+    tasks = [asyncio.create_task(run_relay(settings, topology, stop))]
+    for spec in topology.consumers.values():
+        consumer_settings = settings.consumer.model_copy(
+            update=dict(handler_url=services.urls[spec.target], handler_secret=SecretStr(secret)))
+        tasks.append(asyncio.create_task(
+            run_consumer(settings.model_copy(update={"consumer": consumer_settings}), topology, spec.name, stop)))
+    helpers = [asyncio.create_task(dashboard(settings.database_dsn(), stop, console))]
+    if demo:
+        helpers.append(asyncio.create_task(workload(settings.database_dsn(), stop)))
+    table = Table("handler service", "url", title="workers")
+    for context, url in services.urls.items():
+        table.add_row(context, url)
+    console.print(table)
+    console.print(f"[bold green]ready[/bold green]: relay, {len(topology.consumers)} consumers"
+                  f"{', demo workload' if demo else ''}; logs in {log_path}; Ctrl-C to stop")
+    try:
+        if run_for:
+            try:
+                await asyncio.wait_for(stop.wait(), run_for)
+            except asyncio.TimeoutError:
+                stop.set()
+        else:
+            await stop.wait()
+    finally:
+        stop.set()
+        results = await asyncio.gather(*tasks, *helpers, return_exceptions=True)
+        await services.stop()
+    for result in results:
+        if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
+            raise result
+    console.print(render(*await stats(settings.database_dsn()), "seamq dev: final counts"))

@@ -162,3 +162,21 @@ WHERE (consumer, message_id) IN (
   SELECT consumer, message_id FROM inbox_messages
   WHERE processed_at IS NOT NULL AND processed_at < now() - %(older_than)s * interval '1 second'
   ORDER BY processed_at LIMIT %(batch)s)
+
+-- name: dashboard_outbox
+SELECT context, count(*) FILTER (WHERE published_at IS NOT NULL) AS published,
+       count(*) FILTER (WHERE published_at IS NULL) AS backlog
+FROM outbox_events GROUP BY context ORDER BY context
+
+-- name: dashboard_inbox
+-- Latency percentiles over the last minute of processing.
+SELECT consumer,
+       count(*) FILTER (WHERE status = 'processed') AS processed,
+       coalesce(sum(duplicates), 0) AS duplicates,
+       count(*) FILTER (WHERE status IN ('dead_lettered', 'exhausted')) AS dead_lettered,
+       count(*) FILTER (WHERE status = 'received') AS retrying,
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM processed_at - occurred_at))
+         FILTER (WHERE processed_at > now() - interval '1 minute') AS p50,
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM processed_at - occurred_at))
+         FILTER (WHERE processed_at > now() - interval '1 minute') AS p99
+FROM inbox_messages GROUP BY consumer ORDER BY consumer

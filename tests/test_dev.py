@@ -1,0 +1,45 @@
+"""`seamq dev` (what `make run` runs): embedded services, provisioning, workers, demo, dashboard."""
+
+import os
+import re
+import subprocess
+
+from seamq.dev.embedded import free_port, port_is_free
+
+from conftest import SEAMQ
+
+
+def dev_env(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SEAMQ_")}
+    nats_port, pg_port = free_port(), free_port()
+    env.update(SEAMQ_EMBEDDED__NATS_PORT=str(nats_port), SEAMQ_EMBEDDED__PG_PORT=str(pg_port))
+    return env, nats_port, pg_port
+
+
+def test_dev_reaches_ready_with_topology_listed(tmp_path):
+    env, nats_port, pg_port = dev_env(tmp_path)
+    result = subprocess.run([*SEAMQ, "dev", "--data-dir", str(tmp_path / "data"), "--exit-when-ready"],
+                            env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "ready" in out and f"127.0.0.1:{nats_port}" in out and f"127.0.0.1:{pg_port}" in out
+    for name in ["SEA_EVENTS", "VIBESPRO_EVENTS", "SEA_DLQ", "VIBESPRO_DLQ", "sea__from_vibespro",
+                 "vibespro__from_sea"]:
+        assert name in out
+    assert port_is_free(nats_port) and port_is_free(pg_port)  # services stopped on exit
+    again = subprocess.run([*SEAMQ, "dev", "--data-dir", str(tmp_path / "data"), "--exit-when-ready"],
+                           env=env, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0 and "unchanged" in again.stdout and "create" not in again.stdout
+
+
+def test_dev_runs_events_end_to_end(tmp_path):
+    env, nats_port, pg_port = dev_env(tmp_path)
+    result = subprocess.run([*SEAMQ, "dev", "--data-dir", str(tmp_path / "data"), "--run-for", "8"],
+                            env=env, capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    final = result.stdout.split("final counts", 1)[1]
+    for consumer in ("sea__from_vibespro", "vibespro__from_sea"):
+        row = next(line for line in final.splitlines() if consumer in line)
+        processed = int(re.findall(r"\d+", row.split(consumer, 1)[1])[0])
+        assert processed > 50, row
+    assert port_is_free(nats_port) and port_is_free(pg_port)
