@@ -170,10 +170,9 @@ class Header:
 
 def message_headers(event: Event | Any, traceparent: str | None = None) -> dict[str, str]:
     """Headers for an Event, or any row with the same fields (the relay's OutboxRow)."""
+    # Event type and version travel in the subject only: one source of truth.
     headers = {
         Header.MSG_ID: str(event.id),
-        Header.EVENT_TYPE: event.event_type,
-        Header.EVENT_VERSION: str(event.event_version),
         Header.AGGREGATE_TYPE: event.aggregate_type,
         Header.AGGREGATE_ID: event.aggregate_id,
         Header.OCCURRED_AT: event.occurred_at.isoformat(),

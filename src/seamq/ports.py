@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import uuid
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from seamq.nats.publisher import OutMessage, PubResult
 
 
-@dataclass(frozen=True, slots=True)
-class OutboxRow:
-    """An unpublished outbox row, as the relay sees it."""
+class OutboxRow(NamedTuple):
+    """An unpublished outbox row, as the relay sees it (a tuple: built per row, so cheap)."""
 
     id: uuid.UUID
     context: str

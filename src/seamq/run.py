@@ -55,11 +55,12 @@ async def run_relay(settings: Settings, topology: Topology, stop: asyncio.Event)
     nc = await connect(settings.nats, name="seamq-relay")
     publisher = await PipelinedPublisher(nc, timeout=settings.relay.publish_timeout).start()
     try:
-        async with pg_pool(dsn) as pool:
+        async with pg_pool(dsn, max_size=settings.relay.loops + 2) as pool:
             relay = Relay(
                 PgOutbox(pool, max_backoff=settings.relay.max_backoff), publisher, topology,
                 RelayConfig(
                     batch_size=settings.relay.batch_size, poll_interval=settings.relay.poll_interval,
+                    loops=settings.relay.loops,
                     max_backoff=settings.relay.max_backoff, max_payload=nc.max_payload,
                 ),
                 connected=lambda: nc.is_connected,

@@ -42,6 +42,7 @@ class NatsSettings(BaseModel):
 
 class RelaySettings(BaseModel):
     batch_size: int = Field(500, ge=1, le=10_000)
+    loops: int = Field(2, ge=1, le=16, description="claim loops per relay process (overlap PG and NATS work)")
     poll_interval: float = Field(1.0, gt=0, description="seconds between polls when NOTIFY is quiet")
     publish_timeout: float = Field(5.0, gt=0)
     max_backoff: float = Field(30.0, gt=0)

@@ -3,14 +3,14 @@
 `js.publish()` waits for each PubAck in turn, and nats-py's own async publish
 spends about twice the CPU per message of this approach: one wildcard
 subscription on a private inbox receives every PubAck, and a counter in the
-reply subject matches each ack to its message. A whole batch goes out before
-the first ack is awaited, so one round trip serves hundreds of messages.
+reply subject says which message of the batch it acknowledges. A whole batch
+goes out before the first ack is awaited, so one round trip serves hundreds
+of messages, and no per-message future is created.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 from dataclasses import dataclass
 
@@ -34,17 +34,32 @@ class PubResult:
     error: str | None = None
 
 
+class _Batch:
+    def __init__(self, base: int, size: int) -> None:
+        self.base = base
+        self.results: list[PubResult | None] = [None] * size
+        self.missing = size
+        self.complete = asyncio.Event()
+
+    def settle(self, index: int, result: PubResult) -> None:
+        if 0 <= index < len(self.results) and self.results[index] is None:
+            self.results[index] = result
+            self.missing -= 1
+            if self.missing == 0:
+                self.complete.set()
+
+
 class PipelinedPublisher:
     def __init__(self, nc: Client, *, timeout: float = 5.0) -> None:
         self._nc = nc
         self._timeout = timeout
-        self._prefix = nc.new_inbox()
-        self._counter = itertools.count()
-        self._waiting: dict[str, asyncio.Future[PubResult]] = {}
+        self._prefix = nc.new_inbox() + "."
+        self._next = 0
+        self._batches: list[_Batch] = []
         self._sub = None
 
     async def start(self) -> "PipelinedPublisher":
-        self._sub = await self._nc.subscribe(f"{self._prefix}.*", cb=self._on_ack)
+        self._sub = await self._nc.subscribe(self._prefix + "*", cb=self._on_ack)
         return self
 
     async def close(self) -> None:
@@ -53,10 +68,9 @@ class PipelinedPublisher:
             self._sub = None
 
     async def _on_ack(self, msg: Msg) -> None:
-        future = self._waiting.pop(msg.subject, None)
-        if future is None or future.done():
-            return  # a late ack for a message we already gave up on
-        future.set_result(_parse_ack(msg))
+        number = int(msg.subject[len(self._prefix):])
+        for batch in self._batches:  # one or two batches are ever in flight
+            batch.settle(number - batch.base, _parse_ack(msg))
 
     async def publish_many(self, messages: list[OutMessage]) -> list[PubResult]:
         """Publish all, then wait for every ack; results are in input order.
@@ -66,46 +80,47 @@ class PipelinedPublisher:
         """
         if self._sub is None:
             raise RuntimeError("PipelinedPublisher.start() was not awaited")
-        loop = asyncio.get_running_loop()
-        futures = []
-        for message in messages:
-            reply = f"{self._prefix}.{next(self._counter)}"
-            future = loop.create_future()
-            self._waiting[reply] = future
-            futures.append((reply, future))
-            try:
-                await self._nc.publish(message.subject, message.payload, reply=reply, headers=message.headers)
-            except Exception as exc:  # connection closed, payload too big, bad subject
-                self._waiting.pop(reply, None)
-                future.set_result(PubResult(ok=False, error=f"{type(exc).__name__}: {exc}"))
+        if not messages:
+            return []
+        batch = _Batch(self._next, len(messages))
+        self._next += len(messages)
+        self._batches.append(batch)
         try:
-            await self._nc.flush(timeout=self._timeout)
-        except Exception:
-            pass  # the acks below time out and say so per message
-        pending = [f for _, f in futures if not f.done()]
-        if pending:
-            await asyncio.wait(pending, timeout=self._timeout)
-        results = []
-        for reply, future in futures:
-            if future.done():
-                results.append(future.result())
-            else:
-                self._waiting.pop(reply, None)
-                future.cancel()
-                results.append(PubResult(ok=False, error="timeout waiting for JetStream ack"))
-        return results
+            publish, prefix, base = self._nc.publish, self._prefix, batch.base
+            for i, message in enumerate(messages):
+                try:
+                    await publish(message.subject, message.payload, reply=f"{prefix}{base + i}",
+                                  headers=message.headers)
+                except Exception as exc:  # connection closed, payload too big, bad subject
+                    batch.settle(i, PubResult(ok=False, error=f"{type(exc).__name__}: {exc}"))
+            try:
+                await self._nc.flush(timeout=self._timeout)
+            except Exception:
+                pass  # the acks below time out and say so per message
+            try:
+                await asyncio.wait_for(batch.complete.wait(), self._timeout)
+            except asyncio.TimeoutError:
+                pass
+        finally:
+            self._batches.remove(batch)
+        timeout = PubResult(ok=False, error="timeout waiting for JetStream ack")
+        return [r if r is not None else timeout for r in batch.results]
+
+
+_OK_PREFIX = b'{"stream":"'
 
 
 def _parse_ack(msg: Msg) -> PubResult:
-    if not msg.data:
+    data = msg.data
+    if not data:
         status = (msg.headers or {}).get("Status", "")
         if status == "503":
             return PubResult(ok=False, error="no stream accepts this subject (503 no responders)")
         return PubResult(ok=False, error=f"empty ack (status {status or 'none'})")
     try:
-        body = json.loads(msg.data)
+        body = json.loads(data)
     except ValueError:
-        return PubResult(ok=False, error=f"unreadable ack: {msg.data[:100]!r}")
+        return PubResult(ok=False, error=f"unreadable ack: {data[:100]!r}")
     if "error" in body:
         err = body["error"]
         return PubResult(ok=False, error=f"JetStream error {err.get('code')}: {err.get('description')}")

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import AsyncIterator
 
 from psycopg import AsyncConnection
-from psycopg.rows import class_row, dict_row
+from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from seamq.pg.sql import query
@@ -49,7 +49,7 @@ class PgClaimedBatch:
 
 class PgOutbox:
     def __init__(
-        self, pool: AsyncConnectionPool, *, buckets_per_claim: int = 32,
+        self, pool: AsyncConnectionPool, *, buckets_per_claim: int = 16,
         base_backoff: float = 1.0, max_backoff: float = 30.0,
     ) -> None:
         self.pool = pool
@@ -60,7 +60,7 @@ class PgOutbox:
     @asynccontextmanager
     async def claim(self, limit: int) -> AsyncIterator[PgClaimedBatch]:
         async with self.pool.connection() as conn, conn.transaction():
-            async with conn.cursor(row_factory=class_row(OutboxRow)) as cur:
+            async with conn.cursor(row_factory=lambda _: OutboxRow._make) as cur:
                 await cur.execute(
                     query("claim_batch"),
                     dict(scan=limit * 4, lock_class=RELAY_LOCK_CLASS, buckets=self.buckets_per_claim, limit=limit),

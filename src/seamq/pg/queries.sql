@@ -32,7 +32,8 @@ SELECT o.id, o.context, o.aggregate_type, o.aggregate_id, o.event_type, o.event_
        o.traceparent, o.publish_attempts
 FROM outbox_events o
 WHERE o.published_at IS NULL
-  AND o.bucket IN (SELECT bucket FROM mine)
+  -- an array evaluated once: IN (SELECT ...) here planned as a nested loop per row
+  AND o.bucket = ANY ((SELECT array_agg(bucket) FROM mine)::smallint[])
   AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= now())
   -- an aggregate waits behind its own earlier row that is backing off
   AND NOT EXISTS (

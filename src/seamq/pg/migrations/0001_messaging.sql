@@ -38,8 +38,6 @@ CREATE INDEX idx_outbox_unpublished ON outbox_events (occurred_at)
 CREATE INDEX idx_outbox_correlation ON outbox_events (correlation_id);
 CREATE INDEX idx_outbox_pending_seq ON outbox_events (seq)
   WHERE published_at IS NULL;
-CREATE INDEX idx_outbox_pending_bucket ON outbox_events (bucket, seq)
-  WHERE published_at IS NULL;
 CREATE INDEX idx_outbox_backoff ON outbox_events (aggregate_type, aggregate_id, seq)
   WHERE published_at IS NULL AND next_attempt_at IS NOT NULL;
 CREATE INDEX idx_outbox_published_at ON outbox_events (published_at)

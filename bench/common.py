@@ -1,0 +1,158 @@
+"""Shared bench plumbing: embedded services, payloads, process RSS, result tables."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psycopg
+
+from seamq import outbox
+from seamq.dev.embedded import NatsServer, PostgresServer
+from seamq.model import Event
+from seamq.nats.provision import apply
+from seamq.pg import migrate
+from seamq.topology import load_topology
+
+SEAMQ = [sys.executable, "-m", "seamq"]
+
+
+def payload(size: int, n: int) -> dict:
+    """A JSON object of about `size` bytes once serialised."""
+    base = {"n": n, "kind": "bench"}
+    pad = max(0, size - len(json.dumps(base)) - 10)
+    return {**base, "pad": "x" * pad}
+
+
+@dataclass
+class Services:
+    root: Path
+    nats: NatsServer
+    pg: PostgresServer
+    dsn: str = ""
+
+    def env(self, **extra) -> dict:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SEAMQ_")}
+        env.update(SEAMQ_DATABASE_URL=self.dsn, SEAMQ_NATS__URL=self.nats.url, SEAMQ_LOG_LEVEL="warning")
+        env.update({k: str(v) for k, v in extra.items()})
+        return env
+
+
+@contextmanager
+def services(nats_sync: str = "default"):
+    """Fresh nats-server and PostgreSQL (durable settings, as in production) in a temp dir."""
+    root = Path(tempfile.mkdtemp(prefix="seamq-bench-"))
+    nats = NatsServer(root / "nats", sync=nats_sync)
+    pg = PostgresServer(root / "pg", durable=True)
+    nats.start()
+    pg.start()
+    try:
+        svc = Services(root, nats, pg)
+        yield svc
+    finally:
+        nats.stop()
+        pg.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+async def fresh_database(svc: Services, name: str) -> str:
+    svc.pg.drop_database(name)
+    svc.dsn = svc.pg.create_database(name)
+    await migrate.upgrade(svc.dsn)
+    return svc.dsn
+
+
+async def provision(nats_url: str, topology=None):
+    import nats
+
+    topology = topology or load_topology()
+    nc = await nats.connect(nats_url)
+    await apply(nc.jetstream(), topology)
+    await nc.close()
+    return topology
+
+
+def write_outbox(dsn: str, count: int, size: int, context: str = "sea", aggregates: int = 1000) -> None:
+    with psycopg.connect(dsn) as conn:
+        for start in range(0, count, 5000):
+            with conn.transaction():
+                outbox.add_many(conn, [
+                    Event(context=context, aggregate_type="order", aggregate_id=f"o-{n % aggregates}",
+                          event_type="order_placed", payload=payload(size, n))
+                    for n in range(start, min(count, start + 5000))
+                ])
+
+
+def peak_rss_mb(pid: int) -> float:
+    """VmHWM: the process's peak resident set, read before it exits."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
+def self_peak_rss_mb() -> float:
+    return peak_rss_mb(os.getpid())
+
+
+def spawn(argv: list[str], env: dict) -> subprocess.Popen:
+    return subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def stop(proc: subprocess.Popen) -> float:
+    """SIGTERM a worker; returns its peak RSS in MB."""
+    rss = peak_rss_mb(proc.pid)
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    return rss
+
+
+async def wait_until(predicate, timeout: float, interval: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return value
+        await asyncio.sleep(interval)
+    raise TimeoutError("benchmark step did not finish in time")
+
+
+def machine() -> dict:
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cores": os.cpu_count(), "cpu": cpu, "python": platform.python_version(),
+            "platform": platform.platform()}
+
+
+@dataclass
+class Result:
+    scenario: str
+    rows: list[dict] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def add(self, **row) -> None:
+        self.rows.append(row)

@@ -1,0 +1,57 @@
+"""Run the benchmarks: `make bench` (full) or `make bench-quick` (smoke run, CI).
+
+Each scenario prints a table and the whole run is written to
+bench/results/latest.json (and a timestamped copy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from bench.common import machine
+
+SCENARIOS = ["relay"]
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="small counts: checks that it works, no real numbers")
+    parser.add_argument("--only", default=",".join(SCENARIOS), help="comma-separated scenarios")
+    parser.add_argument("--size", type=int, default=256, help="payload bytes")
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    args = parser.parse_args()
+    console = Console(width=140)
+    count = 2_000 if args.quick else 100_000
+    results = []
+    started = time.time()
+    for name in args.only.split(","):
+        module = __import__(f"bench.{name}", fromlist=["run"])
+        console.print(f"[bold]{name}[/bold] ...")
+        result = await module.run(count=count, size=args.size)
+        results.append(result)
+        table = Table(*result.rows[0].keys(), title=f"{name} ({count} events, {args.size} B payloads)")
+        for row in result.rows:
+            table.add_row(*(str(v) for v in row.values()))
+        console.print(table)
+        for note in result.notes:
+            console.print(f"  note: {note}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    report = {"machine": machine(), "quick": args.quick, "count": count, "payload_bytes": args.size,
+              "seconds": round(time.time() - started, 1), "scenarios": [asdict(r) for r in results]}
+    text = json.dumps(report, indent=2)
+    (out / "latest.json").write_text(text)
+    (out / f"bench-{time.strftime('%Y%m%d-%H%M%S')}.json").write_text(text)
+    console.print(f"wrote {out / 'latest.json'} in {report['seconds']}s")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
