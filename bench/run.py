@@ -18,7 +18,7 @@ from rich.table import Table
 
 from bench.common import machine
 
-SCENARIOS = ["relay"]
+SCENARIOS = ["relay", "consumer"]
 
 
 async def main() -> None:

@@ -23,6 +23,7 @@ messages go to the DLQ with a precise reason and are ACKed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 import uuid
@@ -31,7 +32,7 @@ from datetime import datetime, timezone
 from typing import Any, Callable, Protocol
 
 from nats.aio.msg import Msg
-from opentelemetry import propagate, trace
+from opentelemetry import context, propagate, trace
 
 from seamq.envelope import (
     REPLAY_ATTEMPT, Envelope, HandlerResult, Outcome, Reason, Rejected, dead_letter_body, parse_message,
@@ -82,6 +83,10 @@ class _Work:
     dead_letter: tuple[Reason, str] | None = None
     error: str | None = None
     attempts: int = 0
+    http_result: HandlerResult | None = None  # kept across a lane's redo: never call HTTP twice
+
+    def reset(self) -> None:
+        self.ack, self.nak_delay, self.dead_letter, self.error, self.attempts = False, None, None, None, 0
 
     @property
     def message_id(self) -> uuid.UUID | None:
@@ -103,6 +108,10 @@ class _Undo(Exception):
     """Rolls back a handler's savepoint when its outcome is not success."""
 
 
+class _Redo(Exception):
+    """An in-process handler failed on the fast path: redo the lane with savepoints."""
+
+
 class InboxConsumer:
     def __init__(
         self, spec: ConsumerSpec, source, pool, dlq: JetStreamPublisher, handlers: HandlerLookup,
@@ -115,12 +124,17 @@ class InboxConsumer:
         self.handlers = handlers
         self.config = config or ConsumerConfig()
         self.inbox = PgInbox(spec.name)
-        self.processed_total = 0
+        self._metrics = _Metrics(spec.name)
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Fetch and process until `stop`; the batch in hand is always finished first."""
+        """Fetch and process until `stop`; then stop asking for more, finish what
+        was already delivered to us, ACK it, and return."""
         batch = max(1, min(self.config.batch_size, self.spec.max_ack_pending))
-        while not stop.is_set():
+        while True:
+            if stop.is_set():
+                self.source.stop_requesting()
+                if self.source.drained:
+                    return
             try:
                 messages = await self.source.fetch(batch, self.config.fetch_timeout)
             except Exception as exc:  # broker away: the client reconnects, we wait
@@ -160,16 +174,27 @@ class InboxConsumer:
         return [lane for lane in lanes if lane.items]
 
     async def _run_lane(self, lane: _Lane) -> None:
+        """Fast path: the lane's handlers run without savepoints (two round trips per
+        message saved). If an in-process handler fails, its writes cannot be undone
+        alone, so the whole lane rolls back and runs again with a savepoint each."""
         try:
-            async with self.pool.connection() as conn, conn.transaction():
-                await self._handle_lane(conn, lane.items)
+            try:
+                await self._attempt(lane.items, careful=False)
+            except _Redo:
+                await self._attempt(lane.items, careful=True)
         except Exception as exc:  # database trouble or a deadlock: nothing committed, all come back
             log.warning("consumer_lane_failed", consumer=self.spec.name, error=f"{type(exc).__name__}: {exc}")
             for item in lane.items:
                 item.ack, item.nak_delay = False, self._backoff(item.msg)
         await self._settle(lane.items)
 
-    async def _handle_lane(self, conn, items: list[_Work]) -> None:
+    async def _attempt(self, items: list[_Work], careful: bool) -> None:
+        for item in items:
+            item.reset()
+        async with self.pool.connection() as conn, conn.transaction():
+            await self._handle_lane(conn, items, careful)
+
+    async def _handle_lane(self, conn, items: list[_Work], careful: bool) -> None:
         claims = await self.inbox.claim(conn, _inbox_items(items))
         done, failed, held, first_copy, copies = [], [], set(), {}, []
         for item in items:
@@ -190,7 +215,7 @@ class InboxConsumer:
             if self.config.ordered and item.aggregate in held:
                 item.nak_delay = self._backoff(item.msg)  # behind its own aggregate's failed message
                 continue
-            result = await self._call(conn, item)
+            result = await self._call(conn, item, careful)
             if result.done:
                 item.ack = True
                 done.append(message_id)
@@ -215,16 +240,20 @@ class InboxConsumer:
         await self.inbox.duplicate(conn, duplicates)
         await self.inbox.failed(conn, [i.message_id for i in failed], [i.error for i in failed])
 
-    async def _call(self, conn, item: _Work) -> HandlerResult:
+    async def _call(self, conn, item: _Work, careful: bool) -> HandlerResult:
         envelope = item.envelope
-        headers = dict(item.msg.headers or {})
+        headers = item.msg.headers or {}
         started = time.perf_counter()
-        with tracer.start_as_current_span(f"handle {envelope.subject}", context=propagate.extract(headers),
-                                          kind=trace.SpanKind.CONSUMER):
-            carrier: dict[str, str] = {}
-            propagate.inject(carrier)
-            traceparent = carrier.get("traceparent") or headers.get(Header.TRACEPARENT)
-            if item.handler.transactional:
+        with _span(envelope.subject, headers) as traceparent:
+            if not item.handler.transactional:
+                if item.http_result is None:
+                    item.http_result = await item.handler(envelope, conn, traceparent)
+                result = item.http_result
+            elif not careful:
+                result = await item.handler(envelope, conn, traceparent)
+                if not result.done:
+                    raise _Redo
+            else:
                 try:
                     async with conn.transaction():  # a savepoint: a failed handler's writes vanish
                         result = await item.handler(envelope, conn, traceparent)
@@ -232,13 +261,11 @@ class InboxConsumer:
                             raise _Undo
                 except _Undo:
                     pass
-            else:
-                result = await item.handler(envelope, conn, traceparent)
-        CONSUMER_HANDLER_SECONDS.labels(self.spec.name).observe(time.perf_counter() - started)
+        metrics = self._metrics
+        metrics.handler_seconds.observe(time.perf_counter() - started)
         if result.done:
-            CONSUMER_PROCESSED.labels(self.spec.name, envelope.event_type).inc()
-            CONSUMER_E2E_SECONDS.labels(self.spec.name).observe(
-                max(0.0, (datetime.now(timezone.utc) - envelope.occurred_at).total_seconds()))
+            metrics.processed(envelope.event_type).inc()
+            metrics.e2e_seconds.observe(max(0.0, (datetime.now(timezone.utc) - envelope.occurred_at).total_seconds()))
         return result
 
     async def _dead_letter(self, conn, items: list[_Work], failed: list[_Work]) -> None:
@@ -321,6 +348,44 @@ def _inbox_items(items: list[_Work]) -> list[InboxItem]:
             occurred_at=env.occurred_at if env else None, replay=bool(env and env.replay_attempt),
         ))
     return out
+
+
+class _Metrics:
+    """Label children resolved once: labels() per message costs more than the work it counts."""
+
+    def __init__(self, consumer: str) -> None:
+        self.consumer = consumer
+        self.handler_seconds = CONSUMER_HANDLER_SECONDS.labels(consumer)
+        self.e2e_seconds = CONSUMER_E2E_SECONDS.labels(consumer)
+        self._processed: dict[str, Any] = {}
+
+    def processed(self, event_type: str):
+        child = self._processed.get(event_type)
+        if child is None:
+            child = self._processed[event_type] = CONSUMER_PROCESSED.labels(self.consumer, event_type)
+        return child
+
+
+@contextlib.contextmanager
+def _span(subject: str, headers: dict[str, str]):
+    """Continue the message's trace around the handler; yields the traceparent to pass on.
+
+    With no OpenTelemetry SDK configured there is nothing to record, so the
+    incoming traceparent is passed through as is (and the per-message cost of
+    extract/start/inject is skipped).
+    """
+    if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+        token = context.attach(propagate.extract(headers))  # handlers still see the trace as current
+        try:
+            yield headers.get(Header.TRACEPARENT)
+        finally:
+            context.detach(token)
+        return
+    with tracer.start_as_current_span(f"handle {subject}", context=propagate.extract(dict(headers)),
+                                      kind=trace.SpanKind.CONSUMER):
+        carrier: dict[str, str] = {}
+        propagate.inject(carrier)
+        yield carrier.get("traceparent") or headers.get(Header.TRACEPARENT)
 
 
 async def _sleep_unless(stop: asyncio.Event, seconds: float) -> None:

@@ -42,8 +42,9 @@ def timeout(seconds: float, fn: Callable[..., Awaitable[HandlerResult]]):
 
     async def wrapped(envelope: Envelope, conn: Any) -> HandlerResult:
         try:
-            return await asyncio.wait_for(fn(envelope, conn), seconds)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(seconds):  # no extra task per call, unlike wait_for
+                return await fn(envelope, conn)
+        except TimeoutError:
             return HandlerResult(Outcome.RETRY, f"handler timed out after {seconds:g}s")
 
     return wrapped

@@ -114,14 +114,18 @@ async def run_consumer(
     try:
         handlers = registry.build(http_client=client, secret=secret, timeout=cfg.handler_timeout)
         dlq = await PipelinedPublisher(nc, timeout=settings.relay.publish_timeout).start()
-        source = await PullSource(nc.jetstream(), spec.stream, spec.name).start()
+        batch = min(cfg.batch_size, spec.max_ack_pending)
+        source = await PullSource(nc, spec.stream, spec.name, buffer=min(2 * batch, spec.max_ack_pending)).start()
         async with pg_pool(settings.database_dsn(), max_size=cfg.concurrency + 1) as pool:
             consumer = InboxConsumer(spec, source, pool, dlq, handlers, ConsumerConfig(
                 batch_size=cfg.batch_size, fetch_timeout=cfg.fetch_timeout, concurrency=cfg.concurrency,
                 ordered=cfg.ordered, nak_base=cfg.nak_base, nak_max=cfg.nak_max, max_payload=nc.max_payload,
             ))
             log.info("consumer_started", consumer=name, stream=spec.stream, concurrency=cfg.concurrency)
-            await consumer.run(stop)
+            try:
+                await consumer.run(stop)
+            finally:
+                await source.close()
             log.info("consumer_stopped", consumer=name)
             return consumer
     finally:
