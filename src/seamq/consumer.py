@@ -220,7 +220,7 @@ class InboxConsumer:
                 item.ack = True
                 done.append(message_id)
             elif result.outcome == Outcome.POISON:
-                item.dead_letter = (Reason.HANDLER_REJECTED, result.detail or "handler rejected the message")
+                item.dead_letter = (result.reason or Reason.HANDLER_REJECTED, result.detail or "handler rejected it")
             elif item.msg.metadata.num_delivered >= self.spec.max_deliver:
                 item.dead_letter = (Reason.MAX_DELIVER, f"{item.msg.metadata.num_delivered} deliveries; last: "
                                                         f"{result.detail}")

@@ -175,6 +175,7 @@ class Outcome(str, Enum):
 class HandlerResult:
     outcome: Outcome
     detail: str | None = None
+    reason: "Reason | None" = None  # for POISON: why, when not "the handler said 422"
 
     @property
     def done(self) -> bool:

@@ -1,18 +1,32 @@
-"""The handler registry: which handler serves each (event type, version).
+"""The handler registry (REQ-060): which handler serves each (source, event type, version).
 
-A Registry is a static list of Routes. A route's handler is either a Python
-import path (`package.module:function`, run in-process inside the inbox
-transaction) or an HTTP URL (SDS-047 §12). The consumer resolves routes once
-at start and never reloads them: a change needs a restart (REQ-060).
+Manifests (YAML, one per consuming context) list the subscribed events, a
+handler per version (a Python import path, run in-process inside the inbox
+transaction, or an HTTP URL, SDS-047 §12), options, and a JSON Schema per
+version's payload. `generate()` turns them into a Python module with stable
+ordering: byte-identical on every run, whatever the file order. The consumer
+loads only that module, once, at start: a manifest change needs regenerate +
+restart. A lock file beside the manifests pins each released version's
+schema, so changing `.v1` is refused: a breaking change needs `.v2` (REQ-057).
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import json
+import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from pathlib import Path
+from typing import Any, Callable
 
+import yaml
+
+from seamq.envelope import Envelope, HandlerResult, Outcome, Reason
 from seamq.model import ErrorCode, SeamqError, validate_token
+
+LOCK_FILE = "registry.lock.json"
+_IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
 @dataclass(frozen=True)
@@ -20,15 +34,13 @@ class Route:
     event_type: str
     version: int
     handler: str | Callable  # "pkg.module:function", "http://host/handle", or the function itself
+    source: str | None = None  # the producing context; None: any
     timeout: float | None = None
     options: dict[str, Any] = field(default_factory=dict)
+    schema: str | None = None  # JSON Schema of the payload, as canonical JSON text
 
     def __post_init__(self) -> None:
         validate_token(self.event_type, "event type")
-
-    @property
-    def is_http(self) -> bool:
-        return isinstance(self.handler, str) and self.handler.startswith(("http://", "https://"))
 
 
 @dataclass(frozen=True)
@@ -36,7 +48,8 @@ class Registry:
     routes: tuple[Route, ...] = ()
     default: str | Callable | None = None  # serves events without a route (e.g. one /handle per context)
 
-    def build(self, *, http_client=None, secret: str | None = None, timeout: float = 10.0):
+    def build(self, *, http_client=None, secret: str | None = None, timeout: float = 10.0,
+              source: str | None = None):
         """Resolve every route now, so a bad import path fails at start, not on the first message."""
         from seamq.handlers import InProcessHandler
         from seamq.http.client import HttpHandler
@@ -49,9 +62,35 @@ class Registry:
                 return HttpHandler(target, client=http_client, secret=secret, timeout=seconds)
             return InProcessHandler(import_object(target), timeout_seconds=seconds)
 
-        table = {(r.event_type, r.version): make(r.handler, r.timeout) for r in self.routes}
+        table = {}
+        for route in self.routes:
+            if route.source not in (None, source):
+                continue
+            handler = make(route.handler, route.timeout)
+            table[(route.event_type, route.version)] = SchemaChecked(handler, route.schema) if route.schema else handler
         fallback = make(self.default, None) if self.default else None
         return lambda event_type, version: table.get((event_type, version), fallback)
+
+
+class SchemaChecked:
+    """Validates the payload against the version's schema before the handler sees it.
+
+    A mismatch is poison (422 semantics) with reason `schema_mismatch`.
+    """
+
+    def __init__(self, handler, schema: str) -> None:
+        from jsonschema import Draft202012Validator
+
+        self.handler = handler
+        self.transactional = handler.transactional
+        self.validator = Draft202012Validator(json.loads(schema))
+
+    async def __call__(self, envelope: Envelope, conn: Any, traceparent: str | None = None) -> HandlerResult:
+        error = next(iter(self.validator.iter_errors(envelope.payload)), None)
+        if error is not None:
+            where = "/".join(str(p) for p in error.absolute_path) or "payload"
+            return HandlerResult(Outcome.POISON, f"{where}: {error.message}", reason=Reason.SCHEMA_MISMATCH)
+        return await self.handler(envelope, conn, traceparent)
 
 
 def import_object(path: str) -> Any:
@@ -71,5 +110,159 @@ def load_registry(path: str) -> Registry:
     return registry
 
 
-HandlerLookup = Callable[[str, int], Any]
-__all__: Iterable[str] = ["Route", "Registry", "load_registry", "import_object"]
+# -- manifests -> generated module ---------------------------------------------
+
+def _manifest_error(source: str, key: str, reason: str) -> SeamqError:
+    return SeamqError(ErrorCode.INVALID_MANIFEST, f"{source}: {key}: {reason}")
+
+
+def canonical_schema(schema: Any) -> str:
+    return json.dumps(schema, sort_keys=True, separators=(",", ":"))
+
+
+def read_manifests(directory: Path) -> list[Route]:
+    """Every route of every `*.yaml` manifest in `directory`, validated, in a stable order."""
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import SchemaError
+
+    files = sorted(Path(directory).glob("*.yaml"))
+    if not files:
+        raise SeamqError(ErrorCode.INVALID_MANIFEST, f"{directory}: no *.yaml manifests found")
+    routes: dict[tuple, Route] = {}
+    for path in files:
+        source = str(path)
+        try:
+            data = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as exc:
+            raise SeamqError(ErrorCode.INVALID_MANIFEST, f"{source}: not valid YAML: {exc}") from None
+        if not isinstance(data, dict) or not isinstance(data.get("subscriptions"), list):
+            raise _manifest_error(source, "subscriptions", "a list of subscribed events is required")
+        context = data.get("context")
+        if not isinstance(context, str) or not re.match(r"^[a-z][a-z0-9_]*$", context):
+            raise _manifest_error(source, "context", "the consuming context, lowercase snake_case, is required")
+        for i, sub in enumerate(data["subscriptions"]):
+            key = f"subscriptions[{i}]"
+            if not isinstance(sub, dict):
+                raise _manifest_error(source, key, "must be a mapping")
+            unknown = set(sub) - {"event", "source", "versions"}
+            if unknown:
+                raise _manifest_error(source, f"{key}.{sorted(unknown)[0]}", "unknown key")
+            event, producer = sub.get("event"), sub.get("source")
+            for name, value in (("event", event), ("source", producer)):
+                if not isinstance(value, str) or not re.match(r"^[a-z][a-z0-9_]*$", value or ""):
+                    raise _manifest_error(source, f"{key}.{name}", "lowercase snake_case name required")
+            versions = sub.get("versions")
+            if not isinstance(versions, dict) or not versions:
+                raise _manifest_error(source, f"{key}.versions", "a mapping of version number -> handler is required")
+            for version, spec in versions.items():
+                vkey = f"{key}.versions.{version}"
+                if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+                    raise _manifest_error(source, vkey, "versions are integers >= 1")
+                if not isinstance(spec, dict):
+                    raise _manifest_error(source, vkey, "must be a mapping with a handler")
+                unknown = set(spec) - {"handler", "schema", "timeout", "options"}
+                if unknown:
+                    raise _manifest_error(source, f"{vkey}.{sorted(unknown)[0]}", "unknown key")
+                handler = spec.get("handler")
+                if not isinstance(handler, str) or not (
+                        handler.startswith(("http://", "https://")) or _IMPORT_PATH.match(handler)):
+                    raise _manifest_error(source, f"{vkey}.handler", "an import path 'pkg.module:function' "
+                                                                     "or an http(s):// URL is required")
+                schema = spec.get("schema")
+                if schema is not None:
+                    try:
+                        Draft202012Validator.check_schema(schema)
+                    except SchemaError as exc:
+                        raise _manifest_error(source, f"{vkey}.schema", f"not a valid JSON Schema: {exc.message}")
+                timeout = spec.get("timeout")
+                if timeout is not None and (not isinstance(timeout, (int, float)) or timeout <= 0):
+                    raise _manifest_error(source, f"{vkey}.timeout", "seconds > 0")
+                options = spec.get("options") or {}
+                if not isinstance(options, dict):
+                    raise _manifest_error(source, f"{vkey}.options", "must be a mapping")
+                ident = (context, producer, event, version)
+                if ident in routes:
+                    raise _manifest_error(source, vkey, f"{producer}.{event}.v{version} is declared twice for {context}")
+                routes[ident] = Route(
+                    event_type=event, version=version, handler=handler, source=producer,
+                    timeout=float(timeout) if timeout else None, options=options,
+                    schema=canonical_schema(schema) if schema is not None else None,
+                )
+    return [routes[k] for k in sorted(routes)]
+
+
+def _route_key(route: Route) -> str:
+    return f"{route.source}.{route.event_type}.v{route.version}"
+
+
+def render_module(routes: list[Route], contexts: list[str]) -> str:
+    """The generated module's text: deterministic, so regenerating is byte-identical."""
+    lines = [
+        '"""Handler registry generated by `seamq registry generate`. Do not edit: edit the manifests."""',
+        "",
+        "from seamq.registry import Registry, Route",
+        "",
+        f"CONTEXTS = {tuple(contexts)!r}",
+        "",
+        "REGISTRY = Registry(routes=(",
+    ]
+    for r in routes:
+        lines.append(
+            f"    Route(event_type={r.event_type!r}, version={r.version}, handler={r.handler!r}, "
+            f"source={r.source!r}, timeout={r.timeout!r}, options={json.loads(json.dumps(r.options, sort_keys=True))!r},"
+            f" schema={r.schema!r}),"
+        )
+    lines += ["))", ""]
+    return "\n".join(lines)
+
+
+def manifest_contexts(directory: Path) -> list[str]:
+    return sorted({yaml.safe_load(p.read_text()).get("context") for p in Path(directory).glob("*.yaml")})
+
+
+def _schema_hash(route: Route) -> str:
+    return hashlib.sha256((route.schema or "null").encode()).hexdigest()
+
+
+def check_lock(directory: Path, routes: list[Route]) -> tuple[dict[str, str], list[str]]:
+    """(the lock with new versions added, breaking changes to versions already locked)."""
+    path = Path(directory) / LOCK_FILE
+    lock: dict[str, str] = json.loads(path.read_text()) if path.exists() else {}
+    problems, updated = [], dict(lock)
+    for route in routes:
+        key = _route_key(route)
+        digest = _schema_hash(route)
+        if key in lock and lock[key] != digest:
+            problems.append(f"{key}: its schema changed; a breaking change requires .v{route.version + 1}")
+        updated.setdefault(key, digest)
+    return dict(sorted(updated.items())), problems
+
+
+def generate(directory: Path, out: Path) -> bool:
+    """Write the module and the lock; True when the module changed. Refuses breaking changes."""
+    routes = read_manifests(directory)
+    lock, problems = check_lock(directory, routes)
+    if problems:
+        raise SeamqError(ErrorCode.BREAKING_CHANGE, "; ".join(problems))
+    text = render_module(routes, manifest_contexts(directory))
+    changed = not out.exists() or out.read_text() != text
+    if changed:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+    (Path(directory) / LOCK_FILE).write_text(json.dumps(lock, indent=2, sort_keys=True) + "\n")
+    return changed
+
+
+def check(directory: Path, out: Path) -> list[str]:
+    """Problems that should fail CI: a stale module, or a changed schema of a locked version."""
+    routes = read_manifests(directory)
+    lock_path = Path(directory) / LOCK_FILE
+    _, problems = check_lock(directory, routes)
+    if not lock_path.exists():
+        problems.append(f"{lock_path} is missing: run `seamq registry generate` and commit it")
+    text = render_module(routes, manifest_contexts(directory))
+    if not out.exists():
+        problems.append(f"{out} is missing: run `seamq registry generate`")
+    elif out.read_text() != text:
+        problems.append(f"{out} is stale: the manifests changed; run `seamq registry generate` and restart consumers")
+    return problems

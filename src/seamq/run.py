@@ -22,6 +22,7 @@ from seamq.observability import log
 from seamq.pg.outbox_repo import PgOutbox
 from seamq.registry import Registry, load_registry
 from seamq.relay import Relay, RelayConfig, listen_for_outbox
+from seamq.replay import Replayer
 from seamq.settings import Settings
 from seamq.topology import Topology, parse_duration
 
@@ -112,7 +113,7 @@ async def run_consumer(
     nc = await connect(settings.nats, name=f"seamq-consumer-{name}")
     client = http_client(max_connections=cfg.concurrency * 2)
     try:
-        handlers = registry.build(http_client=client, secret=secret, timeout=cfg.handler_timeout)
+        handlers = registry.build(http_client=client, secret=secret, timeout=cfg.handler_timeout, source=spec.source)
         dlq = await PipelinedPublisher(nc, timeout=settings.relay.publish_timeout).start()
         batch = min(cfg.batch_size, spec.max_ack_pending)
         source = await PullSource(nc, spec.stream, spec.name, buffer=min(2 * batch, spec.max_ack_pending)).start()
@@ -140,3 +141,24 @@ async def _close(nc) -> None:
     except Exception:
         pass
     await nc.close()
+
+
+@asynccontextmanager
+async def replay_tools(settings: Settings, topology: Topology, *, persistent: bool = True):
+    """A Replayer with its connections: for the worker and for `seamq dlq replay`."""
+    nc = await connect(settings.nats, name="seamq-replay", persistent=persistent)
+    publisher = await PipelinedPublisher(nc, timeout=settings.relay.publish_timeout).start()
+    try:
+        async with pg_pool(settings.database_dsn(), max_size=2) as pool:
+            yield Replayer(pool, nc.jetstream(), publisher, topology, settings.replay.policy(),
+                           nak_max=settings.consumer.nak_max, interval=settings.replay.interval)
+    finally:
+        await publisher.close()
+        await _close(nc)
+
+
+async def run_replay(settings: Settings, topology: Topology, stop: asyncio.Event) -> Replayer:
+    async with replay_tools(settings, topology) as replayer:
+        log.info("replay_started", reasons=settings.replay.reasons, max_attempts=settings.replay.max_attempts)
+        await replayer.run(stop)
+        return replayer

@@ -71,6 +71,22 @@ class ConsumerSettings(BaseModel):
     nak_max: float = Field(60.0, gt=0)
 
 
+class ReplaySettings(BaseModel):
+    base_delay: float = Field(5.0, gt=0, description="delay before the first replay, seconds")
+    factor: float = Field(2.0, ge=1)
+    max_delay: float = Field(300.0, gt=0)
+    max_attempts: int = Field(5, ge=0)
+    jitter: float = Field(0.5, ge=0, le=1, description="delay x [1 - jitter, 1]")
+    reasons: list[str] = Field(["max_deliver", "handler_rejected"], description="replayable dead-letter reasons")
+    interval: float = Field(1.0, gt=0, description="seconds between replay rounds")
+
+    def policy(self):
+        from seamq.pg.dlq_repo import ReplayPolicy
+
+        return ReplayPolicy(base=self.base_delay, factor=self.factor, max_delay=self.max_delay,
+                            max_attempts=self.max_attempts, jitter=self.jitter, reasons=tuple(self.reasons))
+
+
 class EmbeddedSettings(BaseModel):
     """The services `seamq dev` starts when no external ones are configured."""
 
@@ -93,6 +109,9 @@ class Settings(BaseSettings):
     replicas: int | None = Field(None, ge=1, le=5, description="overrides every stream's replicas")
     relay: RelaySettings = RelaySettings()
     consumer: ConsumerSettings = ConsumerSettings()
+    replay: ReplaySettings = ReplaySettings()
+    registry_manifests: Path = Path("manifests")
+    registry_module: Path = Path("registry_generated.py")
     embedded: EmbeddedSettings = EmbeddedSettings()
     log_level: str = "info"
     metrics_port: int | None = None

@@ -22,7 +22,7 @@ from seamq.nats.provision import apply
 from seamq.pg import migrate
 from seamq.dev.demo import HandlerServices, dashboard, render, stats, workload
 from seamq.observability import configure_logging
-from seamq.run import run_consumer, run_relay, stop_on_signals
+from seamq.run import run_consumer, run_relay, run_replay, stop_on_signals
 from seamq.settings import NatsSettings, Settings, redact_url
 from seamq.topology import Topology
 
@@ -105,7 +105,8 @@ async def run_workers(settings: Settings, topology: Topology, stop: asyncio.Even
     secret = secrets.token_hex(16)
     services = HandlerServices(sorted(topology.contexts), secret)
     await services.start()
-    tasks = [asyncio.create_task(run_relay(settings, topology, stop))]
+    tasks = [asyncio.create_task(run_relay(settings, topology, stop)),
+             asyncio.create_task(run_replay(settings, topology, stop))]
     for spec in topology.consumers.values():
         consumer_settings = settings.consumer.model_copy(
             update=dict(handler_url=services.urls[spec.target], handler_secret=SecretStr(secret)))
@@ -118,7 +119,7 @@ async def run_workers(settings: Settings, topology: Topology, stop: asyncio.Even
     for context, url in services.urls.items():
         table.add_row(context, url)
     console.print(table)
-    console.print(f"[bold green]ready[/bold green]: relay, {len(topology.consumers)} consumers"
+    console.print(f"[bold green]ready[/bold green]: relay, {len(topology.consumers)} consumers, DLQ replay"
                   f"{', demo workload' if demo else ''}; logs in {log_path}; Ctrl-C to stop")
     try:
         if run_for:

@@ -62,7 +62,8 @@ class PgInbox:
                 claims[message_id] = (Claim.REPLAY, attempts + 1)
             else:
                 claims[message_id] = (Claim.DUPLICATE, attempts)
-                duplicates.append(message_id)
+                if message_id not in replays:  # a replay reaching a consumer that had succeeded is no failure
+                    duplicates.append(message_id)
                 continue
             again.append(message_id)
         if again:

@@ -151,7 +151,7 @@ UPDATE inbox_messages i
 SET status = 'dead_lettered', last_error = left(u.reason || ': ' || u.detail, 2000),
     dlq_metadata = coalesce(i.dlq_metadata, '{}'::jsonb) || jsonb_build_object(
       'reason', u.reason, 'detail', left(u.detail, 2000), 'dlq_subject', u.dlq_subject,
-      'dlq_seq', u.dlq_seq, 'dead_lettered_at', clock_timestamp())
+      'dlq_seq', u.dlq_seq, 'dead_lettered_at', clock_timestamp(), 'next_replay_at', NULL)
 FROM unnest(CAST(%(ids)s AS uuid[]), CAST(%(reasons)s AS text[]), CAST(%(details)s AS text[]),
             CAST(%(dlq_subjects)s AS text[]), CAST(%(dlq_seqs)s AS bigint[]))
   AS u(id, reason, detail, dlq_subject, dlq_seq)
@@ -181,3 +181,63 @@ SELECT consumer,
        percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM processed_at - occurred_at))
          FILTER (WHERE processed_at > now() - interval '1 minute') AS p99
 FROM inbox_messages GROUP BY consumer ORDER BY consumer
+
+-- name: replay_exhaust
+-- Dead letters that used up their automatic replays stay in the DLQ, marked.
+UPDATE inbox_messages
+SET status = 'exhausted', dlq_metadata = dlq_metadata || jsonb_build_object('exhausted_at', clock_timestamp())
+WHERE status = 'dead_lettered' AND dlq_metadata->>'reason' = ANY(%(reasons)s)
+  AND coalesce((dlq_metadata->>'replay_attempts')::int, 0) >= %(max_attempts)s
+
+-- name: replay_schedule
+-- Each replayable dead letter without a schedule gets one: exponential in its
+-- replay attempts, capped, times a jitter factor in [1 - jitter, 1].
+UPDATE inbox_messages
+SET dlq_metadata = dlq_metadata || jsonb_build_object('next_replay_at',
+      clock_timestamp() + least(%(max_delay)s, %(base)s * power(%(factor)s,
+        coalesce((dlq_metadata->>'replay_attempts')::int, 0))) * (1 - %(jitter)s * random()) * interval '1 second')
+WHERE status = 'dead_lettered' AND dlq_metadata->>'next_replay_at' IS NULL
+  AND dlq_metadata->>'reason' = ANY(%(reasons)s)
+  AND coalesce((dlq_metadata->>'replay_attempts')::int, 0) < %(max_attempts)s
+
+-- name: replay_due
+SELECT consumer, message_id, dlq_metadata FROM inbox_messages
+WHERE status = 'dead_lettered' AND (dlq_metadata->>'next_replay_at')::timestamptz <= clock_timestamp()
+ORDER BY (dlq_metadata->>'next_replay_at')::timestamptz
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED
+
+-- name: replay_mark
+-- After the re-publish: count it, and arm a watchdog in case the replay never
+-- comes back (the consumer clears it when it dead-letters the message again).
+UPDATE inbox_messages
+SET status = CASE WHEN status = 'exhausted' THEN 'dead_lettered' ELSE status END,
+    dlq_metadata = dlq_metadata || jsonb_build_object(
+      'replay_attempts', coalesce((dlq_metadata->>'replay_attempts')::int, 0) + 1,
+      'last_replayed_at', clock_timestamp(),
+      'last_reason', dlq_metadata->>'reason',
+      'next_replay_at', clock_timestamp() + %(watchdog)s * interval '1 second')
+WHERE consumer = %(consumer)s AND message_id = %(message_id)s
+
+-- name: dlq_select
+-- Dead letters for people: filters are optional (NULL means any).
+SELECT consumer, message_id, subject, event_type, event_version, status, attempts, last_error,
+       dlq_metadata, received_at
+FROM inbox_messages
+WHERE status IN ('dead_lettered', 'exhausted')
+  AND (CAST(%(consumer)s AS text) IS NULL OR consumer = %(consumer)s)
+  AND (CAST(%(context)s AS text) IS NULL OR split_part(consumer, '__from_', 1) = %(context)s)
+  AND (CAST(%(event_type)s AS text) IS NULL OR event_type = %(event_type)s)
+  AND (CAST(%(reason)s AS text) IS NULL OR dlq_metadata->>'reason' = %(reason)s)
+  AND (CAST(%(older_than)s AS float8) IS NULL
+       OR (dlq_metadata->>'dead_lettered_at')::timestamptz < now() - %(older_than)s * interval '1 second')
+  AND (CAST(%(ids)s AS uuid[]) IS NULL OR message_id = ANY(%(ids)s))
+ORDER BY (dlq_metadata->>'dead_lettered_at')::timestamptz, message_id
+LIMIT %(limit)s
+
+-- name: dlq_purged
+-- Purged dead letters keep their inbox row (it still deduplicates), marked.
+UPDATE inbox_messages
+SET status = 'exhausted', dlq_metadata = dlq_metadata || jsonb_build_object('purged_at', clock_timestamp(),
+      'next_replay_at', NULL)
+WHERE consumer = %(consumer)s AND message_id = %(message_id)s

@@ -1,0 +1,37 @@
+"""The `seamq` command line: one command group per concept of the spec."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from seamq.cli import db, dlq, maintenance, registry, workers
+
+app = typer.Typer(
+    help="seamq: transactional outbox, JetStream relay, inbox consumers and dead letters.",
+    no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False,
+)
+
+
+@app.callback()
+def main(
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML settings file (also SEAMQ_CONFIG)."),
+    log_level: Optional[str] = typer.Option(None, "--log-level", help="debug, info, warning, error."),
+) -> None:
+    if config:
+        os.environ["SEAMQ_CONFIG"] = str(config)
+    from seamq.observability import configure_logging
+
+    configure_logging(log_level or os.environ.get("SEAMQ_LOG_LEVEL", "info"))
+
+
+for command in (workers.dev, workers.provision, workers.relay, workers.consume, workers.replay, maintenance.backlog):
+    app.command()(command)
+app.add_typer(db.app, name="db")
+app.add_typer(dlq.app, name="dlq")
+app.add_typer(registry.app, name="registry")
+app.add_typer(maintenance.outbox_app, name="outbox")
+app.add_typer(maintenance.inbox_app, name="inbox")

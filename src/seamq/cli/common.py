@@ -1,0 +1,66 @@
+"""Helpers every command shares: consoles, settings, topology, and clean errors.
+
+Errors with a code print as `error[CODE]: message` and exit 2 for bad input
+(config, topology, manifests, events) or 1 for a runtime failure; never a
+traceback for something a person can fix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from seamq.model import ErrorCode, SeamqError
+from seamq.settings import Settings, load_settings
+from seamq.topology import Topology, load_topology
+
+# Piped output (logs, CI) gets wide tables instead of truncated 80-column ones.
+console = Console(width=None if sys.stdout.isatty() else 140)
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 140)
+
+INPUT_ERRORS = {
+    ErrorCode.INVALID_CONFIG, ErrorCode.INVALID_TOPOLOGY, ErrorCode.INVALID_OUTBOX, ErrorCode.FUTURE_EVENT,
+    ErrorCode.INVALID_SUBJECT, ErrorCode.DESTRUCTIVE_CHANGE, ErrorCode.INVALID_MANIFEST, ErrorCode.BREAKING_CHANGE,
+    ErrorCode.NOT_FOUND,
+}
+
+TopologyOption = typer.Option(None, "--topology", "-t", help="Topology YAML (default: the shipped SDS-047 §10 one).")
+
+
+def exit_with(error: SeamqError):
+    err_console.print(f"[red]error[{error.code.value}][/red]: {error.message}", highlight=False)
+    raise typer.Exit(2 if error.code in INPUT_ERRORS else 1)
+
+
+def run(coro):
+    """Run a coroutine, turning known failures into a clean message and exit code."""
+    import psycopg
+    from nats.errors import NoServersError
+
+    try:
+        return asyncio.run(coro)
+    except SeamqError as exc:
+        exit_with(exc)
+    except psycopg.OperationalError as exc:
+        exit_with(SeamqError(ErrorCode.DATABASE_UNAVAILABLE, f"{exc} (check SEAMQ_DATABASE_URL)".strip()))
+    except (NoServersError, OSError) as exc:
+        exit_with(SeamqError(ErrorCode.BROKER_UNAVAILABLE, f"cannot reach NATS: {exc} (check SEAMQ_NATS__URL)"))
+
+
+def settings() -> Settings:
+    try:
+        return load_settings()
+    except SeamqError as exc:
+        exit_with(exc)
+
+
+def topology(path: Optional[Path], current: Settings) -> Topology:
+    try:
+        return load_topology(path or current.topology_file, replicas=current.replicas)
+    except SeamqError as exc:
+        exit_with(exc)

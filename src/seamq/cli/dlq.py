@@ -1,0 +1,188 @@
+"""`seamq dlq`: dead letters for people: list, show, replay now, purge."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.progress import Progress
+from rich.syntax import Syntax
+from rich.table import Table
+
+from seamq.cli.common import TopologyOption, console, exit_with, run, settings, topology
+from seamq.model import ErrorCode, SeamqError
+from seamq.pg.dlq_repo import DlqFilter
+from seamq.topology import parse_duration
+
+app = typer.Typer(help="Dead letters: list, show, replay now, purge.", no_args_is_help=True)
+
+Consumer = typer.Option(None, "--consumer", help="Only this consumer's dead letters.")
+Context = typer.Option(None, "--context", help="Only dead letters of consumers of this (target) context.")
+EventType = typer.Option(None, "--event-type", help="Only this event type.")
+ReasonOpt = typer.Option(None, "--reason", help="Only this reason, e.g. handler_rejected, max_deliver.")
+OlderThan = typer.Option(None, "--older-than", help="Only dead letters older than this, e.g. 1h.")
+Limit = typer.Option(1000, "--limit", help="At most this many.")
+
+
+def _filter(consumer, context, event_type, reason, older_than, limit, ids=None) -> DlqFilter:
+    try:
+        age = parse_duration(older_than) if older_than else None
+    except ValueError as exc:
+        exit_with(SeamqError(ErrorCode.INVALID_CONFIG, f"--older-than: {exc}"))
+    return DlqFilter(consumer=consumer, context=context, event_type=event_type, reason=reason,
+                     older_than=age, ids=ids, limit=limit)
+
+
+async def _select(dsn: str, selection: DlqFilter) -> list[dict]:
+    import psycopg
+
+    from seamq.pg import dlq_repo
+
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        return await dlq_repo.select(conn, selection)
+
+
+@app.command("list")
+def list_(consumer: Optional[str] = Consumer, context: Optional[str] = Context, event_type: Optional[str] = EventType,
+          reason: Optional[str] = ReasonOpt, older_than: Optional[str] = OlderThan, limit: int = Limit) -> None:
+    """Dead-lettered and exhausted messages, oldest first."""
+    rows = run(_select(settings().database_dsn(), _filter(consumer, context, event_type, reason, older_than, limit)))
+    table = Table("message id", "consumer", "event", "reason", "status", "attempts", "replays", "next replay",
+                  "dead-lettered at", title=f"{len(rows)} dead letters")
+    for row in rows:
+        meta = row["dlq_metadata"] or {}
+        event = f"{row['event_type']}.v{row['event_version']}" if row["event_type"] else row["subject"]
+        table.add_row(str(row["message_id"]), row["consumer"], event, meta.get("reason", "?"), row["status"],
+                      str(row["attempts"]), str(meta.get("replay_attempts", 0)),
+                      str(meta.get("next_replay_at") or "-")[:19], str(meta.get("dead_lettered_at", "?"))[:19])
+    console.print(table)
+
+
+@app.command()
+def show(message_id: str = typer.Argument(..., help="The message id."),
+         topology_file: Optional[Path] = TopologyOption) -> None:
+    """One dead letter: its inbox record and the DLQ copy with the original payload and headers."""
+    current = settings()
+    topo = topology(topology_file, current)
+    ids = [_uuid(message_id)]
+
+    async def go():
+        from seamq.nats.connect import connect
+
+        rows = await _select(current.database_dsn(), DlqFilter(ids=ids))
+        nc = await connect(current.nats, name="seamq-dlq", persistent=False)
+        try:
+            copies = []
+            for row in rows:
+                meta = row["dlq_metadata"] or {}
+                stream = topo.contexts[topo.consumer(row["consumer"]).target].dlq.name
+                try:
+                    copies.append(json.loads((await nc.jetstream().get_msg(stream, int(meta["dlq_seq"]))).data))
+                except Exception as exc:
+                    copies.append({"error": f"DLQ copy unavailable: {exc}"})
+            return rows, copies
+        finally:
+            await nc.close()
+
+    rows, copies = run(go())
+    if not rows:
+        exit_with(SeamqError(ErrorCode.NOT_FOUND, f"no dead letter with message id {message_id}"))
+    for row, copy in zip(rows, copies):
+        table = Table("field", "value", title=f"dead letter {message_id} ({row['consumer']})", show_header=False)
+        for key in ("subject", "status", "attempts", "last_error", "received_at"):
+            table.add_row(key, str(row[key]))
+        for key, value in sorted((row["dlq_metadata"] or {}).items()):
+            table.add_row(f"dlq.{key}", str(value))
+        console.print(table)
+        console.print(Syntax(json.dumps(copy, indent=2), "json", word_wrap=True))
+
+
+@app.command()
+def replay(
+    message_id: Optional[str] = typer.Argument(None, help="One message id; or use --all with filters."),
+    all_: bool = typer.Option(False, "--all", help="Every dead letter the filters select."),
+    consumer: Optional[str] = Consumer, context: Optional[str] = Context, event_type: Optional[str] = EventType,
+    reason: Optional[str] = ReasonOpt, older_than: Optional[str] = OlderThan, limit: int = Limit,
+    topology_file: Optional[Path] = TopologyOption,
+) -> None:
+    """Re-publish now, bypassing the backoff (also exhausted and non-replayable ones)."""
+    if bool(message_id) == all_:
+        exit_with(SeamqError(ErrorCode.INVALID_CONFIG, "give one message id, or --all (with optional filters)"))
+    current = settings()
+    topo = topology(topology_file, current)
+    selection = _filter(consumer, context, event_type, reason, older_than, limit,
+                        ids=[_uuid(message_id)] if message_id else None)
+
+    async def go():
+        from seamq.run import replay_tools
+
+        rows = await _select(current.database_dsn(), selection)
+        if not rows:
+            return 0, 0
+        replayed = 0
+        async with replay_tools(current, topo, persistent=False) as replayer:
+            with Progress(console=console, transient=True) as progress:
+                task = progress.add_task("replaying", total=len(rows))
+                for start in range(0, len(rows), 100):
+                    chunk = rows[start:start + 100]
+                    async with replayer.pool.connection() as conn, conn.transaction():
+                        replayed += await replayer.replay(conn, chunk)
+                    progress.advance(task, len(chunk))
+        return len(rows), replayed
+
+    selected, replayed = run(go())
+    if message_id and not selected:
+        exit_with(SeamqError(ErrorCode.NOT_FOUND, f"no dead letter with message id {message_id}"))
+    console.print(f"replayed {replayed} of {selected} selected dead letters")
+    if replayed < selected:
+        raise typer.Exit(1)
+
+
+@app.command()
+def purge(
+    yes: bool = typer.Option(False, "--yes", help="Really delete the selected DLQ copies."),
+    consumer: Optional[str] = Consumer, context: Optional[str] = Context, event_type: Optional[str] = EventType,
+    reason: Optional[str] = ReasonOpt, older_than: Optional[str] = OlderThan, limit: int = Limit,
+    topology_file: Optional[Path] = TopologyOption,
+) -> None:
+    """Delete dead letters from the DLQ stream; their inbox rows stay (marked purged) to keep deduplicating."""
+    current = settings()
+    topo = topology(topology_file, current)
+    selection = _filter(consumer, context, event_type, reason, older_than, limit)
+    rows = run(_select(current.database_dsn(), selection))
+    if not yes:
+        exit_with(SeamqError(ErrorCode.INVALID_CONFIG, f"{len(rows)} dead letters selected; add --yes to purge them"))
+
+    async def go():
+        import psycopg
+
+        from seamq.nats.connect import connect
+        from seamq.pg import dlq_repo
+
+        nc = await connect(current.nats, name="seamq-dlq", persistent=False)
+        try:
+            async with await psycopg.AsyncConnection.connect(current.database_dsn(), autocommit=True) as conn:
+                for row in rows:
+                    meta = row["dlq_metadata"] or {}
+                    stream = topo.contexts[topo.consumer(row["consumer"]).target].dlq.name
+                    if meta.get("dlq_seq") is not None:
+                        try:
+                            await nc.jetstream().delete_msg(stream, int(meta["dlq_seq"]))
+                        except Exception:
+                            pass  # already gone (max_age, or an earlier purge)
+                    await dlq_repo.mark_purged(conn, row["consumer"], row["message_id"])
+        finally:
+            await nc.close()
+
+    run(go())
+    console.print(f"purged {len(rows)} dead letters")
+
+
+def _uuid(value: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        exit_with(SeamqError(ErrorCode.INVALID_CONFIG, f"{value!r} is not a message id (UUID)"))

@@ -1,0 +1,98 @@
+"""`seamq outbox purge`, `seamq inbox purge`, `seamq backlog`: keeping the tables healthy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from seamq.cli.common import TopologyOption, console, exit_with, run, settings, topology
+from seamq.model import ErrorCode, SeamqError
+from seamq.topology import inbox_retention_floor, parse_duration
+
+outbox_app = typer.Typer(help="Outbox maintenance: purge published rows.", no_args_is_help=True)
+inbox_app = typer.Typer(help="Inbox maintenance: purge processed rows.", no_args_is_help=True)
+
+
+def _seconds(option: str, value: str) -> float:
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        exit_with(SeamqError(ErrorCode.INVALID_CONFIG, f"{option}: {exc}"))
+
+
+@outbox_app.command("purge")
+def outbox_purge(
+    older_than: str = typer.Option(..., "--older-than", help="Age of published rows to delete, e.g. 7d."),
+    batch: int = typer.Option(5000, help="Rows per DELETE."),
+) -> None:
+    """Delete published outbox rows older than a window, in bounded batches."""
+    seconds = _seconds("--older-than", older_than)
+    current = settings()
+
+    async def go():
+        from seamq.pg.outbox_repo import PgOutbox
+        from seamq.run import pg_pool
+
+        async with pg_pool(current.database_dsn()) as pool:
+            return await PgOutbox(pool).purge(seconds, batch)
+
+    console.print(f"deleted {run(go())} published rows older than {older_than}")
+
+
+@inbox_app.command("purge")
+def inbox_purge(
+    older_than: str = typer.Option(..., "--older-than", help="Age of processed rows to delete, e.g. 30d."),
+    topology_file: Optional[Path] = TopologyOption,
+    batch: int = typer.Option(5000, help="Rows per DELETE."),
+) -> None:
+    """Delete processed inbox rows older than a window that still covers every possible redelivery."""
+    current = settings()
+    topo = topology(topology_file, current)
+    seconds = _seconds("--older-than", older_than)
+    replay = current.replay
+    replay_window = replay.max_delay * replay.max_attempts
+    floor = inbox_retention_floor(topo, nak_max=current.consumer.nak_max, replay_window=replay_window)
+    if seconds <= floor:
+        exit_with(SeamqError(ErrorCode.INVALID_CONFIG, (
+            f"--older-than {older_than} is too short: a copy of a message may still arrive up to {floor:g}s "
+            "(duplicate window + max_deliver x max(ack_wait, NAK delay) + DLQ replay window) after it was first "
+            "seen; purging sooner could process it twice")))
+
+    async def go():
+        import psycopg
+
+        from seamq.pg.inbox_repo import purge_inbox
+
+        async with await psycopg.AsyncConnection.connect(current.database_dsn(), autocommit=True) as conn:
+            return await purge_inbox(conn, seconds, batch)
+
+    console.print(f"deleted {run(go())} processed inbox rows older than {older_than}")
+
+
+def backlog() -> None:
+    """Unpublished outbox rows per context (QRY-050) and unprocessed inbox rows per consumer (QRY-051)."""
+    current = settings()
+
+    async def go():
+        from seamq.pg.outbox_repo import PgOutbox
+        from seamq.pg.sql import query
+        from seamq.run import pg_pool
+
+        async with pg_pool(current.database_dsn()) as pool:
+            outbox = await PgOutbox(pool).backlog()
+            async with pool.connection() as conn:
+                inbox = await (await conn.execute(query("inbox_backlog"))).fetchall()
+            return outbox, inbox
+
+    outbox, inbox = run(go())
+    table = Table("outbox context", "unpublished", "failing", "oldest", title="outbox (QRY-050)")
+    for row in outbox:
+        table.add_row(row["context"], str(row["count"]), str(row["failing"]), str(row["oldest_at"]))
+    console.print(table)
+    table = Table("inbox consumer", "unprocessed", "oldest", title="inbox (QRY-051)")
+    for consumer, count, oldest in inbox:
+        table.add_row(consumer, str(count), str(oldest))
+    console.print(table)

@@ -1,0 +1,51 @@
+"""`seamq registry`: generate the handler registry from manifests, and check it in CI."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from seamq.cli.common import console, err_console, exit_with, settings
+from seamq.model import SeamqError
+
+app = typer.Typer(help="Handler registry: generate from manifests (REQ-060), check in CI.", no_args_is_help=True)
+
+Manifests = typer.Option(None, "--manifests", help="Folder of *.yaml manifests (default ./manifests).")
+Out = typer.Option(None, "--out", help="Generated module (default ./registry_generated.py).")
+
+
+def _paths(manifests: Optional[Path], out: Optional[Path]) -> tuple[Path, Path]:
+    current = settings()
+    return manifests or current.registry_manifests, out or current.registry_module
+
+
+@app.command()
+def generate(manifests: Optional[Path] = Manifests, out: Optional[Path] = Out) -> None:
+    """Write the registry module (byte-identical for the same manifests) and update the schema lock."""
+    from seamq.registry import generate as write
+
+    folder, module = _paths(manifests, out)
+    try:
+        changed = write(folder, module)
+    except SeamqError as exc:
+        exit_with(exc)
+    console.print(f"{module}: {'written' if changed else 'unchanged'}; restart consumers to use it")
+
+
+@app.command()
+def check(manifests: Optional[Path] = Manifests, out: Optional[Path] = Out) -> None:
+    """Exit 1 when the generated module is stale or a released version's schema changed."""
+    from seamq.registry import check as verify
+
+    folder, module = _paths(manifests, out)
+    try:
+        problems = verify(folder, module)
+    except SeamqError as exc:
+        exit_with(exc)
+    for problem in problems:
+        err_console.print(f"[red]error[REGISTRY_STALE][/red]: {problem}", highlight=False)
+    if problems:
+        raise typer.Exit(1)
+    console.print(f"{module} is up to date with {folder}")

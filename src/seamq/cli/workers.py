@@ -1,0 +1,119 @@
+"""The long-running commands: relay, consume, replay, dev; and provision, which they rely on."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from seamq.cli.common import TopologyOption, console, exit_with, run, settings, topology
+from seamq.model import ErrorCode, SeamqError
+
+
+def provision(
+    topology_file: Optional[Path] = TopologyOption,
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the diff with the server; change nothing."),
+    force: bool = typer.Option(False, "--force", help="Allow destructive changes (recreating streams/consumers)."),
+) -> None:
+    """Create or update streams, DLQ streams and consumers to match the topology."""
+    current = settings()
+    topo = topology(topology_file, current)
+
+    async def go():
+        from seamq.nats.connect import connect
+        from seamq.nats.provision import apply, plan
+
+        nc = await connect(current.nats, name="seamq-provision", persistent=False)
+        try:
+            js = nc.jetstream()
+            return await (plan(js, topo) if dry_run else apply(js, topo, force=force))
+        finally:
+            await nc.close()
+
+    changes = run(go())
+    print_changes(changes, dry_run=dry_run)
+    if dry_run and any(c.destructive for c in changes):
+        raise typer.Exit(3)
+
+
+def print_changes(changes, *, dry_run: bool = False) -> None:
+    table = Table("kind", "name", "action" if not dry_run else "would", "differences (server -> file)",
+                  title="dry run: nothing changed" if dry_run else None)
+    colours = {"create": "green", "update": "yellow", "recreate": "red", "unchanged": "dim"}
+    for c in changes:
+        diffs = "\n".join(f"{f}: {have!r} -> {want!r}" for f, have, want in c.diffs)
+        if c.destructive:
+            diffs += "\n[red]destructive: " + "; ".join(c.destructive_reasons) + "[/red]"
+        table.add_row(c.kind, c.name, f"[{colours[c.action]}]{c.action}[/]", diffs)
+    console.print(table)
+
+
+def _serve(current, worker) -> None:
+    """Run one worker coroutine until SIGTERM/SIGINT, with metrics if configured."""
+
+    async def go():
+        from seamq.observability import serve_metrics
+        from seamq.run import stop_on_signals
+
+        serve_metrics(current.metrics_port)
+        stop = asyncio.Event()
+        stop_on_signals(stop)
+        await worker(stop)
+
+    run(go())
+
+
+def relay(topology_file: Optional[Path] = TopologyOption) -> None:
+    """Publish outbox rows to JetStream (CMD-050) until SIGTERM."""
+    from seamq.run import run_relay
+
+    current = settings()
+    topo = topology(topology_file, current)
+    _serve(current, lambda stop: run_relay(current, topo, stop))
+
+
+def consume(
+    consumer: str = typer.Option(..., "--consumer", help="A durable consumer of the topology, e.g. sea__from_vibespro."),
+    topology_file: Optional[Path] = TopologyOption,
+    handler_url: Optional[str] = typer.Option(None, help="HTTP handler (POST /handle) for every event without a route."),
+    registry: Optional[str] = typer.Option(None, help="Registry import path, e.g. registry_generated:REGISTRY."),
+) -> None:
+    """Pull from a durable consumer, record in the inbox, dispatch, ACK / redeliver / dead-letter (CMD-051/052)."""
+    from seamq.run import run_consumer
+
+    current = settings()
+    overrides = {k: v for k, v in dict(handler_url=handler_url, registry=registry).items() if v}
+    if overrides:
+        current = current.model_copy(update={"consumer": current.consumer.model_copy(update=overrides)})
+    topo = topology(topology_file, current)
+    if consumer not in topo.consumers:
+        exit_with(SeamqError(ErrorCode.INVALID_TOPOLOGY,
+                             f"no consumer {consumer!r}; known: {', '.join(sorted(topo.consumers))}"))
+    _serve(current, lambda stop: run_consumer(current, topo, consumer, stop))
+
+
+def replay(topology_file: Optional[Path] = TopologyOption) -> None:
+    """Replay dead letters to their original subject with exponential backoff and jitter (REQ-059)."""
+    from seamq.run import run_replay
+
+    current = settings()
+    topo = topology(topology_file, current)
+    _serve(current, lambda stop: run_replay(current, topo, stop))
+
+
+def dev(
+    data_dir: Optional[Path] = typer.Option(None, help="Where embedded services keep data (default .seamq/)."),
+    topology_file: Optional[Path] = TopologyOption,
+    exit_when_ready: bool = typer.Option(False, "--exit-when-ready", help="Stop once provisioned (smoke tests)."),
+    demo: bool = typer.Option(True, "--demo/--no-demo", help="Write a demo workload (1% poison)."),
+    run_for: Optional[float] = typer.Option(None, "--run-for", help="Stop after this many seconds."),
+) -> None:
+    """Run everything locally: embedded NATS and PostgreSQL, migrations, topology, workers, demo, dashboard."""
+    from seamq.dev.runtime import run_dev
+
+    current = settings()
+    run(run_dev(current, topology(topology_file, current), data_dir or current.embedded.data_dir,
+                console=console, exit_when_ready=exit_when_ready, demo=demo, run_for=run_for))
