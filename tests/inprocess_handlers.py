@@ -14,3 +14,13 @@ async def count_side_effect(envelope, tx) -> None:
 
 
 REGISTRY = Registry(default="inprocess_handlers:count_side_effect")
+
+
+async def record_v1(envelope, tx) -> None:
+    await tx.execute("INSERT INTO handled (message_id, version, handler) VALUES (%s, %s, 'v1')",
+                     (envelope.message_id, envelope.event_version))
+
+
+async def record_v2(envelope, tx) -> None:
+    await tx.execute("INSERT INTO handled (message_id, version, handler) VALUES (%s, %s, 'v2')",
+                     (envelope.message_id, envelope.event_version))

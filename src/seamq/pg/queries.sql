@@ -191,14 +191,20 @@ WHERE status = 'dead_lettered' AND dlq_metadata->>'reason' = ANY(%(reasons)s)
 
 -- name: replay_schedule
 -- Each replayable dead letter without a schedule gets one: exponential in its
--- replay attempts, capped, times a jitter factor in [1 - jitter, 1].
-UPDATE inbox_messages
-SET dlq_metadata = dlq_metadata || jsonb_build_object('next_replay_at',
-      clock_timestamp() + least(%(max_delay)s, %(base)s * power(%(factor)s,
-        coalesce((dlq_metadata->>'replay_attempts')::int, 0))) * (1 - %(jitter)s * random()) * interval '1 second')
-WHERE status = 'dead_lettered' AND dlq_metadata->>'next_replay_at' IS NULL
-  AND dlq_metadata->>'reason' = ANY(%(reasons)s)
-  AND coalesce((dlq_metadata->>'replay_attempts')::int, 0) < %(max_attempts)s
+-- replay attempts, capped, times a jitter factor in [1 - jitter, 1]. The delay
+-- drawn is kept (replay_delay), so a person can see why a replay waits.
+UPDATE inbox_messages i
+SET dlq_metadata = i.dlq_metadata || jsonb_build_object(
+      'next_replay_at', clock_timestamp() + d.delay * interval '1 second',
+      'replay_delay', d.delay, 'replay_scheduled_at', clock_timestamp())
+FROM (SELECT consumer, message_id,
+             least(%(max_delay)s, %(base)s * power(%(factor)s,
+               coalesce((dlq_metadata->>'replay_attempts')::int, 0))) * (1 - %(jitter)s * random()) AS delay
+      FROM inbox_messages
+      WHERE status = 'dead_lettered' AND dlq_metadata->>'next_replay_at' IS NULL
+        AND dlq_metadata->>'reason' = ANY(%(reasons)s)
+        AND coalesce((dlq_metadata->>'replay_attempts')::int, 0) < %(max_attempts)s) d
+WHERE i.consumer = d.consumer AND i.message_id = d.message_id
 
 -- name: replay_due
 SELECT consumer, message_id, dlq_metadata FROM inbox_messages

@@ -1,0 +1,134 @@
+"""DLQ replay (REQ-059) and DLQ operations against real NATS, PostgreSQL and a handler service."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+from contextlib import asynccontextmanager
+from datetime import datetime
+
+import psycopg
+import pytest
+
+from seamq.pg.dlq_repo import ReplayPolicy
+from seamq.registry import Registry, Route
+from seamq.run import run_replay
+from seamq.settings import ReplaySettings
+
+from conftest import SEAMQ
+from helpers import read_stream, wait_for
+from test_consumer import CONSUMER, consuming, inbox, publish, service, settings, topo, vibe  # noqa: F401
+
+FAST = dict(base_delay=1.0, factor=2.0, max_delay=4.0, jitter=0.5, interval=0.1)
+
+
+@asynccontextmanager
+async def replaying(dsn, nats_url, topology, **replay):
+    current = settings(dsn, nats_url).model_copy(update={"replay": ReplaySettings(**{**FAST, **replay})})
+    stop = asyncio.Event()
+    task = asyncio.create_task(run_replay(current, topology, stop))
+    try:
+        yield task
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+
+
+def when(value: str) -> datetime:
+    return datetime.fromisoformat(value)
+
+
+async def test_poison_once_is_replayed_within_jitter_bounds_and_processed_once(dsn, nats_server, nc, topo, service):
+    js = nc.jetstream()
+    event = vibe("p-1")
+    service.handler.script["p-1"] = ["poison"]  # 422 the first time only
+    await publish(js, [event])
+    async with consuming(dsn, nats_server.url, topo, handler_url=service.url), \
+            replaying(dsn, nats_server.url, topo):
+        await wait_for(lambda: inbox(dsn, event.id).get("status") == "processed", timeout=20, what="replayed")
+    row = inbox(dsn, event.id)
+    meta = row["dlq_metadata"]
+    low, high = ReplayPolicy(base=1.0, factor=2.0, max_delay=4.0, jitter=0.5).bounds(0)
+    assert low <= meta["replay_delay"] <= high
+    waited = (when(meta["last_replayed_at"]) - when(meta["replay_scheduled_at"])).total_seconds()
+    assert meta["replay_delay"] <= waited <= meta["replay_delay"] + 0.5  # replayed when due, not before
+    assert meta["replay_attempts"] == 1 and meta["last_reason"] == "handler_rejected"
+    assert service.handler.calls[str(event.id)] == 2 and service.handler.handled[str(event.id)] == 1
+    assert len(await read_stream(js, "SEA_DLQ")) == 1
+
+
+async def test_at_the_cap_the_message_stays_dead_lettered_and_exhausted(dsn, nats_server, nc, topo, service):
+    js = nc.jetstream()
+    event = vibe("p-2")
+    service.handler.script["p-2"] = ["poison"] * 10
+    await publish(js, [event])
+    async with consuming(dsn, nats_server.url, topo, handler_url=service.url), \
+            replaying(dsn, nats_server.url, topo, max_attempts=2, base_delay=0.2, max_delay=0.4):
+        await wait_for(lambda: inbox(dsn, event.id).get("status") == "exhausted", timeout=20, what="exhausted")
+        await asyncio.sleep(1.0)  # no further replay once exhausted
+    meta = inbox(dsn, event.id)["dlq_metadata"]
+    assert meta["replay_attempts"] == 2 and "exhausted_at" in meta
+    assert service.handler.calls[str(event.id)] == 3  # the first delivery and two replays
+    assert [json.loads(m.data)["reason"] for m in await read_stream(js, "SEA_DLQ")] == ["handler_rejected"] * 3
+
+
+async def test_malformed_input_is_not_replayed_automatically(dsn, nats_server, nc, topo, service):
+    js = nc.jetstream()
+    unknown = vibe("x", event_type="vibe_exploded")
+    await publish(js, [unknown])
+    registry = Registry(routes=(Route("vibe_created", 1, service.url),))
+    async with consuming(dsn, nats_server.url, topo, registry=registry), replaying(dsn, nats_server.url, topo):
+        await wait_for(lambda: inbox(dsn, unknown.id).get("status") == "dead_lettered", what="dead letter")
+        await asyncio.sleep(1.5)
+    meta = inbox(dsn, unknown.id)["dlq_metadata"]
+    assert meta["reason"] == "no_handler" and "replay_attempts" not in meta and meta["next_replay_at"] is None
+
+
+async def test_dlq_replay_all_brings_back_every_selected_message(dsn, nats_server, nc, topo, service, service_env):
+    js = nc.jetstream()
+    v2 = [vibe(f"n-{i}", version=2) for i in range(5)]
+    other = vibe("keep", event_type="vibe_exploded")
+    await publish(js, v2 + [other])
+    only_v1 = Registry(routes=(Route("vibe_created", 1, service.url),))
+    async with consuming(dsn, nats_server.url, topo, registry=only_v1):
+        await wait_for(lambda: all(inbox(dsn, e.id).get("status") == "dead_lettered" for e in v2 + [other]),
+                       what="all dead-lettered as no_handler")
+    listing = subprocess.run([*SEAMQ, "dlq", "list", "--event-type", "vibe_created"], env=service_env,
+                             capture_output=True, text=True)
+    assert listing.returncode == 0 and "5 dead letters" in listing.stdout and "no_handler" in listing.stdout
+    shown = subprocess.run([*SEAMQ, "dlq", "show", str(v2[0].id)], env=service_env, capture_output=True, text=True)
+    assert shown.returncode == 0 and "original_payload" in shown.stdout and "no_handler" in shown.stdout
+
+    with_v2 = Registry(routes=(Route("vibe_created", 1, service.url), Route("vibe_created", 2, service.url)))
+    async with consuming(dsn, nats_server.url, topo, registry=with_v2):  # the fix is deployed
+        result = subprocess.run([*SEAMQ, "dlq", "replay", "--all", "--event-type", "vibe_created"],
+                                env=service_env, capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr
+        assert "replayed 5 of 5" in result.stdout
+        await wait_for(lambda: all(inbox(dsn, e.id).get("status") == "processed" for e in v2), what="replays handled")
+    assert all(service.handler.handled[str(e.id)] == 1 for e in v2)
+    assert inbox(dsn, other.id)["status"] == "dead_lettered"  # not selected, not touched
+
+
+async def test_dlq_purge_needs_yes_and_keeps_dedup(dsn, nats_server, nc, topo, service, service_env):
+    js = nc.jetstream()
+    event = vibe("z", event_type="vibe_exploded")
+    await publish(js, [event])
+    async with consuming(dsn, nats_server.url, topo, registry=Registry(routes=(Route("vibe_created", 1, service.url),))):
+        await wait_for(lambda: inbox(dsn, event.id).get("status") == "dead_lettered", what="dead letter")
+    refused = subprocess.run([*SEAMQ, "dlq", "purge"], env=service_env, capture_output=True, text=True)
+    assert refused.returncode == 2 and "--yes" in refused.stderr
+    assert len(await read_stream(js, "SEA_DLQ")) == 1
+    done = subprocess.run([*SEAMQ, "dlq", "purge", "--yes"], env=service_env, capture_output=True, text=True)
+    assert done.returncode == 0 and "purged 1" in done.stdout
+    assert (await js.stream_info("SEA_DLQ")).state.messages == 0
+    row = inbox(dsn, event.id)
+    assert row["status"] == "exhausted" and "purged_at" in row["dlq_metadata"]
+
+
+def test_dlq_replay_unknown_id(dsn, service_env):
+    result = subprocess.run([*SEAMQ, "dlq", "replay", "00000000-0000-0000-0000-000000000000"],
+                            env=service_env, capture_output=True, text=True)
+    assert result.returncode == 2 and "NOT_FOUND" in result.stderr
