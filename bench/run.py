@@ -18,7 +18,7 @@ from rich.table import Table
 
 from bench.common import machine
 
-SCENARIOS = ["relay", "consumer"]
+SCENARIOS = ["relay", "consumer", "e2e"]
 
 
 async def main() -> None:

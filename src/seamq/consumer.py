@@ -1,10 +1,12 @@
 """The inbox consumer (CMD-051, CMD-052): JetStream -> inbox -> handler -> ACK | redeliver | DLQ.
 
-A fetched batch is split into lanes (by aggregate when ordered, so one
-aggregate's messages run one after another while other aggregates run
-concurrently). Each lane is one PostgreSQL transaction:
+Fetched messages go to lanes: long-lived workers with a FIFO queue each,
+chosen by aggregate when ordered, so one aggregate's messages run one after
+another while other aggregates run concurrently, and nothing waits for an
+unrelated batch to finish. A lane takes what has queued up and handles it in
+one PostgreSQL transaction:
 
-    record in inbox -> handler (in a savepoint) -> dead letters -> marks -> COMMIT
+    record in inbox -> handlers -> dead letters -> marks -> COMMIT
     then ACK what is done, NAK (with backoff) what must be retried.
 
 Because the inbox rows stay locked until the commit, a concurrent
@@ -63,11 +65,12 @@ HandlerLookup = Callable[[str, int], "Handler | None"]
 class ConsumerConfig:
     batch_size: int = 50
     fetch_timeout: float = 1.0
-    concurrency: int = 8
+    concurrency: int = 4
     ordered: bool = True
     nak_base: float = 1.0
     nak_max: float = 60.0
     max_payload: int = 1024 * 1024
+    lane_batch: int = 100  # most messages one lane transaction takes
 
 
 @dataclass
@@ -99,11 +102,6 @@ class _Work:
         return str(self.message_id)
 
 
-@dataclass
-class _Lane:
-    items: list[_Work] = field(default_factory=list)
-
-
 class _Undo(Exception):
     """Rolls back a handler's savepoint when its outcome is not success."""
 
@@ -127,26 +125,30 @@ class InboxConsumer:
         self._metrics = _Metrics(spec.name)
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Fetch and process until `stop`; then stop asking for more, finish what
-        was already delivered to us, ACK it, and return."""
+        """Fetch and dispatch until `stop`; then stop asking for more, let the lanes
+        finish what was already delivered to us, ACK it, and return."""
         batch = max(1, min(self.config.batch_size, self.spec.max_ack_pending))
-        while True:
-            if stop.is_set():
-                self.source.stop_requesting()
-                if self.source.drained:
-                    return
-            try:
-                messages = await self.source.fetch(batch, self.config.fetch_timeout)
-            except Exception as exc:  # broker away: the client reconnects, we wait
-                log.warning("consumer_fetch_failed", consumer=self.spec.name, error=str(exc))
-                await _sleep_unless(stop, 1.0)
-                continue
-            if messages:
-                await self.process(messages)
-
-    async def process(self, messages: list[Msg]) -> None:
-        work = [self._prepare(m) for m in messages]
-        await asyncio.gather(*(self._run_lane(lane) for lane in self._lanes(work)))
+        queues: list[asyncio.Queue] = [asyncio.Queue() for _ in range(self.config.concurrency)]
+        lanes = [asyncio.create_task(self._lane(queue)) for queue in queues]
+        try:
+            while True:
+                if stop.is_set():
+                    self.source.stop_requesting()
+                    if self.source.drained:
+                        return
+                try:
+                    messages = await self.source.fetch(batch, self.config.fetch_timeout)
+                except Exception as exc:  # broker away: the client reconnects, we wait
+                    log.warning("consumer_fetch_failed", consumer=self.spec.name, error=str(exc))
+                    await _sleep_unless(stop, 1.0)
+                    continue
+                for i, msg in enumerate(messages):
+                    item = self._prepare(msg)
+                    queues[self._lane_of(item, i) % len(queues)].put_nowait(item)
+        finally:
+            for queue in queues:
+                queue.put_nowait(None)  # after what is queued: finish it, then stop
+            await asyncio.gather(*lanes)
 
     def _prepare(self, msg: Msg) -> _Work:
         if msg.metadata.num_delivered > 1:
@@ -163,30 +165,41 @@ class InboxConsumer:
                 Reason.NO_HANDLER, f"no handler for {parsed.event_type}.v{parsed.event_version}", parsed.message_id)
         return work
 
-    def _lanes(self, work: list[_Work]) -> list[_Lane]:
-        count = max(1, min(self.config.concurrency, len(work)))
-        lanes = [_Lane() for _ in range(count)]
-        for i, item in enumerate(work):
-            # Ordered: an aggregate always lands in one lane, processed in stream order.
-            # Copies of one message id also share a lane, so they cannot race.
-            key = hash(item.aggregate) if self.config.ordered else (hash(item.message_id) if item.message_id else i)
-            lanes[key % count].items.append(item)
-        return [lane for lane in lanes if lane.items]
+    def _lane_of(self, item: _Work, i: int) -> int:
+        # Ordered: an aggregate always lands in one lane, handled in stream order.
+        # Copies of one message id share a lane either way, so they cannot race.
+        if self.config.ordered:
+            return hash(item.aggregate)
+        return hash(item.message_id) if item.message_id else i
 
-    async def _run_lane(self, lane: _Lane) -> None:
+    async def _lane(self, queue: asyncio.Queue) -> None:
+        while True:
+            item = await queue.get()
+            if item is None:
+                return
+            items = [item]
+            while not queue.empty() and len(items) < self.config.lane_batch:
+                nxt = queue.get_nowait()
+                if nxt is None:
+                    queue.put_nowait(None)  # stop after this transaction
+                    break
+                items.append(nxt)
+            await self._run_lane(items)
+
+    async def _run_lane(self, items: list[_Work]) -> None:
         """Fast path: the lane's handlers run without savepoints (two round trips per
         message saved). If an in-process handler fails, its writes cannot be undone
         alone, so the whole lane rolls back and runs again with a savepoint each."""
         try:
             try:
-                await self._attempt(lane.items, careful=False)
+                await self._attempt(items, careful=False)
             except _Redo:
-                await self._attempt(lane.items, careful=True)
+                await self._attempt(items, careful=True)
         except Exception as exc:  # database trouble or a deadlock: nothing committed, all come back
             log.warning("consumer_lane_failed", consumer=self.spec.name, error=f"{type(exc).__name__}: {exc}")
-            for item in lane.items:
+            for item in items:
                 item.ack, item.nak_delay = False, self._backoff(item.msg)
-        await self._settle(lane.items)
+        await self._settle(items)
 
     async def _attempt(self, items: list[_Work], careful: bool) -> None:
         for item in items:

@@ -122,6 +122,9 @@ class Relay:
             if not self._connected():
                 backoff = await self._sleep(stop, backoff, "nats_unavailable")
                 continue
+            # Cleared before the claim, not before the wait: a NOTIFY that comes
+            # while this batch runs must wake the next wait, not be lost.
+            self.wake.clear()
             try:
                 claimed, transport_failed = await self.run_once()
             except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
@@ -152,7 +155,6 @@ class Relay:
         return backoff
 
     async def _wait_for_work(self, stop: asyncio.Event) -> None:
-        self.wake.clear()
         waiters = [asyncio.ensure_future(self.wake.wait()), asyncio.ensure_future(stop.wait())]
         await asyncio.wait(waiters, timeout=self.config.poll_interval, return_when=asyncio.FIRST_COMPLETED)
         for waiter in waiters:

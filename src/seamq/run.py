@@ -29,11 +29,10 @@ from seamq.topology import Topology, parse_duration
 
 @asynccontextmanager
 async def pg_pool(dsn: str, *, max_size: int = 4) -> AsyncIterator[AsyncConnectionPool]:
-    pool = AsyncConnectionPool(
-        dsn, min_size=1, max_size=max_size, open=False,
-        check=AsyncConnectionPool.check_connection,  # drop connections a PG restart broke
-        kwargs={"autocommit": False},
-    )
+    # No health check per checkout (a round trip per transaction): a connection a
+    # PostgreSQL restart broke fails its transaction, which the workers retry,
+    # and the pool discards it on return.
+    pool = AsyncConnectionPool(dsn, min_size=1, max_size=max_size, open=False, kwargs={"autocommit": False})
     await pool.open(wait=False)
     try:
         yield pool

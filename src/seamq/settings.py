@@ -61,7 +61,7 @@ class RelaySettings(BaseModel):
 class ConsumerSettings(BaseModel):
     batch_size: int = Field(50, ge=1, le=10_000, description="capped by the consumer's max_ack_pending")
     fetch_timeout: float = Field(1.0, gt=0)
-    concurrency: int = Field(8, ge=1, le=256, description="lanes: transactions in flight at once")
+    concurrency: int = Field(4, ge=1, le=256, description="lanes: transactions in flight at once (HTTP handlers: more)")
     ordered: bool = Field(True, description="one aggregate's messages one after another")
     handler_timeout: float = Field(10.0, gt=0)
     handler_url: str | None = Field(None, description="HTTP handler for every event without a route")

@@ -89,8 +89,10 @@ class PullSource:
         while not self._ready:
             if self.drained:
                 return []
-            await self._top_up()
             self._arrived.clear()
+            await self._top_up()
+            if self._ready:  # arrived while we were topping up
+                break
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return []
