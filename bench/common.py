@@ -193,3 +193,42 @@ async def publish_events(nats_url: str, count: int, size: int, context: str = "v
             OutMessage(str(e.subject), json.dumps(e.payload).encode(), message_headers(e)) for e in events])
         assert all(r.ok for r in results), "bench publish failed"
     await nc.close()
+
+
+def serve_http_app(port: int) -> subprocess.Popen:
+    """uvicorn with bench.http_app on 127.0.0.1:port, one worker."""
+    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "bench.http_app:app", "--host", "127.0.0.1",
+                             "--port", str(port), "--log-level", "warning", "--no-access-log"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    import socket
+
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return proc
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError("uvicorn did not start")
+
+
+def histogram_quantiles(metrics_text: str, name: str, quantiles=(0.5, 0.99)) -> dict[float, float]:
+    """Quantiles of a Prometheus histogram from its exposition text (linear within buckets)."""
+    buckets = []
+    for line in metrics_text.splitlines():
+        if line.startswith(f"{name}_bucket"):
+            le = line.split('le="', 1)[1].split('"', 1)[0]
+            buckets.append((float("inf") if le == "+Inf" else float(le), float(line.rsplit(" ", 1)[1])))
+    buckets.sort()
+    total = buckets[-1][1] if buckets else 0
+    out = {}
+    for q in quantiles:
+        target, previous_le, previous_count = q * total, 0.0, 0.0
+        for le, count in buckets:
+            if count >= target:
+                span = count - previous_count
+                fraction = (target - previous_count) / span if span else 0
+                out[q] = previous_le + (le - previous_le) * fraction if le != float("inf") else previous_le
+                break
+            previous_le, previous_count = le, count
+    return out

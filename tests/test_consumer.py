@@ -356,3 +356,16 @@ async def test_trace_context_continues_to_the_handler(dsn, nats_server, nc, topo
         await wait_for(lambda: settled(js), what="handled")
     # The relay's traceparent carries the outbox id as trace id; the handler runs inside that trace.
     assert seen and seen[0].split("-")[1] == event.id.hex
+
+
+async def test_inbox_off_is_at_least_once(dsn, nats_server, nc, topo, service):
+    js = nc.jetstream()
+    event = vibe()
+    await publish(js, [event])
+    async with consuming(dsn, nats_server.url, topo, handler_url=service.url, inbox=False):
+        await wait_for(lambda: settled(js), what="first copy acked")
+        await asyncio.sleep(1.2)
+        await publish(js, [event])  # a second copy outside the duplicate window
+        await wait_for(lambda: service.handler.handled[str(event.id)] == 2, what="second copy handled")
+    assert service.handler.handled[str(event.id)] == 2  # no inbox: both copies reach the handler
+    assert inbox(dsn, event.id) == {}

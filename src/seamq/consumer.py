@@ -25,7 +25,6 @@ messages go to the DLQ with a precise reason and are ACKed.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 import time
 import uuid
@@ -34,7 +33,6 @@ from datetime import datetime, timezone
 from typing import Any, Callable, Protocol
 
 from nats.aio.msg import Msg
-from opentelemetry import context, propagate, trace
 
 from seamq.envelope import (
     REPLAY_ATTEMPT, Envelope, HandlerResult, Outcome, Reason, Rejected, dead_letter_body, parse_message,
@@ -42,14 +40,12 @@ from seamq.envelope import (
 from seamq.model import EventSubject, Header, SeamqError
 from seamq.nats.publisher import OutMessage
 from seamq.observability import (
-    CONSUMER_DEAD_LETTERED, CONSUMER_DUPLICATES, CONSUMER_E2E_SECONDS, CONSUMER_HANDLER_SECONDS,
-    CONSUMER_PROCESSED, CONSUMER_REDELIVERIES, CONSUMER_RETRIES, log,
+    CONSUMER_DEAD_LETTERED, CONSUMER_DUPLICATES, CONSUMER_REDELIVERIES, CONSUMER_RETRIES, ConsumerMetrics,
+    continue_trace, log,
 )
-from seamq.pg.inbox_repo import Claim, InboxItem, PgInbox
+from seamq.pg.inbox_repo import Claim, InboxItem, NoInbox, PgInbox
 from seamq.ports import JetStreamPublisher
 from seamq.topology import ConsumerSpec
-
-tracer = trace.get_tracer("seamq.consumer")
 
 
 class Handler(Protocol):
@@ -121,8 +117,9 @@ class InboxConsumer:
         self.dlq = dlq
         self.handlers = handlers
         self.config = config or ConsumerConfig()
-        self.inbox = PgInbox(spec.name)
-        self._metrics = _Metrics(spec.name)
+        # No pool: at-least-once mode, no inbox (see NoInbox).
+        self.inbox = PgInbox(spec.name) if pool is not None else NoInbox()
+        self._metrics = ConsumerMetrics(spec.name)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Fetch and dispatch until `stop`; then stop asking for more, let the lanes
@@ -204,6 +201,9 @@ class InboxConsumer:
     async def _attempt(self, items: list[_Work], careful: bool) -> None:
         for item in items:
             item.reset()
+        if self.pool is None:
+            await self._handle_lane(None, items, careful=False)
+            return
         async with self.pool.connection() as conn, conn.transaction():
             await self._handle_lane(conn, items, careful)
 
@@ -257,11 +257,13 @@ class InboxConsumer:
         envelope = item.envelope
         headers = item.msg.headers or {}
         started = time.perf_counter()
-        with _span(envelope.subject, headers) as traceparent:
+        with continue_trace(envelope.subject, headers) as traceparent:
             if not item.handler.transactional:
                 if item.http_result is None:
                     item.http_result = await item.handler(envelope, conn, traceparent)
                 result = item.http_result
+            elif conn is None:  # no inbox, no transaction: nothing to undo
+                result = await item.handler(envelope, conn, traceparent)
             elif not careful:
                 result = await item.handler(envelope, conn, traceparent)
                 if not result.done:
@@ -361,44 +363,6 @@ def _inbox_items(items: list[_Work]) -> list[InboxItem]:
             occurred_at=env.occurred_at if env else None, replay=bool(env and env.replay_attempt),
         ))
     return out
-
-
-class _Metrics:
-    """Label children resolved once: labels() per message costs more than the work it counts."""
-
-    def __init__(self, consumer: str) -> None:
-        self.consumer = consumer
-        self.handler_seconds = CONSUMER_HANDLER_SECONDS.labels(consumer)
-        self.e2e_seconds = CONSUMER_E2E_SECONDS.labels(consumer)
-        self._processed: dict[str, Any] = {}
-
-    def processed(self, event_type: str):
-        child = self._processed.get(event_type)
-        if child is None:
-            child = self._processed[event_type] = CONSUMER_PROCESSED.labels(self.consumer, event_type)
-        return child
-
-
-@contextlib.contextmanager
-def _span(subject: str, headers: dict[str, str]):
-    """Continue the message's trace around the handler; yields the traceparent to pass on.
-
-    With no OpenTelemetry SDK configured there is nothing to record, so the
-    incoming traceparent is passed through as is (and the per-message cost of
-    extract/start/inject is skipped).
-    """
-    if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
-        token = context.attach(propagate.extract(headers))  # handlers still see the trace as current
-        try:
-            yield headers.get(Header.TRACEPARENT)
-        finally:
-            context.detach(token)
-        return
-    with tracer.start_as_current_span(f"handle {subject}", context=propagate.extract(dict(headers)),
-                                      kind=trace.SpanKind.CONSUMER):
-        carrier: dict[str, str] = {}
-        propagate.inject(carrier)
-        yield carrier.get("traceparent") or headers.get(Header.TRACEPARENT)
 
 
 async def _sleep_unless(stop: asyncio.Event, seconds: float) -> None:

@@ -8,10 +8,13 @@ than publishing it).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
+from typing import Any
 
 import structlog
+from opentelemetry import context, propagate, trace
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 RELAY_PUBLISHED = Counter("seamq_relay_published_total", "Outbox events published (EVT-047-001)", ["context"])
@@ -64,3 +67,43 @@ def serve_metrics(port: int | None) -> None:
 
 
 log = structlog.get_logger("seamq")
+tracer = trace.get_tracer("seamq.consumer")
+
+
+class ConsumerMetrics:
+    """Label children resolved once: labels() per message costs more than the work it counts."""
+
+    def __init__(self, consumer: str) -> None:
+        self.consumer = consumer
+        self.handler_seconds = CONSUMER_HANDLER_SECONDS.labels(consumer)
+        self.e2e_seconds = CONSUMER_E2E_SECONDS.labels(consumer)
+        self._processed: dict[str, Any] = {}
+
+    def processed(self, event_type: str):
+        child = self._processed.get(event_type)
+        if child is None:
+            child = self._processed[event_type] = CONSUMER_PROCESSED.labels(self.consumer, event_type)
+        return child
+
+
+@contextlib.contextmanager
+def continue_trace(subject: str, headers: dict[str, str]):
+    """Continue the message's trace around the handler; yields the traceparent to pass on.
+
+    With no OpenTelemetry SDK configured there is nothing to record, so the
+    incoming traceparent is passed through as is (and the per-message cost of
+    extract/start/inject is skipped).
+    """
+    if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+        token = context.attach(propagate.extract(headers))  # handlers still see the trace as current
+        try:
+            yield headers.get("traceparent")
+        finally:
+            context.detach(token)
+        return
+    with tracer.start_as_current_span(f"handle {subject}", context=propagate.extract(dict(headers)),
+                                      kind=trace.SpanKind.CONSUMER):
+        carrier: dict[str, str] = {}
+        propagate.inject(carrier)
+        yield carrier.get("traceparent") or headers.get("traceparent")
+

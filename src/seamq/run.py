@@ -116,7 +116,7 @@ async def run_consumer(
         dlq = await PipelinedPublisher(nc, timeout=settings.relay.publish_timeout).start()
         batch = min(cfg.batch_size, spec.max_ack_pending)
         source = await PullSource(nc, spec.stream, spec.name, buffer=min(2 * batch, spec.max_ack_pending)).start()
-        async with pg_pool(settings.database_dsn(), max_size=cfg.concurrency + 1) as pool:
+        async with _maybe_pool(settings, cfg) as pool:
             consumer = InboxConsumer(spec, source, pool, dlq, handlers, ConsumerConfig(
                 batch_size=cfg.batch_size, fetch_timeout=cfg.fetch_timeout, concurrency=cfg.concurrency,
                 ordered=cfg.ordered, nak_base=cfg.nak_base, nak_max=cfg.nak_max, max_payload=nc.max_payload,
@@ -129,7 +129,7 @@ async def run_consumer(
             log.info("consumer_stopped", consumer=name)
             return consumer
     finally:
-        await client.aclose()
+        await client.close()
         await _close(nc)
 
 
@@ -161,3 +161,13 @@ async def run_replay(settings: Settings, topology: Topology, stop: asyncio.Event
         log.info("replay_started", reasons=settings.replay.reasons, max_attempts=settings.replay.max_attempts)
         await replayer.run(stop)
         return replayer
+
+
+@asynccontextmanager
+async def _maybe_pool(settings: Settings, cfg) -> AsyncIterator[AsyncConnectionPool | None]:
+    if not cfg.inbox:
+        log.warning("consumer_inbox_off", detail="at-least-once: duplicates reach handlers")
+        yield None
+        return
+    async with pg_pool(settings.database_dsn(), max_size=cfg.concurrency + 1) as pool:
+        yield pool

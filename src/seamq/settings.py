@@ -67,6 +67,7 @@ class ConsumerSettings(BaseModel):
     handler_url: str | None = Field(None, description="HTTP handler for every event without a route")
     handler_secret: SecretStr | None = Field(None, description="HMAC secret shared with handler services")
     registry: str | None = Field(None, description="import path of a Registry, e.g. myapp.registry:REGISTRY")
+    inbox: bool = Field(True, description="false: at-least-once, no inbox (handlers must be idempotent)")
     nak_base: float = Field(1.0, gt=0, description="first redelivery delay after a failure, seconds")
     nak_max: float = Field(60.0, gt=0)
 

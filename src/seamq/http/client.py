@@ -3,13 +3,19 @@
 Status codes map to outcomes: 200 ok, 409 already processed, 422 poison;
 5xx, timeouts, connection errors and any other status mean "try again"
 (a 401 from a wrong shared secret must not dead-letter good messages).
+
+The client is aiohttp, not httpx (the stack's first choice): measured on the
+2-core box against the same uvicorn handler, httpx 0.28 reached 738 req/s
+with 1 connection and fell to 265 req/s with 32 (client CPU-bound), while
+aiohttp reached 2,601 and 4,873 req/s. See docs/benchmarks.md.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 
-import httpx
+import aiohttp
 
 from seamq.envelope import Envelope, HandlerResult, Outcome
 from seamq.http.signing import SIGNATURE_HEADER, sign
@@ -18,16 +24,15 @@ _OUTCOMES = {200: Outcome.OK, 201: Outcome.OK, 202: Outcome.OK, 204: Outcome.OK,
              409: Outcome.ALREADY_PROCESSED, 422: Outcome.POISON}
 
 
-def http_client(max_connections: int = 64) -> httpx.AsyncClient:
-    """One pooled keep-alive client per consumer process."""
-    return httpx.AsyncClient(limits=httpx.Limits(max_connections=max_connections,
-                                                 max_keepalive_connections=max_connections))
+def http_client(max_connections: int = 64) -> aiohttp.ClientSession:
+    """One pooled keep-alive client per consumer process (create it inside the event loop)."""
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=max_connections))
 
 
 class HttpHandler:
     transactional = False
 
-    def __init__(self, url: str, *, client: httpx.AsyncClient, secret: str | None = None,
+    def __init__(self, url: str, *, client: aiohttp.ClientSession, secret: str | None = None,
                  timeout: float = 10.0) -> None:
         self.url, self.client, self.secret, self.timeout = url, client, secret, timeout
 
@@ -42,11 +47,13 @@ class HttpHandler:
         if traceparent:
             headers["traceparent"] = traceparent
         try:
-            response = await self.client.post(self.url, content=body, headers=headers, timeout=self.timeout)
-        except httpx.TimeoutException:
+            async with self.client.post(self.url, data=body, headers=headers,
+                                        timeout=aiohttp.ClientTimeout(total=self.timeout)) as response:
+                status, text = response.status, await response.text()
+        except (asyncio.TimeoutError, TimeoutError):
             return HandlerResult(Outcome.RETRY, f"handler timed out after {self.timeout:g}s")
-        except httpx.TransportError as exc:
+        except aiohttp.ClientError as exc:
             return HandlerResult(Outcome.RETRY, f"handler unreachable: {type(exc).__name__}: {exc}")
-        outcome = _OUTCOMES.get(response.status_code, Outcome.RETRY)
-        detail = None if outcome == Outcome.OK else f"HTTP {response.status_code}: {response.text[:500]}"
+        outcome = _OUTCOMES.get(status, Outcome.RETRY)
+        detail = None if outcome == Outcome.OK else f"HTTP {status}: {text[:500]}"
         return HandlerResult(outcome, detail)

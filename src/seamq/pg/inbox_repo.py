@@ -103,3 +103,22 @@ async def purge_inbox(conn: AsyncConnection, older_than_seconds: float, batch: i
         total += cur.rowcount
         if cur.rowcount < batch:
             return total
+
+
+class NoInbox:
+    """At-least-once mode (`consumer.inbox: false`): nothing recorded, every delivery handled.
+
+    For handlers that are idempotent on their own, and for measuring what the
+    inbox costs. No exactly-once guarantee comes from seamq in this mode.
+    """
+
+    async def claim(self, conn, items: list[InboxItem]) -> dict[uuid.UUID, tuple[Claim, int]]:
+        return {}
+
+    async def processed(self, conn, ids) -> None: ...
+
+    async def duplicate(self, conn, ids) -> None: ...
+
+    async def failed(self, conn, ids, errors) -> None: ...
+
+    async def dead_lettered(self, conn, ids, reasons, details, dlq_subjects, dlq_seqs) -> None: ...
