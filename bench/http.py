@@ -38,43 +38,45 @@ def _body(size: int) -> str:
     })
 
 
-async def raw_httpx(url: str, count: int, size: int) -> tuple[float, list[float]]:
-    body = _body(size)
+async def _drive(post, count: int) -> tuple[float, list[float]]:
+    """`count` posts from CONCURRENCY workers; (requests/s, latency of each)."""
     latencies: list[float] = []
     queue = iter(range(count))
+
+    async def worker():
+        for _ in queue:
+            started = time.perf_counter()
+            await post()
+            latencies.append(time.perf_counter() - started)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
+    return count / (time.perf_counter() - started), latencies
+
+
+async def raw_httpx(url: str, count: int, size: int) -> tuple[float, list[float]]:
+    body = _body(size)
     async with httpx.AsyncClient(limits=httpx.Limits(max_connections=CONCURRENCY)) as client:
-        async def worker():
-            for _ in queue:
-                started = time.perf_counter()
-                response = await client.post(url, content=body.replace('""', f'"{uuid.uuid4()}"', 1),
-                                             headers={"content-type": "application/json"})
-                assert response.status_code == 200, response.text
-                latencies.append(time.perf_counter() - started)
-        started = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
-        elapsed = time.perf_counter() - started
-    return count / elapsed, latencies
+        async def post():
+            response = await client.post(url, content=body.replace('""', f'"{uuid.uuid4()}"', 1),
+                                         headers={"content-type": "application/json"})
+            assert response.status_code == 200, response.text
+
+        return await _drive(post, count)
 
 
 async def raw_aiohttp(url: str, count: int, size: int) -> tuple[float, list[float]]:
     import aiohttp
 
     body = _body(size)
-    latencies: list[float] = []
-    queue = iter(range(count))
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=CONCURRENCY)) as session:
-        async def worker():
-            for _ in queue:
-                started = time.perf_counter()
-                async with session.post(url, data=body.replace('""', f'"{uuid.uuid4()}"', 1),
-                                        headers={"content-type": "application/json"}) as response:
-                    await response.read()
-                    assert response.status == 200
-                latencies.append(time.perf_counter() - started)
-        started = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
-        elapsed = time.perf_counter() - started
-    return count / elapsed, latencies
+        async def post():
+            async with session.post(url, data=body.replace('""', f'"{uuid.uuid4()}"', 1),
+                                    headers={"content-type": "application/json"}) as response:
+                await response.read()
+                assert response.status == 200
+
+        return await _drive(post, count)
 
 
 async def run(count: int, size: int) -> Result:

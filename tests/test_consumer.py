@@ -254,17 +254,23 @@ async def test_per_aggregate_order_with_concurrency(dsn, nats_server, nc, topo, 
     assert len(by_aggregate) == 8 and all(ns == list(range(30)) for ns in by_aggregate.values())
 
 
-async def test_kill_9_mid_batch_then_restart_side_effects_exactly_once(dsn, nats_server, nc, topo, tmp_path,
-                                                                       service_env):
+@pytest.fixture
+def side_effects_env(dsn, tmp_path, service_env):
+    """Environment for `seamq consume` subprocesses whose in-process handler writes a row per
+    message into side_effects (no unique key, so a double would show)."""
     with psycopg.connect(dsn) as conn:
         conn.execute("CREATE TABLE side_effects (message_id uuid, aggregate_id text)")
+    topology_file = tmp_path / "topology.yaml"
+    topology_file.write_text(FAST_TOPOLOGY)
+    return dict(service_env, PYTHONPATH=str(Path(__file__).parent),
+                SEAMQ_CONSUMER__REGISTRY="inprocess_handlers:REGISTRY", SEAMQ_TOPOLOGY_FILE=str(topology_file))
+
+
+async def test_kill_9_mid_batch_then_restart_side_effects_exactly_once(dsn, nats_server, nc, topo, side_effects_env):
     js = nc.jetstream()
     events = [vibe(f"k-{i % 40}", i) for i in range(1500)]
     await publish(js, events)
-    topology_file = tmp_path / "topology.yaml"
-    topology_file.write_text(FAST_TOPOLOGY)
-    env = dict(service_env, PYTHONPATH=str(Path(__file__).parent), HANDLER_SLEEP="0.002",
-               SEAMQ_CONSUMER__REGISTRY="inprocess_handlers:REGISTRY", SEAMQ_TOPOLOGY_FILE=str(topology_file))
+    env = dict(side_effects_env, HANDLER_SLEEP="0.002")
     argv = [*SEAMQ, "consume", "--consumer", CONSUMER]
     for _ in range(2):  # two kills mid-run
         worker = subprocess.Popen(argv, env=env, stderr=subprocess.DEVNULL)
@@ -283,16 +289,11 @@ async def test_kill_9_mid_batch_then_restart_side_effects_exactly_once(dsn, nats
     assert scalar(dsn, "SELECT count(*) FROM inbox_messages WHERE status = 'processed'") == 1500
 
 
-async def test_two_processes_share_one_durable_consumer(dsn, nats_server, nc, topo, service_env, tmp_path):
-    with psycopg.connect(dsn) as conn:
-        conn.execute("CREATE TABLE side_effects (message_id uuid, aggregate_id text)")
+async def test_two_processes_share_one_durable_consumer(dsn, nats_server, nc, topo, side_effects_env):
     js = nc.jetstream()
     await publish(js, [vibe(f"s-{i % 25}", i) for i in range(1000)])
-    topology_file = tmp_path / "topology.yaml"
-    topology_file.write_text(FAST_TOPOLOGY)
-    env = dict(service_env, PYTHONPATH=str(Path(__file__).parent),
-               SEAMQ_CONSUMER__REGISTRY="inprocess_handlers:REGISTRY", SEAMQ_TOPOLOGY_FILE=str(topology_file))
-    workers = [subprocess.Popen([*SEAMQ, "consume", "--consumer", CONSUMER], env=env, stderr=subprocess.DEVNULL)
+    workers = [subprocess.Popen([*SEAMQ, "consume", "--consumer", CONSUMER], env=side_effects_env,
+                                stderr=subprocess.DEVNULL)
                for _ in range(2)]
     try:
         await wait_for(lambda: settled(js), timeout=120, what="all processed")
@@ -318,15 +319,12 @@ def test_inbox_purge_refuses_a_window_shorter_than_redelivery(dsn):
     assert "deleted 12" in ok.stdout and scalar(dsn, "SELECT count(*) FROM inbox_messages") == 1
 
 
-async def test_sigterm_finishes_in_flight_and_acks(dsn, nats_server, nc, topo, tmp_path, service_env):
-    with psycopg.connect(dsn) as conn:
-        conn.execute("CREATE TABLE side_effects (message_id uuid, aggregate_id text)")
+async def test_sigterm_finishes_in_flight_and_acks(dsn, nats_server, nc, topo, tmp_path, side_effects_env):
     js = nc.jetstream()
     await publish(js, [vibe(f"t-{i % 10}", i) for i in range(400)])
-    topology_file = tmp_path / "topology.yaml"
+    topology_file = tmp_path / "topology-slow-ack.yaml"
     topology_file.write_text(FAST_TOPOLOGY.replace("ack_wait: 2s", "ack_wait: 60s"))
-    env = dict(service_env, PYTHONPATH=str(Path(__file__).parent), HANDLER_SLEEP="0.01",
-               SEAMQ_CONSUMER__REGISTRY="inprocess_handlers:REGISTRY", SEAMQ_TOPOLOGY_FILE=str(topology_file))
+    env = dict(side_effects_env, HANDLER_SLEEP="0.01", SEAMQ_TOPOLOGY_FILE=str(topology_file))
     worker = subprocess.Popen([*SEAMQ, "consume", "--consumer", CONSUMER], env=env, stderr=subprocess.DEVNULL)
     await wait_for(lambda: scalar(dsn, "SELECT count(*) FROM side_effects") > 20, what="progress")
     worker.send_signal(signal.SIGTERM)

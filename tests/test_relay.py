@@ -239,3 +239,12 @@ def test_backlog_command(dsn):
     lines = result.stdout.splitlines()
     assert any("sea" in line and " 6 " in line for line in lines)
     assert any("vibespro" in line and " 2 " in line for line in lines)
+
+
+async def test_relay_purges_on_a_timer_when_configured(dsn, nats_server, provisioned):
+    write(dsn, events_for(4, 5))
+    with psycopg.connect(dsn) as conn:
+        conn.execute("UPDATE outbox_events SET published_at = now() - interval '8 days' WHERE seq <= 12")
+    async with relay_running(dsn, nats_server.url, provisioned, purge_older_than="7d"):
+        await wait_for(lambda: scalar(dsn, "SELECT count(*) FROM outbox_events") == 8, what="timer purge")
+    assert unpublished(dsn) == 0  # the 8 unpublished rows were published, not purged

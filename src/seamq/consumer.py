@@ -38,13 +38,11 @@ from seamq.envelope import (
     REPLAY_ATTEMPT, Envelope, HandlerResult, Outcome, Reason, Rejected, dead_letter_body, parse_message,
 )
 from seamq.model import EventSubject, Header, SeamqError
-from seamq.nats.publisher import OutMessage
 from seamq.observability import (
     CONSUMER_DEAD_LETTERED, CONSUMER_DUPLICATES, CONSUMER_REDELIVERIES, CONSUMER_RETRIES, ConsumerMetrics,
     continue_trace, log,
 )
-from seamq.pg.inbox_repo import Claim, InboxItem, NoInbox, PgInbox
-from seamq.ports import JetStreamPublisher
+from seamq.ports import Claim, InboxItem, InboxRepository, JetStreamPublisher, OutMessage
 from seamq.topology import ConsumerSpec
 
 
@@ -108,17 +106,17 @@ class _Redo(Exception):
 
 class InboxConsumer:
     def __init__(
-        self, spec: ConsumerSpec, source, pool, dlq: JetStreamPublisher, handlers: HandlerLookup,
-        config: ConsumerConfig | None = None,
+        self, spec: ConsumerSpec, source, pool, inbox: InboxRepository, dlq: JetStreamPublisher,
+        handlers: HandlerLookup, config: ConsumerConfig | None = None,
     ) -> None:
+        """`pool` None means no database: the at-least-once mode, with a NoInbox."""
         self.spec = spec
         self.source = source
         self.pool = pool
         self.dlq = dlq
         self.handlers = handlers
         self.config = config or ConsumerConfig()
-        # No pool: at-least-once mode, no inbox (see NoInbox).
-        self.inbox = PgInbox(spec.name) if pool is not None else NoInbox()
+        self.inbox = inbox
         self._metrics = ConsumerMetrics(spec.name)
 
     async def run(self, stop: asyncio.Event) -> None:

@@ -13,7 +13,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Awaitable, Callable
 
-from seamq.envelope import AlreadyProcessed, Envelope, HandlerResult, Outcome, Poison
+import json
+
+from seamq.envelope import AlreadyProcessed, Envelope, HandlerResult, Outcome, Poison, Reason
 
 Fn = Callable[[Envelope, Any], Awaitable[Any]]
 
@@ -64,3 +66,24 @@ class InProcessHandler:
 
     async def __call__(self, envelope: Envelope, conn: Any, traceparent: str | None = None) -> HandlerResult:
         return await self._call(envelope, conn)
+
+
+class SchemaChecked:
+    """Validates the payload against the version's schema before the handler sees it.
+
+    A mismatch is poison (422 semantics) with reason `schema_mismatch`.
+    """
+
+    def __init__(self, handler, schema: str) -> None:
+        from jsonschema import Draft202012Validator
+
+        self.handler = handler
+        self.transactional = handler.transactional
+        self.validator = Draft202012Validator(json.loads(schema))
+
+    async def __call__(self, envelope: Envelope, conn: Any, traceparent: str | None = None) -> HandlerResult:
+        error = next(iter(self.validator.iter_errors(envelope.payload)), None)
+        if error is not None:
+            where = "/".join(str(p) for p in error.absolute_path) or "payload"
+            return HandlerResult(Outcome.POISON, f"{where}: {error.message}", reason=Reason.SCHEMA_MISMATCH)
+        return await self.handler(envelope, conn, traceparent)

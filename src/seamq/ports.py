@@ -10,9 +10,26 @@ from __future__ import annotations
 import uuid
 from contextlib import AbstractAsyncContextManager
 from datetime import datetime
+from dataclasses import dataclass
+from enum import Enum
 from typing import Any, NamedTuple, Protocol
 
-from seamq.nats.publisher import OutMessage, PubResult
+
+
+@dataclass(frozen=True, slots=True)
+class OutMessage:
+    subject: str
+    payload: bytes
+    headers: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class PubResult:
+    ok: bool
+    stream: str | None = None
+    seq: int | None = None
+    duplicate: bool = False
+    error: str | None = None
 
 
 class OutboxRow(NamedTuple):
@@ -56,3 +73,35 @@ class JetStreamPublisher(Protocol):
     """PORT-047-003, batched: results come back in input order."""
 
     async def publish_many(self, messages: list[OutMessage]) -> list[PubResult]: ...
+
+
+class Claim(str, Enum):
+    NEW = "new"  # first time seen
+    RETRY = "retry"  # seen, never processed: an earlier attempt failed or crashed
+    REPLAY = "replay"  # dead-lettered, now replayed from the DLQ
+    DUPLICATE = "duplicate"  # already processed (or dead-lettered and not a replay)
+
+
+@dataclass(frozen=True, slots=True)
+class InboxItem:
+    message_id: uuid.UUID
+    subject: str
+    event_type: str | None
+    event_version: int | None
+    occurred_at: datetime | None
+    replay: bool = False
+
+
+class InboxRepository(Protocol):
+    """PORT-047-002: insert (as a claim), markProcessed, recordError; on the caller's transaction."""
+
+    async def claim(self, conn: Any, items: list[InboxItem]) -> dict[uuid.UUID, tuple[Claim, int]]: ...
+
+    async def processed(self, conn: Any, ids: list[uuid.UUID]) -> None: ...
+
+    async def duplicate(self, conn: Any, ids: list[uuid.UUID]) -> None: ...
+
+    async def failed(self, conn: Any, ids: list[uuid.UUID], errors: list[str]) -> None: ...
+
+    async def dead_lettered(self, conn: Any, ids: list[uuid.UUID], reasons: list[str], details: list[str],
+                            dlq_subjects: list[str], dlq_seqs: list[int | None]) -> None: ...

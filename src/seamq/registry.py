@@ -22,7 +22,6 @@ from typing import Any, Callable
 
 import yaml
 
-from seamq.envelope import Envelope, HandlerResult, Outcome, Reason
 from seamq.model import ErrorCode, SeamqError, validate_token
 
 LOCK_FILE = "registry.lock.json"
@@ -47,50 +46,6 @@ class Route:
 class Registry:
     routes: tuple[Route, ...] = ()
     default: str | Callable | None = None  # serves events without a route (e.g. one /handle per context)
-
-    def build(self, *, http_client=None, secret: str | None = None, timeout: float = 10.0,
-              source: str | None = None):
-        """Resolve every route now, so a bad import path fails at start, not on the first message."""
-        from seamq.handlers import InProcessHandler
-        from seamq.http.client import HttpHandler
-
-        def make(target: str | Callable, route_timeout: float | None):
-            seconds = route_timeout or timeout
-            if callable(target):
-                return InProcessHandler(target, timeout_seconds=seconds)
-            if target.startswith(("http://", "https://")):
-                return HttpHandler(target, client=http_client, secret=secret, timeout=seconds)
-            return InProcessHandler(import_object(target), timeout_seconds=seconds)
-
-        table = {}
-        for route in self.routes:
-            if route.source not in (None, source):
-                continue
-            handler = make(route.handler, route.timeout)
-            table[(route.event_type, route.version)] = SchemaChecked(handler, route.schema) if route.schema else handler
-        fallback = make(self.default, None) if self.default else None
-        return lambda event_type, version: table.get((event_type, version), fallback)
-
-
-class SchemaChecked:
-    """Validates the payload against the version's schema before the handler sees it.
-
-    A mismatch is poison (422 semantics) with reason `schema_mismatch`.
-    """
-
-    def __init__(self, handler, schema: str) -> None:
-        from jsonschema import Draft202012Validator
-
-        self.handler = handler
-        self.transactional = handler.transactional
-        self.validator = Draft202012Validator(json.loads(schema))
-
-    async def __call__(self, envelope: Envelope, conn: Any, traceparent: str | None = None) -> HandlerResult:
-        error = next(iter(self.validator.iter_errors(envelope.payload)), None)
-        if error is not None:
-            where = "/".join(str(p) for p in error.absolute_path) or "payload"
-            return HandlerResult(Outcome.POISON, f"{where}: {error.message}", reason=Reason.SCHEMA_MISMATCH)
-        return await self.handler(envelope, conn, traceparent)
 
 
 def import_object(path: str) -> Any:

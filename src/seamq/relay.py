@@ -24,11 +24,10 @@ from dataclasses import dataclass, field
 import psycopg
 
 from seamq.model import EventSubject, SeamqError, message_headers
-from seamq.nats.publisher import OutMessage, PubResult
 from seamq.observability import (
     OUTBOX_BACKLOG, OUTBOX_OLDEST_SECONDS, RELAY_BATCH_SECONDS, RELAY_FAILED, RELAY_PUBLISHED, log,
 )
-from seamq.ports import JetStreamPublisher, OutboxRepository, OutboxRow
+from seamq.ports import JetStreamPublisher, OutboxRepository, OutboxRow, OutMessage, PubResult
 from seamq.topology import Topology
 
 # Errors that mean "the broker is unreachable", not "this message is bad".

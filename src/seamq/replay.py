@@ -22,12 +22,10 @@ from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from seamq.envelope import REPLAY_ATTEMPT, REPLAY_MESSAGE_ID
-from seamq.model import Header
-from seamq.nats.publisher import OutMessage
+from seamq.model import Header, ReplayPolicy
 from seamq.observability import log
 from seamq.pg import dlq_repo
-from seamq.pg.dlq_repo import ReplayPolicy
-from seamq.ports import JetStreamPublisher
+from seamq.ports import JetStreamPublisher, OutMessage
 from seamq.topology import Topology
 
 

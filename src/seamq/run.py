@@ -13,14 +13,16 @@ from typing import AsyncIterator
 from psycopg_pool import AsyncConnectionPool
 
 from seamq.consumer import ConsumerConfig, InboxConsumer
-from seamq.http.client import http_client
+from seamq.handlers import InProcessHandler, SchemaChecked
+from seamq.http.client import HttpHandler, http_client
 from seamq.model import ErrorCode, SeamqError
 from seamq.nats.connect import connect
 from seamq.nats.publisher import PipelinedPublisher
 from seamq.nats.pull import PullSource
 from seamq.observability import log
+from seamq.pg.inbox_repo import NoInbox, PgInbox
 from seamq.pg.outbox_repo import PgOutbox
-from seamq.registry import Registry, load_registry
+from seamq.registry import Registry, import_object, load_registry
 from seamq.relay import Relay, RelayConfig, listen_for_outbox
 from seamq.replay import Replayer
 from seamq.settings import Settings
@@ -112,12 +114,14 @@ async def run_consumer(
     nc = await connect(settings.nats, name=f"seamq-consumer-{name}")
     client = http_client(max_connections=cfg.concurrency * 2)
     try:
-        handlers = registry.build(http_client=client, secret=secret, timeout=cfg.handler_timeout, source=spec.source)
+        handlers = build_handlers(registry, http_client=client, secret=secret, timeout=cfg.handler_timeout,
+                                  source=spec.source)
         dlq = await PipelinedPublisher(nc, timeout=settings.relay.publish_timeout).start()
         batch = min(cfg.batch_size, spec.max_ack_pending)
         source = await PullSource(nc, spec.stream, spec.name, buffer=min(2 * batch, spec.max_ack_pending)).start()
         async with _maybe_pool(settings, cfg) as pool:
-            consumer = InboxConsumer(spec, source, pool, dlq, handlers, ConsumerConfig(
+            inbox = PgInbox(spec.name) if pool is not None else NoInbox()
+            consumer = InboxConsumer(spec, source, pool, inbox, dlq, handlers, ConsumerConfig(
                 batch_size=cfg.batch_size, fetch_timeout=cfg.fetch_timeout, concurrency=cfg.concurrency,
                 ordered=cfg.ordered, nak_base=cfg.nak_base, nak_max=cfg.nak_max, max_payload=nc.max_payload,
             ))
@@ -171,3 +175,26 @@ async def _maybe_pool(settings: Settings, cfg) -> AsyncIterator[AsyncConnectionP
         return
     async with pg_pool(settings.database_dsn(), max_size=cfg.concurrency + 1) as pool:
         yield pool
+
+
+def build_handlers(registry: Registry, *, http_client=None, secret: str | None = None, timeout: float = 10.0,
+                   source: str | None = None):
+    """Resolve every route of `registry` for one source context, now: a bad import path
+    fails at start, not on the first message. Returns (event_type, version) -> handler."""
+
+    def make(target, route_timeout: float | None):
+        seconds = route_timeout or timeout
+        if callable(target):
+            return InProcessHandler(target, timeout_seconds=seconds)
+        if target.startswith(("http://", "https://")):
+            return HttpHandler(target, client=http_client, secret=secret, timeout=seconds)
+        return InProcessHandler(import_object(target), timeout_seconds=seconds)
+
+    table = {}
+    for route in registry.routes:
+        if route.source not in (None, source):
+            continue
+        handler = make(route.handler, route.timeout)
+        table[(route.event_type, route.version)] = SchemaChecked(handler, route.schema) if route.schema else handler
+    fallback = make(registry.default, None) if registry.default else None
+    return lambda event_type, version: table.get((event_type, version), fallback)

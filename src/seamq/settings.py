@@ -16,7 +16,7 @@ import yaml
 from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from seamq.model import ErrorCode, SeamqError
+from seamq.model import ErrorCode, ReplayPolicy, SeamqError
 
 
 class NatsSettings(BaseModel):
@@ -82,8 +82,6 @@ class ReplaySettings(BaseModel):
     interval: float = Field(1.0, gt=0, description="seconds between replay rounds")
 
     def policy(self):
-        from seamq.pg.dlq_repo import ReplayPolicy
-
         return ReplayPolicy(base=self.base_delay, factor=self.factor, max_delay=self.max_delay,
                             max_attempts=self.max_attempts, jitter=self.jitter, reasons=tuple(self.reasons))
 

@@ -12,26 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-
-@dataclass(frozen=True, slots=True)
-class OutMessage:
-    subject: str
-    payload: bytes
-    headers: dict[str, str]
-
-
-@dataclass(frozen=True, slots=True)
-class PubResult:
-    ok: bool
-    stream: str | None = None
-    seq: int | None = None
-    duplicate: bool = False
-    error: str | None = None
+from seamq.ports import OutMessage, PubResult
 
 
 class _Batch:

@@ -14,22 +14,8 @@ from dataclasses import dataclass
 from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 
+from seamq.model import ReplayPolicy
 from seamq.pg.sql import query
-
-
-@dataclass(frozen=True)
-class ReplayPolicy:
-    base: float = 5.0
-    factor: float = 2.0
-    max_delay: float = 300.0
-    max_attempts: int = 5
-    jitter: float = 0.5  # delay x [1 - jitter, 1]
-    reasons: tuple[str, ...] = ("max_deliver", "handler_rejected")
-
-    def bounds(self, attempt: int) -> tuple[float, float]:
-        """Earliest and latest delay of replay number `attempt` (0-based)."""
-        delay = min(self.max_delay, self.base * self.factor ** attempt)
-        return delay * (1 - self.jitter), delay
 
 
 @dataclass(frozen=True)

@@ -8,30 +8,11 @@ together.
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
-from datetime import datetime
-from enum import Enum
 
 from psycopg import AsyncConnection
 
 from seamq.pg.sql import query
-
-
-class Claim(str, Enum):
-    NEW = "new"  # first time seen
-    RETRY = "retry"  # seen, never processed: an earlier attempt failed or crashed
-    REPLAY = "replay"  # dead-lettered, now replayed from the DLQ
-    DUPLICATE = "duplicate"  # already processed (or dead-lettered and not a replay)
-
-
-@dataclass(frozen=True, slots=True)
-class InboxItem:
-    message_id: uuid.UUID
-    subject: str
-    event_type: str | None
-    event_version: int | None
-    occurred_at: datetime | None
-    replay: bool = False
+from seamq.ports import Claim, InboxItem
 
 
 class PgInbox:
