@@ -13,6 +13,7 @@ import time
 
 import psycopg
 import uvicorn
+from rich import box
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
@@ -90,20 +91,20 @@ async def stats(dsn: str) -> tuple[list, list]:
 
 
 def render(out: list, inbox: list, title: str) -> Table:
-    table = Table(title=title)
-    table.add_column("", no_wrap=True)
-    for column in ("published", "backlog", "processed", "dups", "DLQ", "retrying", "p50 ms", "p99 ms"):
-        table.add_column(column, justify="right", no_wrap=True)
+    table = Table(title=title, box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)  # fits 80 columns
+    table.add_column("", no_wrap=True, min_width=18)
+    for column in ("published", "backlog", "handled", "dups", "DLQ", "p50", "p99"):
+        table.add_column(column, justify="right", no_wrap=True, min_width=len(column))
     for context, published, backlog in out:
-        table.add_row(f"outbox {context}", str(published), str(backlog), *[""] * 6)
+        table.add_row(f"outbox {context}", str(published), str(backlog), *[""] * 5)
     ms = lambda v: f"{v * 1000:.1f}" if v is not None else "-"  # noqa: E731
-    for consumer, processed, dups, dead, retrying, p50, p99 in inbox:
-        table.add_row(consumer, "", "", str(processed), str(dups), str(dead), str(retrying), ms(p50), ms(p99))
+    for consumer, processed, dups, dead, _retrying, p50, p99 in inbox:
+        table.add_row(consumer, "", "", str(processed), str(dups), str(dead), ms(p50), ms(p99))
     return table
 
 
 def _title(started: float) -> str:
-    return f"seamq dev, {time.monotonic() - started:.0f}s: latency = outbox commit -> handled, last minute"
+    return f"seamq dev, {time.monotonic() - started:.0f}s (p50/p99 ms: outbox commit -> handled, last minute)"
 
 
 async def dashboard(dsn: str, stop: asyncio.Event, console: Console, interval: float = 1.0) -> None:
