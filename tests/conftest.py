@@ -105,3 +105,13 @@ def service_env(dsn, nats_server):
 
 
 SEAMQ = [sys.executable, "-m", "seamq"]
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One Spark local[2] session for the pipeline tests (the JVM takes seconds to start)."""
+    from seamq.pipeline.spark import session
+
+    spark = session("local[2]", app="seamq-tests")
+    yield spark
+    spark.stop()

@@ -15,15 +15,6 @@ from seamq.nats.publisher import PipelinedPublisher  # noqa: E402
 from seamq.ports import OutMessage  # noqa: E402
 
 
-@pytest.fixture(scope="session")
-def spark():
-    from seamq.pipeline.spark import session
-
-    spark = session("local[2]", app="seamq-tests")
-    yield spark
-    spark.stop()
-
-
 async def publish(nc, count: int, context: str = "vibespro", start: int = 0) -> list[Event]:
     publisher = await PipelinedPublisher(nc, timeout=30).start()
     events = [Event(context=context, aggregate_type="vibe", aggregate_id=f"v-{n % 100}", event_type="vibe_created",

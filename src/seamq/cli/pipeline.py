@@ -1,0 +1,42 @@
+"""`seamq pipeline`: the Spark data pipeline (event lake; KPIs and reconcile to come)."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from seamq.cli.common import console, settings
+
+app = typer.Typer(help="Data pipeline on Spark: event lake (KPIs, reconcile, replay: next).", no_args_is_help=True)
+
+
+@app.command()
+def lake(
+    stream: str = typer.Option(..., "--stream", help="The JetStream stream, e.g. SEA_EVENTS."),
+    path: Path = typer.Option(Path(".seamq/lake"), "--lake", help="Lake folder (Parquet)."),
+    checkpoint: Optional[Path] = typer.Option(None, help="Checkpoint folder (default: <lake>/_checkpoints/<stream>)."),
+    master: Optional[str] = typer.Option(None, help="Spark master (default local[*])."),
+    available_now: bool = typer.Option(False, "--available-now", help="Read what is there now, then stop."),
+    max_records: int = typer.Option(50_000, help="Most messages per micro-batch."),
+) -> None:
+    """Stream -> Parquet lake partitioned by context / event_type / date, exactly once across restarts."""
+    from seamq.pipeline.lake import follow, start_lake
+    from seamq.pipeline.spark import session
+
+    current = settings()
+    spark = session(master, app=f"seamq-lake-{stream}")
+    query = start_lake(spark, url=current.nats.url, stream=stream, lake=path,
+                       checkpoint=checkpoint or path / "_checkpoints" / stream,
+                       max_records=max_records, available_now=available_now)
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
+    console.print(f"lake: {stream} -> {path} (Ctrl-C to stop)")
+    try:
+        follow(query, lambda batch, rows: console.print(f"batch {batch}: {rows} events"), lambda: bool(stopping))
+    except KeyboardInterrupt:
+        query.stop()
+    finally:
+        spark.stop()
