@@ -40,3 +40,38 @@ def lake(
         query.stop()
     finally:
         spark.stop()
+
+
+@app.command()
+def reconcile(
+    repair: bool = typer.Option(False, "--repair", help="Re-publish events missing from their stream."),
+    grace: float = typer.Option(60.0, help="Seconds a message may still be in flight before it counts as unprocessed."),
+    master: Optional[str] = typer.Option(None, help="Spark master (default local[*])."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the findings as JSON here."),
+) -> None:
+    """Outbox vs streams vs inboxes: events a broker lost, and events never processed."""
+    from rich.table import Table
+
+    from seamq.cli.common import topology
+    from seamq.pipeline.reconcile import reconcile as run_reconcile
+    from seamq.pipeline.reconcile import report_text
+    from seamq.pipeline.spark import session
+
+    current = settings()
+    topo = topology(None, current)
+    spark = session(master, app="seamq-reconcile")
+    try:
+        report = run_reconcile(spark, dsn=current.database_dsn(), nats_url=current.nats.url, topology=topo,
+                               grace=grace, repair=repair)
+    finally:
+        spark.stop()
+    table = Table("where", "finding", "count", title="reconcile")
+    for stream, ids in report.missing_from_stream.items():
+        table.add_row(stream, "published in the outbox, missing from the stream", str(len(ids)))
+    for consumer, ids in report.unprocessed.items():
+        table.add_row(consumer, f"in the stream over {grace:g}s, never processed", str(len(ids)))
+    console.print(table)
+    if repair:
+        console.print(f"repaired: re-published {report.repaired} events from the outbox")
+    if json_out:
+        json_out.write_text(report_text(report))

@@ -1,0 +1,137 @@
+"""Reconcile the outbox, the streams and the inboxes; repair what a broker lost.
+
+Anti-joins in Spark:
+- published in the outbox but missing from its stream (broker-side loss:
+  JetStream's default lazy fsync can lose acknowledged writes), leaving out
+  rows whose stream sequence is below the stream's first (aged out by limits);
+- in a stream but never processed (nor dead-lettered) by a consumer of it,
+  leaving out the last `grace` seconds (still in flight).
+
+`repair` re-publishes the missing events from their outbox rows. Each gets a
+Nats-Msg-Id of its own (`repair:{id}`), because JetStream may still hold the
+original id in its duplicate window and would drop the repair, while
+`Seamq-Message-Id` keeps the outbox id, which is the inbox key: a consumer
+that had processed the event skips it. This is why published outbox rows are
+kept longer than the reconcile interval (docs/operations.md).
+
+PostgreSQL is read with psycopg into Arrow (no JDBC jar needed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+
+import psycopg
+import pyarrow as pa
+from pyspark.sql import SparkSession
+
+from seamq.envelope import REPLAY_MESSAGE_ID
+from seamq.model import Event, Header, message_headers
+from seamq.topology import Topology
+
+_OUTBOX = """
+SELECT id::text AS message_id, context, aggregate_type, aggregate_id, event_type, event_version, payload::text AS payload,
+       occurred_at, correlation_id, causation_id, traceparent, stream_seq, published_at
+FROM outbox_events WHERE published_at IS NOT NULL
+"""
+_INBOX = """
+SELECT consumer, message_id::text AS message_id, status FROM inbox_messages
+WHERE status IN ('processed', 'dead_lettered', 'exhausted')
+"""
+
+
+@dataclass
+class Report:
+    missing_from_stream: dict[str, list[str]] = field(default_factory=dict)  # stream -> outbox ids
+    unprocessed: dict[str, list[str]] = field(default_factory=dict)  # consumer -> message ids
+    repaired: int = 0
+
+    def to_json(self) -> dict:
+        return {"missing_from_stream": self.missing_from_stream, "unprocessed": self.unprocessed,
+                "repaired": self.repaired}
+
+
+def _arrow(dsn: str, sql: str) -> pa.Table:
+    with psycopg.connect(dsn) as conn:
+        cur = conn.execute(sql)
+        names = [c.name for c in cur.description]
+        rows = cur.fetchall()
+    return pa.table({name: [str(r[i]) if r[i] is not None and name in ("correlation_id", "causation_id") else r[i]
+                            for r in rows] for i, name in enumerate(names)})
+
+
+async def _first_seq(url: str, stream: str) -> int:
+    import nats
+
+    nc = await nats.connect(url)
+    try:
+        return (await nc.jetstream().stream_info(stream)).state.first_seq
+    finally:
+        await nc.close()
+
+
+def reconcile(spark: SparkSession, *, dsn: str, nats_url: str, topology: Topology, grace: float = 60.0,
+              repair: bool = False) -> Report:
+    from pyspark.sql import functions as F
+
+    report = Report()
+    outbox = spark.createDataFrame(_arrow(dsn, _OUTBOX))
+    inbox = spark.createDataFrame(_arrow(dsn, _INBOX))
+    missing_rows = []
+    for context, spec in sorted(topology.contexts.items()):
+        name = spec.stream.name
+        stream = spark.read.format("jetstream").option("url", nats_url).option("stream", name).load() \
+            .select("message_id", "timestamp").cache()
+        first_seq = asyncio.run(_first_seq(nats_url, name))
+        published = outbox.where((F.col("context") == context) & (F.col("stream_seq") >= first_seq))
+        missing = published.join(stream, "message_id", "left_anti")
+        rows = missing.orderBy("stream_seq").collect()
+        report.missing_from_stream[name] = [r.message_id for r in rows]
+        missing_rows += rows
+        cutoff = F.expr(f"current_timestamp() - INTERVAL {int(grace)} SECONDS")
+        settled = stream.where(F.col("timestamp") < cutoff).where(F.col("message_id").isNotNull())
+        for consumer in sorted(c.name for c in topology.consumers.values() if c.stream == name):
+            seen = inbox.where(F.col("consumer") == consumer).select("message_id")
+            report.unprocessed[consumer] = sorted(
+                r.message_id for r in settled.join(seen, "message_id", "left_anti").collect())
+        stream.unpersist()
+    if repair and missing_rows:
+        report.repaired = asyncio.run(_republish(nats_url, missing_rows))
+    return report
+
+
+async def _republish(nats_url: str, rows) -> int:
+    import uuid
+
+    import nats
+
+    from seamq.nats.publisher import PipelinedPublisher
+    from seamq.ports import OutMessage
+
+    nc = await nats.connect(nats_url)
+    publisher = await PipelinedPublisher(nc, timeout=30).start()
+    try:
+        messages = []
+        for r in rows:
+            event = Event(
+                context=r.context, aggregate_type=r.aggregate_type, aggregate_id=r.aggregate_id,
+                event_type=r.event_type, payload={}, event_version=r.event_version, id=uuid.UUID(r.message_id),
+                occurred_at=r.occurred_at,
+                correlation_id=uuid.UUID(r.correlation_id) if r.correlation_id else None,
+                causation_id=uuid.UUID(r.causation_id) if r.causation_id else None,
+            )
+            headers = message_headers(event, r.traceparent)
+            headers[Header.MSG_ID] = f"repair:{r.message_id}"
+            headers[REPLAY_MESSAGE_ID] = r.message_id
+            messages.append(OutMessage(str(event.subject), r.payload.encode(), headers))
+        results = await publisher.publish_many(messages)
+        return sum(1 for result in results if result.ok)
+    finally:
+        await publisher.close()
+        await nc.close()
+
+
+def report_text(report: Report) -> str:
+    return json.dumps(report.to_json(), indent=2, sort_keys=True)
