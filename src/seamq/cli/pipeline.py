@@ -75,3 +75,33 @@ def reconcile(
         console.print(f"repaired: re-published {report.repaired} events from the outbox")
     if json_out:
         json_out.write_text(report_text(report))
+
+
+@app.command()
+def kpis(
+    out: Path = typer.Option(Path(".seamq/kpis"), "--out", help="Folder for kpis.parquet, summary.json, report.html."),
+    master: Optional[str] = typer.Option(None, help="Spark master (default local[*])."),
+) -> None:
+    """PRD-022 delivery KPIs per context, event type and hour; flags breaches of the targets."""
+    from rich.table import Table
+
+    from seamq.pipeline.kpis import compute, summary, write_report
+    from seamq.pipeline.spark import session
+
+    current = settings()
+    spark = session(master, app="seamq-kpis")
+    try:
+        frame = compute(spark, current.database_dsn())
+        frame.write.mode("overwrite").parquet(str(out / "kpis.parquet"))
+        rows = frame.collect()
+    finally:
+        spark.stop()
+    report = summary(rows)
+    page = write_report(rows, report, out)
+    table = Table("context", "delivered", "duplicates", "DLQ", "worst hourly p99 ms", "breaches", title="KPIs")
+    for context, c in report["contexts"].items():
+        pct = lambda v: "-" if v is None else f"{v * 100:.3f}%"  # noqa: E731
+        table.add_row(context, pct(c["delivery_rate"]), pct(c["duplicate_rate"]), pct(c["dlq_rate"]),
+                      f"{c['worst_hour_p99_ms']:.1f}", ", ".join(c["breaches"]) or "none")
+    console.print(table)
+    console.print(f"report: {page}")

@@ -23,6 +23,7 @@ def session(master: str | None = None, app: str = "seamq", *, quiet: bool = True
                .config("spark.ui.enabled", "false")
                .config("spark.ui.showConsoleProgress", "false")
                .config("spark.sql.shuffle.partitions", "4")
+               .config("spark.sql.session.timeZone", "UTC")  # hour buckets in UTC, wherever it runs
                .config("spark.driver.bindAddress", "127.0.0.1"))
     spark = builder.getOrCreate()
     if quiet:

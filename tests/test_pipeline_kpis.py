@@ -1,0 +1,92 @@
+"""Delivery KPIs on a synthetic outbox/inbox with known answers."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+
+import psycopg
+import pytest
+
+pytest.importorskip("pyspark")
+np = pytest.importorskip("numpy")
+
+HOUR = "2026-11-20 10:00:00+00"
+
+
+def seed(dsn: str) -> None:
+    with psycopg.connect(dsn) as conn:
+        # sea.order_placed: 10,000 events, 9,990 published, relay lag (i % 100) ms.
+        conn.execute(f"""
+            INSERT INTO outbox_events (id, context, aggregate_type, aggregate_id, event_type, payload,
+                                       occurred_at, created_at, published_at)
+            SELECT gen_random_uuid(), 'sea', 'order', 'o', 'order_placed', '{{}}',
+                   t, t, CASE WHEN i <= 9990 THEN t + (i % 100) * interval '1 millisecond' END
+            FROM generate_series(1, 10000) AS i, LATERAL (SELECT '{HOUR}'::timestamptz
+                                                          + (i % 3600) * interval '1 second' AS t) x""")
+        # Its consumer: 1,000 rows, 995 processed after i ms, 5 dead-lettered, 10 with a duplicate.
+        conn.execute(f"""
+            INSERT INTO inbox_messages (consumer, message_id, subject, event_type, event_version, status,
+                                        occurred_at, received_at, processed_at, duplicates)
+            SELECT 'vibespro__from_sea', gen_random_uuid(), 'sea.event.order_placed.v1', 'order_placed', 1,
+                   CASE WHEN i <= 995 THEN 'processed' ELSE 'dead_lettered' END, t, t,
+                   CASE WHEN i <= 995 THEN t + i * interval '1 millisecond' END, CASE WHEN i <= 10 THEN 1 ELSE 0 END
+            FROM generate_series(1, 1000) AS i, LATERAL (SELECT '{HOUR}'::timestamptz
+                                                         + (i % 3600) * interval '1 second' AS t) x""")
+        # vibespro.vibe_created: healthy.
+        conn.execute(f"""
+            INSERT INTO outbox_events (id, context, aggregate_type, aggregate_id, event_type, payload,
+                                       occurred_at, created_at, published_at)
+            SELECT gen_random_uuid(), 'vibespro', 'vibe', 'v', 'vibe_created', '{{}}', t, t,
+                   t + interval '2 milliseconds'
+            FROM generate_series(1, 100) AS i, LATERAL (SELECT '{HOUR}'::timestamptz + i * interval '1 second' AS t) x""")
+        conn.execute(f"""
+            INSERT INTO inbox_messages (consumer, message_id, subject, event_type, event_version, status,
+                                        occurred_at, received_at, processed_at)
+            SELECT 'sea__from_vibespro', gen_random_uuid(), 'vibespro.event.vibe_created.v1', 'vibe_created', 1,
+                   'processed', t, t, t + interval '10 milliseconds'
+            FROM generate_series(1, 100) AS i, LATERAL (SELECT '{HOUR}'::timestamptz + i * interval '1 second' AS t) x""")
+
+
+def test_kpis_on_known_data(spark, dsn, tmp_path):
+    from seamq.pipeline.kpis import compute, summary, write_report
+
+    seed(dsn)
+    rows = compute(spark, dsn).collect()
+    by_context = {r.context: r for r in rows}
+    assert set(by_context) == {"sea", "vibespro"} and len(rows) == 2
+    sea = by_context["sea"]
+    assert sea.hour == datetime(2026, 11, 20, 10)  # the session's time zone is UTC
+    assert (sea.outbox_total, sea.published, sea.inbox_total) == (10000, 9990, 1000)
+    assert sea.delivery_rate == pytest.approx(0.999, abs=1e-12)
+    assert sea.duplicate_rate == pytest.approx(0.01, abs=1e-12)
+    assert sea.dlq_rate == pytest.approx(0.005, abs=1e-12)
+    latencies = np.arange(1, 996, dtype=float)
+    for field, q in (("e2e_p50_ms", 50), ("e2e_p95_ms", 95), ("e2e_p99_ms", 99)):
+        assert getattr(sea, field) == pytest.approx(np.percentile(latencies, q), rel=0.01), field
+    lags = np.array([i % 100 for i in range(1, 9991)], dtype=float)
+    assert sea.relay_lag_p50_ms == pytest.approx(np.percentile(lags, 50), rel=0.01)
+    assert sea.relay_lag_p99_ms == pytest.approx(np.percentile(lags, 99), rel=0.01)
+
+    report = summary(rows)
+    assert report["contexts"]["sea"]["breaches"] == ["delivery_rate", "duplicate_rate", "dlq_rate", "p99_latency"]
+    assert report["contexts"]["vibespro"]["breaches"] == []
+    page = write_report(rows, report, tmp_path / "kpis")
+    assert "<svg" in page.read_text() and "sea.order_placed" in page.read_text()
+    assert json.loads((tmp_path / "kpis" / "summary.json").read_text())["contexts"]["sea"]["published"] == 9990
+
+
+def test_kpis_command_writes_parquet_json_and_html(dsn, tmp_path):
+    import subprocess
+
+    from conftest import SEAMQ
+
+    seed(dsn)
+    out = tmp_path / "kpis"
+    result = subprocess.run([*SEAMQ, "pipeline", "kpis", "--out", str(out), "--master", "local[1]"],
+                            env={**__import__("os").environ, "SEAMQ_DATABASE_URL": dsn},
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "delivery_rate" in result.stdout and "none" in result.stdout  # sea breaches, vibespro none
+    assert (out / "report.html").exists() and (out / "kpis.parquet").exists()
+    assert json.loads((out / "summary.json").read_text())["contexts"]["vibespro"]["breaches"] == []
