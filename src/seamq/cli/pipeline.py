@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+from datetime import datetime
 from pathlib import Path
 from typing import Optional
 
@@ -10,7 +11,7 @@ import typer
 
 from seamq.cli.common import console, settings
 
-app = typer.Typer(help="Data pipeline on Spark: event lake (KPIs, reconcile, replay: next).", no_args_is_help=True)
+app = typer.Typer(help="Data pipeline on Spark: event lake, delivery KPIs, reconcile, replay.", no_args_is_help=True)
 
 
 @app.command()
@@ -105,3 +106,30 @@ def kpis(
                       f"{c['worst_hour_p99_ms']:.1f}", ", ".join(c["breaches"]) or "none")
     console.print(table)
     console.print(f"report: {page}")
+
+
+@app.command()
+def replay(
+    since: datetime = typer.Option(..., "--since", help="From this time (ISO 8601, UTC), included."),
+    until: datetime = typer.Option(..., "--until", help="Until this time, excluded."),
+    event_type: Optional[str] = typer.Option(None, "--event-type", help="Only this event type."),
+    path: Path = typer.Option(Path(".seamq/lake"), "--lake", help="Lake folder."),
+    master: Optional[str] = typer.Option(None, help="Spark master (default local[*])."),
+) -> None:
+    """Re-publish lake events of a time window into their streams; inboxes keep it exactly-once."""
+    from rich.progress import Progress
+
+    from seamq.pipeline.replay import replay as run_replay
+    from seamq.pipeline.spark import session
+
+    current = settings()
+    spark = session(master, app="seamq-lake-replay")
+    try:
+        with Progress(console=console) as bar:
+            task = bar.add_task("replaying", total=None)
+            stored = run_replay(spark, nats_url=current.nats.url, lake=path, since=since, until=until,
+                                event_type=event_type,
+                                progress=lambda done, total: bar.update(task, completed=done, total=total))
+    finally:
+        spark.stop()
+    console.print(f"re-published {stored} events from {path}")
