@@ -94,15 +94,6 @@ class EventSubject:
         return f"{self.context}.event.{self.name}.v{self.version}"
 
 
-def stream_wildcard(context: str) -> str:
-    return f"{validate_token(context, 'context')}.event.>"
-
-
-def dlq_subject(context: str, event_type: str, version: int) -> str:
-    """Where a dead letter of this event goes: `{context}.dlq.{name}.v{n}`."""
-    return f"{context}.dlq.{event_type}.v{version}"
-
-
 @dataclass(frozen=True, slots=True)
 class Event:
     """A domain event as the caller writes it to the outbox.

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import uuid
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import AsyncIterator
 
 from psycopg import AsyncConnection
@@ -31,12 +31,10 @@ class PgClaimedBatch:
     rows: list[OutboxRow]
     base_backoff: float
     max_backoff: float
-    published: int = field(default=0)
 
     async def mark_published(self, ids: list[uuid.UUID], stream_seqs: list[int]) -> None:
         if ids:
             await self.conn.execute(query("mark_published"), dict(ids=ids, seqs=stream_seqs))
-            self.published += len(ids)
 
     async def mark_failed(self, ids: list[uuid.UUID], errors: list[str], retry_later: list[bool]) -> None:
         if ids:

@@ -23,7 +23,6 @@ pyarrow, and seamq's own pull helper.
 from __future__ import annotations
 
 import asyncio
-import json
 from datetime import datetime, timezone
 from typing import Iterator
 
@@ -248,7 +247,3 @@ class JetStreamDataSource(DataSource):
     def streamReader(self, schema) -> DataSourceStreamReader:
         return JetStreamStreamReader(_Options(self.options))
 
-
-def options_json(url: str, stream: str, **extra) -> str:
-    """The options as JSON, for logging and tests."""
-    return json.dumps({"url": url, "stream": stream, **extra}, sort_keys=True)
