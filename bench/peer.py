@@ -63,7 +63,7 @@ async def faststream_rate(nats_url: str, count: int, size: int) -> float:
 
 async def seamq_rate(svc, topology_file, count: int, size: int, inbox: bool) -> tuple[float, float]:
     await reset_stream(svc.nats.url)
-    dsn = await fresh_database(svc, f"peer{int(inbox)}")
+    await fresh_database(svc, f"peer{int(inbox)}")  # sets svc.dsn for the worker
     nc = await nats.connect(svc.nats.url)
     try:
         await nc.jetstream().delete_consumer(STREAM, "sea__from_vibespro")

@@ -24,6 +24,8 @@ from seamq.nats.provision import apply
 from seamq.settings import NatsSettings
 from seamq.topology import load_topology
 
+from handler_service import HandlerService
+
 TEMPLATE_DB = "seamq_template"
 
 
@@ -115,3 +117,32 @@ def spark():
     spark = session("local[2]", app="seamq-tests")
     yield spark
     spark.stop()
+
+# Fast timings, so redeliveries happen within a test: JetStream redelivers
+# an unacked message after ack_wait, and stops after max_deliver.
+FAST_TOPOLOGY = """
+contexts:
+  sea:
+    stream: {duplicate_window: 1s}
+  vibespro:
+    stream: {duplicate_window: 1s}
+consumers:
+  sea__from_vibespro: {ack_wait: 2s, max_deliver: 4, max_ack_pending: 50}
+"""
+
+
+@pytest.fixture
+async def topo(tmp_path, nc):
+    """The fast topology, provisioned on this test's nats-server."""
+    path = tmp_path / "topology.yaml"
+    path.write_text(FAST_TOPOLOGY)
+    topology = load_topology(path)
+    await apply(nc.jetstream(), topology)
+    return topology
+
+
+@pytest.fixture
+def service():
+    """A real FastAPI handler service (uvicorn, free port) whose answers the test scripts."""
+    with HandlerService() as svc:
+        yield svc

@@ -15,43 +15,14 @@ import psycopg
 import pytest
 
 from seamq.model import Event, message_headers, traceparent_for
-from seamq.nats.provision import apply
 from seamq.registry import Registry, Route
 from seamq.run import run_consumer
 from seamq.settings import ConsumerSettings, NatsSettings, Settings
-from seamq.topology import load_topology
 
-from conftest import SEAMQ
-from handler_service import HandlerService
+from conftest import FAST_TOPOLOGY, SEAMQ
 from helpers import read_stream, scalar, wait_for
 
 CONSUMER = "sea__from_vibespro"
-# Fast timings, so redeliveries happen within a test: JetStream redelivers
-# an unacked message after ack_wait, and stops after max_deliver.
-FAST_TOPOLOGY = """
-contexts:
-  sea:
-    stream: {duplicate_window: 1s}
-  vibespro:
-    stream: {duplicate_window: 1s}
-consumers:
-  sea__from_vibespro: {ack_wait: 2s, max_deliver: 4, max_ack_pending: 50}
-"""
-
-
-@pytest.fixture
-async def topo(tmp_path, nc):
-    path = tmp_path / "topology.yaml"
-    path.write_text(FAST_TOPOLOGY)
-    topology = load_topology(path)
-    await apply(nc.jetstream(), topology)
-    return topology
-
-
-@pytest.fixture
-def service():
-    with HandlerService() as svc:
-        yield svc
 
 
 def vibe(aggregate: str = "v-1", n: int = 0, event_type: str = "vibe_created", version: int = 1, **kw) -> Event:

@@ -10,9 +10,9 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from conftest import SEAMQ
+from conftest import FAST_TOPOLOGY, SEAMQ
 from helpers import scalar, wait_for
-from test_consumer import CONSUMER, FAST_TOPOLOGY, inbox, publish, settled, topo, vibe  # noqa: F401
+from test_consumer import CONSUMER, inbox, publish, settled, vibe
 
 SCHEMA_V1 = """
         schema:

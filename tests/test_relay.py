@@ -6,13 +6,11 @@ import asyncio
 import json
 import signal
 import subprocess
-import time
 import uuid
 from collections import defaultdict
 from contextlib import asynccontextmanager
 
 import psycopg
-import pytest
 
 from seamq import outbox
 from seamq.model import Event

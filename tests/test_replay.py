@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
 from contextlib import asynccontextmanager
 from datetime import datetime
 
-import psycopg
-import pytest
 
 from seamq.pg.dlq_repo import ReplayPolicy
 from seamq.registry import Registry, Route
@@ -19,7 +16,7 @@ from seamq.settings import ReplaySettings
 
 from conftest import SEAMQ
 from helpers import read_stream, wait_for
-from test_consumer import CONSUMER, consuming, inbox, publish, service, settings, topo, vibe  # noqa: F401
+from test_consumer import consuming, inbox, publish, settings, vibe
 
 FAST = dict(base_delay=1.0, factor=2.0, max_delay=4.0, jitter=0.5, interval=0.1)
 

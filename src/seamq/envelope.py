@@ -23,6 +23,25 @@ REPLAY_MESSAGE_ID = "Seamq-Message-Id"
 REPLAY_ATTEMPT = "Seamq-Replay-Attempt"
 
 
+def republish_headers(headers: Mapping[str, str], *, msg_id: str, message_id: str,
+                      replay_attempt: int | None = None) -> dict[str, str]:
+    """Headers for publishing a message again: DLQ replay, reconcile repair, lake replay.
+
+    JetStream may still hold the original Nats-Msg-Id in its duplicate window
+    and would drop the copy, so the copy gets `msg_id`; Seamq-Message-Id keeps
+    the original id, which stays the inbox key, so consumers still handle it
+    once. Only a DLQ replay carries Seamq-Replay-Attempt, which lets it through
+    a dead-lettered inbox row.
+    """
+    out = dict(headers)
+    out.pop(REPLAY_ATTEMPT, None)
+    out[Header.MSG_ID] = msg_id
+    out[REPLAY_MESSAGE_ID] = message_id
+    if replay_attempt is not None:
+        out[REPLAY_ATTEMPT] = str(replay_attempt)
+    return out
+
+
 class Reason(str, Enum):
     """Why a message was dead-lettered; stable strings for filters and alerts."""
 

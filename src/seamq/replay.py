@@ -21,8 +21,8 @@ import json
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from seamq.envelope import REPLAY_ATTEMPT, REPLAY_MESSAGE_ID
-from seamq.model import Header, ReplayPolicy
+from seamq.envelope import REPLAY_ATTEMPT, republish_headers
+from seamq.model import ReplayPolicy
 from seamq.observability import log
 from seamq.pg import dlq_repo
 from seamq.ports import JetStreamPublisher, OutMessage
@@ -39,7 +39,6 @@ class Replayer:
         # replayed again after the longest time its consumer could take with it.
         self.watchdog = self.policy.max_delay + max(
             (c.max_deliver * max(c.ack_wait, nak_max) for c in topology.consumers.values()), default=600)
-        self.replayed_total = 0
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -76,7 +75,6 @@ class Replayer:
             replayed += 1
             log.info("message_replayed", consumer=row["consumer"], message_id=str(row["message_id"]),
                      subject=message.subject, attempt=message.headers[REPLAY_ATTEMPT])
-        self.replayed_total += replayed
         return replayed
 
     async def _original(self, row: dict) -> OutMessage | None:
@@ -94,10 +92,6 @@ class Replayer:
         payload = body["original_payload"]
         data = base64.b64decode(payload) if body.get("original_payload_encoding") == "base64" else payload.encode()
         attempt = int(meta.get("replay_attempts") or 0) + 1
-        headers = dict(body.get("original_headers") or {})
-        headers.update({
-            Header.MSG_ID: f"replay:{row['message_id']}:{attempt}",
-            REPLAY_MESSAGE_ID: str(row["message_id"]),
-            REPLAY_ATTEMPT: str(attempt),
-        })
+        headers = republish_headers(body.get("original_headers") or {}, msg_id=f"replay:{row['message_id']}:{attempt}",
+                                    message_id=str(row["message_id"]), replay_attempt=attempt)
         return OutMessage(body["original_subject"], data, headers)

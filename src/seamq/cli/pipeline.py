@@ -25,22 +25,20 @@ def lake(
 ) -> None:
     """Stream -> Parquet lake partitioned by context / event_type / date, exactly once across restarts."""
     from seamq.pipeline.lake import follow, start_lake
-    from seamq.pipeline.spark import session
+    from seamq.pipeline.spark import spark_session
 
     current = settings()
-    spark = session(master, app=f"seamq-lake-{stream}")
-    query = start_lake(spark, url=current.nats.url, stream=stream, lake=path,
-                       checkpoint=checkpoint or path / "_checkpoints" / stream,
-                       max_records=max_records, available_now=available_now)
-    stopping = []
-    signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
-    console.print(f"lake: {stream} -> {path} (Ctrl-C to stop)")
-    try:
-        follow(query, lambda batch, rows: console.print(f"batch {batch}: {rows} events"), lambda: bool(stopping))
-    except KeyboardInterrupt:
-        query.stop()
-    finally:
-        spark.stop()
+    with spark_session(master, app=f"seamq-lake-{stream}") as spark:
+        query = start_lake(spark, url=current.nats.url, stream=stream, lake=path,
+                           checkpoint=checkpoint or path / "_checkpoints" / stream,
+                           max_records=max_records, available_now=available_now)
+        stopping = []
+        signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
+        console.print(f"lake: {stream} -> {path} (Ctrl-C to stop)")
+        try:
+            follow(query, lambda batch, rows: console.print(f"batch {batch}: {rows} events"), lambda: bool(stopping))
+        except KeyboardInterrupt:
+            query.stop()
 
 
 @app.command()
@@ -56,16 +54,13 @@ def reconcile(
     from seamq.cli.common import topology
     from seamq.pipeline.reconcile import reconcile as run_reconcile
     from seamq.pipeline.reconcile import report_text
-    from seamq.pipeline.spark import session
+    from seamq.pipeline.spark import spark_session
 
     current = settings()
     topo = topology(None, current)
-    spark = session(master, app="seamq-reconcile")
-    try:
+    with spark_session(master, app="seamq-reconcile") as spark:
         report = run_reconcile(spark, dsn=current.database_dsn(), nats_url=current.nats.url, topology=topo,
                                grace=grace, repair=repair)
-    finally:
-        spark.stop()
     table = Table("where", "finding", "count", title="reconcile")
     for stream, ids in report.missing_from_stream.items():
         table.add_row(stream, "published in the outbox, missing from the stream", str(len(ids)))
@@ -87,16 +82,13 @@ def kpis(
     from rich.table import Table
 
     from seamq.pipeline.kpis import compute, summary, write_report
-    from seamq.pipeline.spark import session
+    from seamq.pipeline.spark import spark_session
 
     current = settings()
-    spark = session(master, app="seamq-kpis")
-    try:
+    with spark_session(master, app="seamq-kpis") as spark:
         frame = compute(spark, current.database_dsn())
         frame.write.mode("overwrite").parquet(str(out / "kpis.parquet"))
         rows = frame.collect()
-    finally:
-        spark.stop()
     report = summary(rows)
     page = write_report(rows, report, out)
     table = Table("context", "delivered", "duplicates", "DLQ", "worst hourly p99 ms", "breaches", title="KPIs")
@@ -120,16 +112,12 @@ def replay(
     from rich.progress import Progress
 
     from seamq.pipeline.replay import replay as run_replay
-    from seamq.pipeline.spark import session
+    from seamq.pipeline.spark import spark_session
 
     current = settings()
-    spark = session(master, app="seamq-lake-replay")
-    try:
-        with Progress(console=console) as bar:
-            task = bar.add_task("replaying", total=None)
-            stored = run_replay(spark, nats_url=current.nats.url, lake=path, since=since, until=until,
-                                event_type=event_type,
-                                progress=lambda done, total: bar.update(task, completed=done, total=total))
-    finally:
-        spark.stop()
+    with spark_session(master, app="seamq-lake-replay") as spark, Progress(console=console) as bar:
+        task = bar.add_task("replaying", total=None)
+        stored = run_replay(spark, nats_url=current.nats.url, lake=path, since=since, until=until,
+                            event_type=event_type,
+                            progress=lambda done, total: bar.update(task, completed=done, total=total))
     console.print(f"re-published {stored} events from {path}")

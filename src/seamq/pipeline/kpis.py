@@ -18,23 +18,15 @@ import html
 import json
 from pathlib import Path
 
-import psycopg
-import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+
+from seamq.pipeline.spark import pg_frame
 
 TARGETS = {"delivery_rate_min": 0.9999, "duplicate_rate_max": 0.0, "dlq_rate_max": 0.001, "p99_ms_max": 500.0}
 
 _OUTBOX = """SELECT context, event_type, occurred_at, created_at, published_at FROM outbox_events"""
 _INBOX = """SELECT consumer, event_type, status, duplicates, occurred_at, processed_at FROM inbox_messages"""
-
-
-def _load(spark: SparkSession, dsn: str, sql: str) -> DataFrame:
-    with psycopg.connect(dsn) as conn:
-        cur = conn.execute(sql)
-        names = [c.name for c in cur.description]
-        rows = cur.fetchall()
-    return spark.createDataFrame(pa.table({n: [r[i] for r in rows] for i, n in enumerate(names)}))
 
 
 def _ms(start: str, end: str):
@@ -43,14 +35,14 @@ def _ms(start: str, end: str):
 
 def compute(spark: SparkSession, dsn: str) -> DataFrame:
     """One row per (context, event_type, hour)."""
-    outbox = (_load(spark, dsn, _OUTBOX)
+    outbox = (pg_frame(spark, dsn, _OUTBOX)
               .withColumn("hour", F.date_trunc("hour", "occurred_at"))
               .groupBy("context", "event_type", "hour")
               .agg(F.count("*").alias("outbox_total"),
                    F.count("published_at").alias("published"),
                    F.percentile(_ms("created_at", "published_at"), F.array(F.lit(0.5), F.lit(0.99)))
                    .alias("relay_lag")))
-    inbox = (_load(spark, dsn, _INBOX)
+    inbox = (pg_frame(spark, dsn, _INBOX)
              .withColumn("context", F.element_at(F.split("consumer", "__from_"), 2))
              .withColumn("hour", F.date_trunc("hour", "occurred_at"))
              .where(F.col("event_type").isNotNull())

@@ -23,12 +23,11 @@ import asyncio
 import json
 from dataclasses import dataclass, field
 
-import psycopg
-import pyarrow as pa
 from pyspark.sql import SparkSession
 
-from seamq.envelope import REPLAY_MESSAGE_ID
-from seamq.model import Event, Header, message_headers
+from seamq.envelope import republish_headers
+from seamq.model import Event, message_headers
+from seamq.pipeline.spark import pg_frame
 from seamq.topology import Topology
 
 _OUTBOX = """
@@ -53,15 +52,6 @@ class Report:
                 "repaired": self.repaired}
 
 
-def _arrow(dsn: str, sql: str) -> pa.Table:
-    with psycopg.connect(dsn) as conn:
-        cur = conn.execute(sql)
-        names = [c.name for c in cur.description]
-        rows = cur.fetchall()
-    return pa.table({name: [str(r[i]) if r[i] is not None and name in ("correlation_id", "causation_id") else r[i]
-                            for r in rows] for i, name in enumerate(names)})
-
-
 async def _first_seq(url: str, stream: str) -> int:
     import nats
 
@@ -77,8 +67,8 @@ def reconcile(spark: SparkSession, *, dsn: str, nats_url: str, topology: Topolog
     from pyspark.sql import functions as F
 
     report = Report()
-    outbox = spark.createDataFrame(_arrow(dsn, _OUTBOX))
-    inbox = spark.createDataFrame(_arrow(dsn, _INBOX))
+    outbox = pg_frame(spark, dsn, _OUTBOX)
+    inbox = pg_frame(spark, dsn, _INBOX)
     missing_rows = []
     for context, spec in sorted(topology.contexts.items()):
         name = spec.stream.name
@@ -122,9 +112,8 @@ async def _republish(nats_url: str, rows) -> int:
                 correlation_id=uuid.UUID(r.correlation_id) if r.correlation_id else None,
                 causation_id=uuid.UUID(r.causation_id) if r.causation_id else None,
             )
-            headers = message_headers(event, r.traceparent)
-            headers[Header.MSG_ID] = f"repair:{r.message_id}"
-            headers[REPLAY_MESSAGE_ID] = r.message_id
+            headers = republish_headers(message_headers(event, r.traceparent), msg_id=f"repair:{r.message_id}",
+                                        message_id=r.message_id)
             messages.append(OutMessage(str(event.subject), r.payload.encode(), headers))
         results = await publisher.publish_many(messages)
         return sum(1 for result in results if result.ok)

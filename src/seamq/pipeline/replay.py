@@ -20,8 +20,7 @@ from typing import Callable
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from seamq.envelope import REPLAY_MESSAGE_ID
-from seamq.model import Header
+from seamq.envelope import republish_headers
 
 CHUNK = 2000
 
@@ -54,10 +53,8 @@ async def _publish(nats_url: str, rows, total: int, run: str, progress) -> int:
     try:
         chunk = []
         for row in rows:
-            headers = dict(row.headers or {})
-            headers[Header.MSG_ID] = f"lake:{row.message_id}:{run}"
-            headers[REPLAY_MESSAGE_ID] = row.message_id
-            headers.pop("Seamq-Replay-Attempt", None)  # not a DLQ replay
+            headers = republish_headers(dict(row.headers or {}), msg_id=f"lake:{row.message_id}:{run}",
+                                        message_id=row.message_id)
             chunk.append(OutMessage(row.subject, row.payload.encode(), headers))
             if len(chunk) == CHUNK:
                 stored += sum(r.ok for r in await publisher.publish_many(chunk))

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import sys
+import uuid
+from contextlib import contextmanager
 
 
 def session(master: str | None = None, app: str = "seamq", *, quiet: bool = True):
@@ -30,3 +32,30 @@ def session(master: str | None = None, app: str = "seamq", *, quiet: bool = True
         spark.sparkContext.setLogLevel("ERROR")
     spark.dataSource.register(JetStreamDataSource)
     return spark
+
+
+@contextmanager
+def spark_session(master: str | None = None, app: str = "seamq"):
+    """`session()` for one command: stopped when the command ends, however it ends."""
+    spark = session(master, app)
+    try:
+        yield spark
+    finally:
+        spark.stop()
+
+
+def pg_frame(spark, dsn: str, sql: str):
+    """A query's rows as a DataFrame, through psycopg and Arrow (no JDBC jar needed).
+
+    The rows pass through the driver, so this suits the outbox and inbox sizes
+    a reconcile or KPI run reads; UUIDs become strings (Arrow has no UUID type).
+    """
+    import psycopg
+    import pyarrow as pa
+
+    with psycopg.connect(dsn) as conn:
+        cur = conn.execute(sql)
+        names = [c.name for c in cur.description]
+        rows = cur.fetchall()
+    plain = lambda v: str(v) if isinstance(v, uuid.UUID) else v  # noqa: E731
+    return spark.createDataFrame(pa.table({n: [plain(r[i]) for r in rows] for i, n in enumerate(names)}))
