@@ -58,12 +58,16 @@ class PgOutbox:
     @asynccontextmanager
     async def claim(self, limit: int) -> AsyncIterator[PgClaimedBatch]:
         async with self.pool.connection() as conn, conn.transaction():
-            async with conn.cursor(row_factory=lambda _: OutboxRow._make) as cur:
-                await cur.execute(
-                    query("claim_batch"),
-                    dict(scan=limit * 4, lock_class=RELAY_LOCK_CLASS, buckets=self.buckets_per_claim, limit=limit),
-                )
-                rows = await cur.fetchall()
+            cur = await conn.execute(
+                query("claim_buckets"),
+                dict(scan=limit * 4, lock_class=RELAY_LOCK_CLASS, buckets=self.buckets_per_claim),
+            )
+            buckets = (await cur.fetchone())[0]
+            rows = []
+            if buckets:
+                async with conn.cursor(row_factory=lambda _: OutboxRow._make) as cur:
+                    await cur.execute(query("claim_rows"), dict(buckets=buckets, limit=limit))
+                    rows = await cur.fetchall()
             yield PgClaimedBatch(conn, rows, self.base_backoff, self.max_backoff)
 
     async def backlog(self) -> list[dict]:

@@ -10,16 +10,28 @@ VALUES
   (%(id)s, %(context)s, %(aggregate_type)s, %(aggregate_id)s, %(event_type)s, %(event_version)s,
    CAST(%(payload)s AS jsonb), %(occurred_at)s, %(correlation_id)s, %(causation_id)s, %(traceparent)s)
 
--- name: claim_batch
+-- name: claim_buckets
 -- Claim buckets, not rows: a relay takes an advisory lock (held to commit) on
 -- each bucket it serves, skipping buckets another relay holds. All events of
 -- one aggregate share a bucket, so only one relay publishes an aggregate at a
 -- time, in seq order. Row-level SKIP LOCKED alone would let two relays publish
 -- one aggregate's events out of order.
-WITH pending AS MATERIALIZED (
+--
+-- The scan looks past rows that are backing off and their aggregates' later
+-- rows: otherwise enough stuck rows (say, a context with no stream) fill the
+-- scan window and starve every healthy aggregate behind them.
+WITH blocked AS MATERIALIZED (
+  SELECT aggregate_type, aggregate_id, min(seq) AS from_seq FROM outbox_events
+  WHERE published_at IS NULL AND next_attempt_at IS NOT NULL AND next_attempt_at > now()
+  GROUP BY aggregate_type, aggregate_id
+), pending AS MATERIALIZED (
   SELECT bucket, min(seq) AS first_seq
-  FROM (SELECT bucket, seq FROM outbox_events
-        WHERE published_at IS NULL ORDER BY seq LIMIT %(scan)s) head
+  FROM (SELECT o.bucket, o.seq FROM outbox_events o
+        WHERE o.published_at IS NULL
+          AND NOT EXISTS (SELECT 1 FROM blocked b
+                          WHERE b.aggregate_type = o.aggregate_type AND b.aggregate_id = o.aggregate_id
+                            AND b.from_seq <= o.seq)
+        ORDER BY o.seq LIMIT %(scan)s) head
   GROUP BY bucket
   ORDER BY first_seq
 ), mine AS MATERIALIZED (
@@ -27,13 +39,20 @@ WITH pending AS MATERIALIZED (
   WHERE pg_try_advisory_xact_lock(%(lock_class)s, bucket)
   LIMIT %(buckets)s
 )
+SELECT coalesce(array_agg(bucket), '{}') FROM mine
+
+-- name: claim_rows
+-- A statement of its own, after claim_buckets: its snapshot must be taken
+-- once the bucket locks are held. In one statement the snapshot predates a
+-- lock that the previous holder released at commit, so the rows it read are
+-- stale: a row that holder had just put into backoff is dropped on recheck
+-- while its aggregate's later rows, unchanged, are not, and go out first.
 SELECT o.id, o.context, o.aggregate_type, o.aggregate_id, o.event_type, o.event_version,
        o.payload::text AS payload, o.occurred_at, o.correlation_id, o.causation_id,
        o.traceparent, o.publish_attempts
 FROM outbox_events o
 WHERE o.published_at IS NULL
-  -- an array evaluated once: IN (SELECT ...) here planned as a nested loop per row
-  AND o.bucket = ANY ((SELECT array_agg(bucket) FROM mine)::smallint[])
+  AND o.bucket = ANY (CAST(%(buckets)s AS smallint[]))
   AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= now())
   -- an aggregate waits behind its own earlier row that is backing off
   AND NOT EXISTS (
