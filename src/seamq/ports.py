@@ -53,6 +53,7 @@ class ClaimedBatch(Protocol):
     """Rows held by one relay until the batch ends (PORT-047-001)."""
 
     rows: list[OutboxRow]
+    more: bool  # pending rows exist that this claim did not take (held by others, or beyond it)
 
     async def mark_published(self, ids: list[uuid.UUID], stream_seqs: list[int]) -> None: ...
 

@@ -20,6 +20,7 @@ import functools
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import psycopg
 
@@ -80,12 +81,12 @@ class Relay:
             return None, f"context {context!r} has no stream in the topology"
         return subject, None
 
-    async def run_once(self) -> tuple[int, bool]:
-        """One batch. Returns (rows claimed, whether the broker was unreachable)."""
+    async def run_once(self) -> _Batch:
+        """One batch: claim, publish, mark, commit."""
         started = time.perf_counter()
         async with self.outbox.claim(self.config.batch_size) as batch:
             if not batch.rows:
-                return 0, False
+                return _Batch(0, batch.more, False)
             marks = _Marks()
             sendable = []
             held = set()  # aggregates with an unpublishable row: their later rows wait, in order
@@ -108,7 +109,7 @@ class Relay:
         for context, count in marks.per_context.items():
             RELAY_PUBLISHED.labels(context).inc(count)
         RELAY_BATCH_SECONDS.observe(time.perf_counter() - started)
-        return len(batch.rows), marks.transport_failed
+        return _Batch(len(batch.rows), batch.more, marks.transport_failed)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Until `stop` is set: batches back to back while there is work, then wait."""
@@ -125,7 +126,7 @@ class Relay:
             # while this batch runs must wake the next wait, not be lost.
             self.wake.clear()
             try:
-                claimed, transport_failed = await self.run_once()
+                done = await self.run_once()
             except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
                 log.warning("relay_database_error", error=str(exc))
                 backoff = await self._sleep(stop, backoff, "database_unavailable")
@@ -134,15 +135,18 @@ class Relay:
                 log.exception("relay_batch_failed", error=str(exc))
                 backoff = await self._sleep(stop, backoff, "unexpected_error")
                 continue
-            if transport_failed:
+            if done.transport_failed:
                 backoff = await self._sleep(stop, backoff, "nats_publish_failed")
                 continue
             backoff = 0.0
             if reports and time.monotonic() - last_backlog > self.config.backlog_interval:
                 last_backlog = time.monotonic()
                 await self._report_backlog()
-            if claimed < self.config.batch_size:
-                await self._wait_for_work(stop)
+            if done.claimed == self.config.batch_size or (done.claimed and done.more):
+                continue  # a backlog: straight on (NOTIFY only tells of new rows)
+            # Idle, or the remaining work is in buckets other loops hold:
+            # wait for a NOTIFY, the poll, or (contended) a moment.
+            await self._wait_for_work(stop, 0.05 if done.more else self.config.poll_interval)
 
     async def _sleep(self, stop: asyncio.Event, backoff: float, why: str) -> float:
         backoff = min(self.config.max_backoff, max(0.1, backoff * 2))
@@ -153,9 +157,9 @@ class Relay:
             pass
         return backoff
 
-    async def _wait_for_work(self, stop: asyncio.Event) -> None:
+    async def _wait_for_work(self, stop: asyncio.Event, timeout: float) -> None:
         waiters = [asyncio.ensure_future(self.wake.wait()), asyncio.ensure_future(stop.wait())]
-        await asyncio.wait(waiters, timeout=self.config.poll_interval, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         for waiter in waiters:
             waiter.cancel()
 
@@ -171,6 +175,12 @@ class Relay:
         for row in rows:
             OUTBOX_BACKLOG.labels(row["context"]).set(row["count"])
             OUTBOX_OLDEST_SECONDS.labels(row["context"]).set(max(0.0, now - row["oldest_at"].timestamp()))
+
+
+class _Batch(NamedTuple):
+    claimed: int
+    more: bool  # pending work this claim left (to other loops, or for the next claim)
+    transport_failed: bool  # the broker was unreachable
 
 
 @dataclass

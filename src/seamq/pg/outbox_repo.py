@@ -29,6 +29,7 @@ BUCKETS = 128
 class PgClaimedBatch:
     conn: AsyncConnection
     rows: list[OutboxRow]
+    more: bool
     base_backoff: float
     max_backoff: float
 
@@ -62,13 +63,13 @@ class PgOutbox:
                 query("claim_buckets"),
                 dict(scan=limit * 4, lock_class=RELAY_LOCK_CLASS, buckets=self.buckets_per_claim),
             )
-            buckets = (await cur.fetchone())[0]
+            buckets, more = await cur.fetchone()
             rows = []
             if buckets:
                 async with conn.cursor(row_factory=lambda _: OutboxRow._make) as cur:
                     await cur.execute(query("claim_rows"), dict(buckets=buckets, limit=limit))
                     rows = await cur.fetchall()
-            yield PgClaimedBatch(conn, rows, self.base_backoff, self.max_backoff)
+            yield PgClaimedBatch(conn, rows, more, self.base_backoff, self.max_backoff)
 
     async def backlog(self) -> list[dict]:
         async with self.pool.connection() as conn:

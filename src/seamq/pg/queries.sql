@@ -39,7 +39,10 @@ WITH blocked AS MATERIALIZED (
   WHERE pg_try_advisory_xact_lock(%(lock_class)s, bucket)
   LIMIT %(buckets)s
 )
-SELECT coalesce(array_agg(bucket), '{}') FROM mine
+-- Also: whether pending work was left to others (buckets taken, or beyond
+-- this claim's share), so the relay goes on instead of waiting for a NOTIFY.
+SELECT coalesce((SELECT array_agg(bucket) FROM mine), '{}'),
+       (SELECT count(*) FROM pending) > (SELECT count(*) FROM mine)
 
 -- name: claim_rows
 -- A statement of its own, after claim_buckets: its snapshot must be taken
