@@ -57,7 +57,7 @@ class Relay:
         self.topology = topology
         self.config = config or RelayConfig()
         self._connected = connected
-        self.wake = asyncio.Event()
+        self.wake = asyncio.Event()  # NOTIFY, or a loop that found more work than it took
         self.published_total = 0
 
     def _message(self, row: OutboxRow) -> OutMessage | str:
@@ -122,8 +122,8 @@ class Relay:
             if not self._connected():
                 backoff = await self._sleep(stop, backoff, "nats_unavailable")
                 continue
-            # Cleared before the claim, not before the wait: a NOTIFY that comes
-            # while this batch runs must wake the next wait, not be lost.
+            # This loop takes the wake-up. Cleared before the claim: a NOTIFY that
+            # comes during this batch wakes another loop (or this one, next).
             self.wake.clear()
             try:
                 done = await self.run_once()
@@ -143,9 +143,10 @@ class Relay:
                 last_backlog = time.monotonic()
                 await self._report_backlog()
             if done.claimed == self.config.batch_size or (done.claimed and done.more):
-                continue  # a backlog: straight on (NOTIFY only tells of new rows)
-            # Idle, or the remaining work is in buckets other loops hold:
-            # wait for a NOTIFY, the poll, or (contended) a moment.
+                self.wake.set()  # a backlog: go straight on, and call an idle loop to help
+                continue
+            # Idle, or what is left sits in buckets other loops hold: wait for a
+            # NOTIFY, the poll, or (contended) a moment.
             await self._wait_for_work(stop, 0.05 if done.more else self.config.poll_interval)
 
     async def _sleep(self, stop: asyncio.Event, backoff: float, why: str) -> float:
@@ -158,10 +159,18 @@ class Relay:
         return backoff
 
     async def _wait_for_work(self, stop: asyncio.Event, timeout: float) -> None:
-        waiters = [asyncio.ensure_future(self.wake.wait()), asyncio.ensure_future(stop.wait())]
-        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        for waiter in waiters:
-            waiter.cancel()
+        """Until a wake-up that is still there when this loop runs, the timeout, or
+        stop. One NOTIFY wakes every idle loop; the first to run clears it (no
+        await between here and the clear), the rest find it gone and wait on."""
+        deadline = time.monotonic() + timeout
+        while not stop.is_set() and not self.wake.is_set():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            waiters = [asyncio.ensure_future(self.wake.wait()), asyncio.ensure_future(stop.wait())]
+            await asyncio.wait(waiters, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+            for waiter in waiters:
+                waiter.cancel()
 
     async def _report_backlog(self) -> None:
         try:

@@ -25,6 +25,25 @@ RELAY_LOCK_CLASS = 7104
 BUCKETS = 128
 
 
+async def relay_session(conn: AsyncConnection) -> None:
+    """Planner settings for the relay's own connections (nothing else runs there).
+
+    Every relay statement is an index walk by design: the claim reads the head
+    of the pending-seq index in order, marks go by primary key. The planner does
+    not always see it: statistics of a young or churning outbox make a bitmap
+    scan (which reads every entry, those of rows published since the last
+    VACUUM included) or a sequential scan look cheap, and a prepared statement
+    keeps such a plan as the table grows. Measured at 2k events/s: 7,300 index
+    entries read per claim, 1,000 sequential scans of the outbox in ten seconds,
+    PostgreSQL at 74% CPU; with these settings 40% and p99 commit -> handler
+    121 -> 34 ms. A plain index scan also marks the entries of published rows
+    dead as it passes, so the next claim skips them.
+    """
+    await conn.execute("SET enable_bitmapscan = off")
+    await conn.execute("SET enable_seqscan = off")
+    await conn.commit()
+
+
 @dataclass
 class PgClaimedBatch:
     conn: AsyncConnection
