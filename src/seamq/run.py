@@ -20,7 +20,7 @@ from seamq.nats.connect import connect
 from seamq.nats.publisher import PipelinedPublisher
 from seamq.nats.pull import PullSource
 from seamq.observability import log
-from seamq.pg.inbox_repo import NoInbox, PgInbox
+from seamq.pg.inbox_repo import NoInbox, PgInbox, consumer_session
 from seamq.pg.outbox_repo import PgOutbox, relay_session
 from seamq.registry import Registry, import_object, load_registry
 from seamq.relay import Relay, RelayConfig, listen_for_outbox
@@ -30,14 +30,12 @@ from seamq.topology import Topology, parse_duration
 
 
 @asynccontextmanager
-async def pg_pool(
-    dsn: str, *, max_size: int = 4, configure=None, prepare: bool = True,
-) -> AsyncIterator[AsyncConnectionPool]:
+async def pg_pool(dsn: str, *, max_size: int = 4, configure=None) -> AsyncIterator[AsyncConnectionPool]:
     # No health check per checkout (a round trip per transaction): a connection a
     # PostgreSQL restart broke fails its transaction, which the workers retry,
     # and the pool discards it on return.
-    kwargs = {"autocommit": False, "prepare_threshold": 5 if prepare else None}
-    pool = AsyncConnectionPool(dsn, min_size=1, max_size=max_size, open=False, configure=configure, kwargs=kwargs)
+    pool = AsyncConnectionPool(dsn, min_size=1, max_size=max_size, open=False, configure=configure,
+                               kwargs={"autocommit": False})
     await pool.open(wait=False)
     try:
         yield pool
@@ -176,9 +174,7 @@ async def _maybe_pool(settings: Settings, cfg) -> AsyncIterator[AsyncConnectionP
         log.warning("consumer_inbox_off", detail="at-least-once: duplicates reach handlers")
         yield None
         return
-    # Unprepared: a generic plan cached while the inbox is young (empty statistics)
-    # stays as it grows; measured reading 1,360 index entries per inbox lookup.
-    async with pg_pool(settings.database_dsn(), max_size=cfg.concurrency + 1, prepare=False) as pool:
+    async with pg_pool(settings.database_dsn(), max_size=cfg.concurrency + 1, configure=consumer_session) as pool:
         yield pool
 
 

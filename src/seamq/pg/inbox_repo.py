@@ -15,6 +15,19 @@ from seamq.pg.sql import query
 from seamq.ports import Claim, InboxItem
 
 
+async def consumer_session(conn: AsyncConnection) -> None:
+    """Consumer connections (a pool `configure`) plan each statement for its
+    parameters. psycopg prepares a statement after 5 runs, and PostgreSQL may
+    then settle on a generic plan; one settled on while the inbox is young
+    stays as it grows. Measured at 2k events/s: inbox lookups through a bitmap
+    scan of every row of the consumer (24M index entries read in 10 s), p99
+    commit -> handler 66 ms; 44 ms with custom plans. Only a planner setting:
+    a handler's own statements on the connection lose nothing but plan reuse.
+    """
+    await conn.execute("SET plan_cache_mode = force_custom_plan")
+    await conn.commit()
+
+
 class PgInbox:
     def __init__(self, consumer: str) -> None:
         self.consumer = consumer
