@@ -42,7 +42,7 @@ async def reset_stream(nats_url: str) -> None:
 async def faststream_rate(nats_url: str, count: int, size: int) -> float:
     from faststream.nats import JStream, NatsBroker, PullSub
 
-    broker = NatsBroker(nats_url, log_level=40)
+    broker = NatsBroker(nats_url, logger=None)  # no per-message log lines: they cost the peer CPU
     handled = 0
 
     @broker.subscriber("vibespro.event.>", stream=JStream(STREAM, declare=False), durable="faststream_peer",
