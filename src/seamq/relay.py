@@ -122,9 +122,6 @@ class Relay:
             if not self._connected():
                 backoff = await self._sleep(stop, backoff, "nats_unavailable")
                 continue
-            # This loop takes the wake-up. Cleared before the claim: a NOTIFY that
-            # comes during this batch wakes another loop (or this one, next).
-            self.wake.clear()
             try:
                 done = await self.run_once()
             except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
@@ -143,7 +140,7 @@ class Relay:
                 last_backlog = time.monotonic()
                 await self._report_backlog()
             if done.claimed == self.config.batch_size or (done.claimed and done.more):
-                self.wake.set()  # a backlog: go straight on, and call an idle loop to help
+                self.wake.set()  # a backlog: go straight on, and leave a wake-up for an idle loop
                 continue
             # Idle, or what is left sits in buckets other loops hold: wait for a
             # NOTIFY, the poll, or (contended) a moment.
@@ -159,11 +156,17 @@ class Relay:
         return backoff
 
     async def _wait_for_work(self, stop: asyncio.Event, timeout: float) -> None:
-        """Until a wake-up that is still there when this loop runs, the timeout, or
-        stop. One NOTIFY wakes every idle loop; the first to run clears it (no
-        await between here and the clear), the rest find it gone and wait on."""
+        """Until this loop takes a wake-up, the timeout, or stop.
+
+        A wake-up (NOTIFY, or a loop that left work behind) stays set until a
+        loop takes it here, so one that comes during a batch is not lost. It
+        wakes every idle loop; the first to run clears it, the rest wait on.
+        """
         deadline = time.monotonic() + timeout
-        while not stop.is_set() and not self.wake.is_set():
+        while not stop.is_set():
+            if self.wake.is_set():
+                self.wake.clear()
+                return
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return
