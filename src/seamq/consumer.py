@@ -9,6 +9,10 @@ one PostgreSQL transaction:
     record in inbox -> handlers -> dead letters -> marks -> COMMIT
     then ACK what is done, NAK (with backoff) what must be retried.
 
+New messages are recorded already marked processed, and the few that were
+not are put back before the commit: one write per message instead of two,
+since nobody sees the mark before the commit anyway.
+
 Because the inbox rows stay locked until the commit, a concurrent
 redelivery of the same message waits, then sees it processed, and an
 in-process handler's writes commit atomically with the "processed" mark:
@@ -240,6 +244,10 @@ class InboxConsumer:
                 failed.append(item)
                 held.add(item.aggregate)
                 CONSUMER_RETRIES.labels(self.spec.name).inc()
+        # New rows were recorded as processed (see PgInbox.claim); put back those that were not.
+        done_ids = set(done)
+        new = {message_id for message_id, (claim, _) in claims.items() if claim == Claim.NEW}
+        await self.inbox.not_processed(conn, [message_id for message_id in new if message_id not in done_ids])
         await self._dead_letter(conn, [i for i in items if i.dead_letter and not i.ack], failed)
         duplicates = []
         for item, first in copies:
@@ -247,7 +255,7 @@ class InboxConsumer:
             if first.ack and not first.dead_letter:
                 duplicates.append(item.message_id)
                 CONSUMER_DUPLICATES.labels(self.spec.name).inc()
-        await self.inbox.processed(conn, done)
+        await self.inbox.processed(conn, [message_id for message_id in done if message_id not in new])
         await self.inbox.duplicate(conn, duplicates)
         await self.inbox.failed(conn, [i.message_id for i in failed], [i.error for i in failed])
 

@@ -77,7 +77,7 @@ class JetStreamPublisher(Protocol):
 
 
 class Claim(str, Enum):
-    NEW = "new"  # first time seen
+    NEW = "new"  # first time seen; recorded as processed unless `not_processed` says otherwise
     RETRY = "retry"  # seen, never processed: an earlier attempt failed or crashed
     REPLAY = "replay"  # dead-lettered, now replayed from the DLQ
     DUPLICATE = "duplicate"  # already processed (or dead-lettered and not a replay)
@@ -94,11 +94,18 @@ class InboxItem:
 
 
 class InboxRepository(Protocol):
-    """PORT-047-002: insert (as a claim), markProcessed, recordError; on the caller's transaction."""
+    """PORT-047-002: insert (as a claim), markProcessed, recordError; on the caller's transaction.
+
+    New messages are recorded as processed when claimed, since nearly all will
+    be by the commit; the caller reverts those that were not (`not_processed`)
+    in the same transaction. `processed` is for retries and replays.
+    """
 
     async def claim(self, conn: Any, items: list[InboxItem]) -> dict[uuid.UUID, tuple[Claim, int]]: ...
 
     async def processed(self, conn: Any, ids: list[uuid.UUID]) -> None: ...
+
+    async def not_processed(self, conn: Any, ids: list[uuid.UUID]) -> None: ...
 
     async def duplicate(self, conn: Any, ids: list[uuid.UUID]) -> None: ...
 

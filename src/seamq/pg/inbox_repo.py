@@ -7,6 +7,7 @@ together.
 
 from __future__ import annotations
 
+import json
 import uuid
 
 from psycopg import AsyncConnection
@@ -36,13 +37,14 @@ class PgInbox:
         """Record the items; returns, per message id, what to do with it and its attempt number."""
         if not items:
             return {}
-        params = dict(
-            consumer=self.consumer, ids=[i.message_id for i in items], subjects=[i.subject for i in items],
-            types=[i.event_type for i in items], versions=[i.event_version for i in items],
-            occurred=[i.occurred_at for i in items],
-        )
-        cur = await conn.execute(query("inbox_insert"), params)
-        claims = {row[0]: (Claim.NEW, 1) for row in await cur.fetchall()}
+        texts = [str(i.message_id) for i in items]
+        by_text = {text: i.message_id for text, i in zip(texts, items)}
+        rows = json.dumps([
+            [text, i.subject, i.event_type, i.event_version, i.occurred_at.isoformat() if i.occurred_at else None]
+            for text, i in zip(texts, items)
+        ])
+        cur = await conn.execute(query("inbox_insert"), dict(consumer=self.consumer, items=rows))
+        claims = {by_text[text]: (Claim.NEW, 1) for (text,) in await cur.fetchall()}
         existing = [i for i in items if i.message_id not in claims]
         if not existing:
             return claims
@@ -69,6 +71,10 @@ class PgInbox:
     async def processed(self, conn: AsyncConnection, ids: list[uuid.UUID]) -> None:
         if ids:
             await conn.execute(query("inbox_processed"), dict(consumer=self.consumer, ids=ids))
+
+    async def not_processed(self, conn: AsyncConnection, ids: list[uuid.UUID]) -> None:
+        if ids:
+            await conn.execute(query("inbox_not_processed"), dict(consumer=self.consumer, ids=ids))
 
     async def duplicate(self, conn: AsyncConnection, ids: list[uuid.UUID]) -> None:
         if ids:
@@ -110,6 +116,8 @@ class NoInbox:
         return {}
 
     async def processed(self, conn, ids) -> None: ...
+
+    async def not_processed(self, conn, ids) -> None: ...
 
     async def duplicate(self, conn, ids) -> None: ...
 
