@@ -137,11 +137,19 @@ async def test_kill_9_between_publish_and_mark_then_restart(dsn, nats_server, nc
         await wait_for(lambda: _stream_count(js) , what="first publish")
         await asyncio.sleep(0.5)
         published_before_kill = (await js.stream_info("SEA_EVENTS")).state.messages
-        relay.kill()  # kill -9 after publish, before mark
+        relay.kill()  # kill -9 after publish, before the marks commit
         relay.wait()
+        # The marks travel with their COMMIT in one message, so a backend that already
+        # has them commits even after its client died. The case left to test is the
+        # relay's machine gone, its connection with it: end that backend too.
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                          "WHERE query LIKE 'UPDATE outbox_events%%' AND pid <> pg_backend_pid()")
     finally:
         blocker.rollback()
         blocker.close()
+        relay.kill()  # already dead unless the test failed early
+        relay.wait()
     assert published_before_kill > 0
     await wait_for(lambda: scalar(dsn, "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' "
                                        "AND query LIKE 'UPDATE outbox_events%%'") == 0, what="dead backend gone")

@@ -17,7 +17,7 @@ import json
 from typing import Any, Awaitable, Iterable
 
 from seamq.model import ErrorCode, Event, SeamqError, check_outbox_policies, traceparent_for
-from seamq.pg.sql import query, to_asyncpg, to_sqlalchemy
+from seamq.pg.sql import query, to_positional, to_sqlalchemy
 
 
 def _row(event: Event) -> dict[str, Any]:
@@ -81,7 +81,7 @@ async def _add_async(kind: str, conn: Any, sql: str, rows: list[dict]) -> None:
     elif kind == "sqlalchemy_async":
         await conn.execute(_text(sql), rows)
     else:  # asyncpg: positional parameters, and it wants str for jsonb text input
-        positional, names = to_asyncpg(sql)
+        positional, names = to_positional(sql)
         await conn.executemany(positional, [[row[n] for n in names] for row in rows])
 
 

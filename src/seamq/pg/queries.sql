@@ -41,7 +41,9 @@ WITH blocked AS MATERIALIZED (
 )
 -- Also: whether pending work was left to others (buckets taken, or beyond
 -- this claim's share), so the relay goes on instead of waiting for a NOTIFY.
-SELECT coalesce((SELECT array_agg(bucket) FROM mine), '{}'),
+-- The buckets go to claim_rows through a transaction-local setting, so the
+-- relay can send BEGIN and both statements in one round trip.
+SELECT set_config('seamq.relay_buckets', coalesce((SELECT array_agg(bucket) FROM mine), '{}')::text, true),
        (SELECT count(*) FROM pending) > (SELECT count(*) FROM mine)
 
 -- name: claim_rows
@@ -55,7 +57,10 @@ SELECT o.id, o.context, o.aggregate_type, o.aggregate_id, o.event_type, o.event_
        o.traceparent, o.publish_attempts
 FROM outbox_events o
 WHERE o.published_at IS NULL
-  AND o.bucket = ANY (CAST(%(buckets)s AS smallint[]))
+  -- Subqueries, so the setting is read once, not per row, and no bucket
+  -- (all held by other relays) means no scan at all.
+  AND (SELECT current_setting('seamq.relay_buckets')) <> '{}'
+  AND o.bucket = ANY (ARRAY(SELECT unnest(CAST(current_setting('seamq.relay_buckets') AS smallint[]))))
   AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= now())
   -- an aggregate waits behind its own earlier row that is backing off
   AND NOT EXISTS (

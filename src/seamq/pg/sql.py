@@ -1,8 +1,9 @@
 """Named SQL queries, loaded once from `queries.sql`.
 
-Queries are written for psycopg (`%(name)s` parameters). `to_asyncpg` and
+Queries are written for psycopg (`%(name)s` parameters). `to_positional` and
 `to_sqlalchemy` rewrite a query for the other drivers the outbox write API
-accepts, so each statement exists once.
+accepts (and `to_positional` for server-side PREPARE), so each statement
+exists once.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ def query(name: str) -> str:
     return queries()[name]
 
 
-def to_asyncpg(sql: str) -> tuple[str, list[str]]:
-    """`%(a)s ... %(b)s` -> (`$1 ... $2`, ["a", "b"])."""
+def to_positional(sql: str) -> tuple[str, list[str]]:
+    """`%(a)s ... %(b)s` -> (`$1 ... $2`, ["a", "b"]): asyncpg's form, and PREPARE's."""
     names: list[str] = []
 
     def number(match: re.Match) -> str:
