@@ -34,7 +34,11 @@ class PgInbox:
         self.consumer = consumer
 
     async def claim(self, conn: AsyncConnection, items: list[InboxItem]) -> dict[uuid.UUID, tuple[Claim, int]]:
-        """Record the items; returns, per message id, what to do with it and its attempt number."""
+        """Record the items; returns, per message id, what to do with it and its attempt number.
+
+        New rows go in marked processed (see inbox_insert): the caller reverts
+        those that were not with `not_processed`, before its commit.
+        """
         if not items:
             return {}
         texts = [str(i.message_id) for i in items]
