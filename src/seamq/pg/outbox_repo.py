@@ -20,6 +20,7 @@ from __future__ import annotations
 import uuid
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any, AsyncIterator
 
 from psycopg import AsyncClientCursor, AsyncConnection
@@ -32,6 +33,25 @@ from seamq.ports import OutboxRow
 # Advisory lock class for relay buckets (the second key is the bucket).
 RELAY_LOCK_CLASS = 7104
 BUCKETS = 128
+
+
+# The claim statements are prepared: planning them probes the head of the
+# pending index, which on a churning outbox is full of dead entries. The marks
+# go by primary key and plan cheaply (measured: the same either way).
+_PREPARED = ("claim_buckets", "claim_rows")
+
+
+@cache
+def _sql(name: str) -> str:
+    if name not in _PREPARED:
+        return query(name)
+    _, names = to_positional(query(name))
+    return f"EXECUTE seamq_{name}({', '.join(f'%({n})s' for n in names)})"
+
+
+def _statement(cur: AsyncClientCursor, name: str, params: dict[str, Any]) -> str:
+    """One statement with its values bound in, to be sent together with others."""
+    return cur.mogrify(_sql(name), params)
 
 
 async def relay_session(conn: AsyncConnection) -> None:
@@ -57,20 +77,6 @@ async def relay_session(conn: AsyncConnection) -> None:
         await conn.execute(f"PREPARE seamq_{name} AS {sql}")
     await conn.commit()
     await conn.set_autocommit(True)
-
-
-# The claim statements are prepared: planning them probes the head of the
-# pending index, which on a churning outbox is full of dead entries. The marks
-# go by primary key and plan cheaply (measured: the same either way).
-_PREPARED = ("claim_buckets", "claim_rows")
-
-
-def _statement(cur: AsyncClientCursor, name: str, params: dict[str, Any]) -> str:
-    """One statement with its values bound in, to be sent together with others."""
-    if name not in _PREPARED:
-        return cur.mogrify(query(name), params)
-    _, names = to_positional(query(name))
-    return cur.mogrify(f"EXECUTE seamq_{name}({', '.join(f'%({n})s' for n in names)})", params)
 
 
 @dataclass
@@ -144,4 +150,3 @@ class PgOutbox:
                 total += cur.rowcount
             if cur.rowcount < batch:
                 return total
-
