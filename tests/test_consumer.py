@@ -100,21 +100,36 @@ async def test_500_then_recovery_redelivers_and_counts_attempts(dsn, nats_server
     assert row["attempts"] == 3 and row["last_error"] is None and row["processed_at"] >= row["received_at"]
 
 
-async def test_messages_held_behind_a_failure_are_not_recorded_as_processed(dsn, nats_server, nc, topo, service):
-    """New inbox rows go in marked processed; the lane must put back every one that was not:
-    the failed message and those of its aggregate held behind it in the same transaction.
-    (Their redelivery order is JetStream's: see Ordering in docs/operations.md.)"""
+async def test_messages_held_behind_a_failure_keep_their_order_and_are_not_lost(dsn, nats_server, nc, topo, service):
+    """The messages of an aggregate held behind its failed one come back after it, in order.
+    And new inbox rows go in marked processed, so the lane must put back every one that was
+    not: the failed message and those held behind it in the same transaction."""
     js = nc.jetstream()
     events = [vibe("held", n) for n in range(5)]
-    service.handler.script["held"] = ["fail"]
+    service.handler.script["held"] = ["fail", "fail"]
     await publish(js, events)
     async with consuming(dsn, nats_server.url, topo, handler_url=service.url):
-        await wait_for(lambda: settled(js), what="all handled after the failure")
-    assert sorted(n for aggregate, n in service.handler.order if aggregate == "held") == list(range(5))
+        await wait_for(lambda: settled(js), what="all handled after the failures")
+    assert [n for aggregate, n in service.handler.order if aggregate == "held"] == list(range(5))
     assert all(service.handler.handled[str(e.id)] == 1 for e in events)
     rows = [inbox(dsn, e.id) for e in events]
     assert all(r["status"] == "processed" and r["processed_at"] >= r["received_at"] for r in rows)
-    assert rows[0]["attempts"] == 2 and rows[0]["last_error"] is None
+    assert rows[0]["attempts"] == 3 and rows[0]["last_error"] is None
+
+
+async def test_messages_held_behind_a_message_that_exhausts_max_deliver_are_handled(
+        dsn, nats_server, nc, topo, service):
+    """Each hold costs the held messages a delivery too; when the failing one is dead-lettered
+    at max_deliver (4 here) they must still be handled, not left undeliverable."""
+    js = nc.jetstream()
+    blocker, *later = [vibe("stuck", n) for n in range(3)]
+    service.handler.script["stuck"] = ["fail"] * 4
+    await publish(js, [blocker, *later])
+    async with consuming(dsn, nats_server.url, topo, handler_url=service.url):
+        await wait_for(lambda: settled(js), what="all settled")
+    assert inbox(dsn, blocker.id)["dlq_metadata"]["reason"] == "max_deliver"
+    assert [n for aggregate, n in service.handler.order if aggregate == "stuck"] == [1, 2]
+    assert all(inbox(dsn, e.id)["status"] == "processed" for e in later)
 
 
 async def test_422_goes_to_dlq_marks_failed_and_acks(dsn, nats_server, nc, topo, service):
