@@ -1,7 +1,11 @@
 import asyncio
+import os
+import subprocess
 
 import psycopg
 import pytest
+
+from conftest import SEAMQ
 
 from seamq.model import ErrorCode, SeamqError
 from seamq.pg import migrate
@@ -67,3 +71,13 @@ def test_inbox_check_rejects_processed_before_received(dsn):
             "INSERT INTO inbox_messages (message_id, subject, received_at, processed_at) "
             "VALUES (gen_random_uuid(), 's', now(), now() - interval '1 hour')"
         )
+
+
+@pytest.mark.parametrize("worker", [["relay"], ["consume", "--consumer", "sea__from_vibespro"], ["replay"]])
+def test_workers_refuse_a_database_without_the_schema(empty_dsn, nats_server, worker):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SEAMQ_")}
+    env.update(SEAMQ_DATABASE_URL=empty_dsn, SEAMQ_NATS__URL=nats_server.url,
+               SEAMQ_CONSUMER__HANDLER_URL="http://127.0.0.1:9/handle")
+    done = subprocess.run([*SEAMQ, *worker], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert "SCHEMA_OUTDATED" in done.stderr and "seamq db upgrade" in done.stderr

@@ -20,6 +20,7 @@ from seamq.nats.connect import connect
 from seamq.nats.publisher import PipelinedPublisher
 from seamq.nats.pull import PullSource
 from seamq.observability import log
+from seamq.pg import migrate
 from seamq.pg.inbox_repo import NoInbox, PgInbox, consumer_session
 from seamq.pg.outbox_repo import PgOutbox, relay_session
 from seamq.registry import Registry, import_object, load_registry
@@ -55,6 +56,7 @@ def stop_on_signals(stop: asyncio.Event) -> None:
 
 async def run_relay(settings: Settings, topology: Topology, stop: asyncio.Event) -> Relay:
     dsn = settings.database_dsn()
+    await migrate.require_current(dsn)
     nc = await connect(settings.nats, name="seamq-relay")
     publisher = await PipelinedPublisher(nc, timeout=settings.relay.publish_timeout).start()
     try:
@@ -111,6 +113,8 @@ async def run_consumer(
     if not registry.routes and not registry.default:
         raise SeamqError(ErrorCode.INVALID_CONFIG,
                          "no handlers: set consumer.registry or consumer.handler_url (SEAMQ_CONSUMER__HANDLER_URL)")
+    if cfg.inbox:
+        await migrate.require_current(settings.database_dsn())
     secret = cfg.handler_secret.get_secret_value() if cfg.handler_secret else None
     nc = await connect(settings.nats, name=f"seamq-consumer-{name}")
     client = http_client(max_connections=cfg.concurrency * 2)
@@ -150,6 +154,7 @@ async def _close(nc) -> None:
 @asynccontextmanager
 async def replay_tools(settings: Settings, topology: Topology, *, persistent: bool = True):
     """A Replayer with its connections: for the worker and for `seamq dlq replay`."""
+    await migrate.require_current(settings.database_dsn())
     nc = await connect(settings.nats, name="seamq-replay", persistent=persistent)
     publisher = await PipelinedPublisher(nc, timeout=settings.relay.publish_timeout).start()
     try:

@@ -91,3 +91,13 @@ async def status(dsn: str) -> list[MigrationStatus]:
         MigrationStatus(m.version, m.name, applied[m.version]["applied_at"] if m.version in applied else None)
         for m in migrations()
     ]
+
+
+async def require_current(dsn: str) -> None:
+    """Workers check the schema before they start: on a database without it a
+    relay would otherwise fail every claim (every connection, since it prepares
+    statements) until someone reads the logs."""
+    pending = [s for s in await status(dsn) if s.applied_at is None]
+    if pending:
+        names = ", ".join(f"{s.version:04d}_{s.name}" for s in pending)
+        raise SeamqError(ErrorCode.SCHEMA_OUTDATED, f"the database lacks migration {names}: run `seamq db upgrade`")
