@@ -41,6 +41,7 @@ from nats.aio.msg import Msg
 from seamq.envelope import (
     REPLAY_ATTEMPT, Envelope, HandlerResult, Outcome, Reason, Rejected, dead_letter_body, parse_message,
 )
+from seamq.holds import Block, Holds
 from seamq.model import EventSubject, Header, SeamqError
 from seamq.observability import (
     CONSUMER_DEAD_LETTERED, CONSUMER_DUPLICATES, CONSUMER_REDELIVERIES, CONSUMER_RETRIES, ConsumerMetrics,
@@ -100,19 +101,6 @@ class _Work:
         return str(self.message_id)
 
 
-@dataclass
-class _Block:
-    """An aggregate waiting behind its failed message until that one is redelivered."""
-
-    message_id: uuid.UUID
-    seq: int  # stream sequence of the failed message
-    due: float  # monotonic time its redelivery is due
-
-
-HOLD_MARGIN = 0.05  # a held message comes back this long after the one it waits for
-HOLD_GRACE = 1.0  # a block lapses this long after its redelivery was due: it went to another process
-
-
 class _Undo(Exception):
     """Rolls back a handler's savepoint when its outcome is not success."""
 
@@ -135,7 +123,7 @@ class InboxConsumer:
         self.config = config or ConsumerConfig()
         self.inbox = inbox
         self._metrics = ConsumerMetrics(spec.name)
-        self._blocked: dict[str, _Block] = {}  # ordered mode: aggregate -> the failure it waits behind
+        self._holds = Holds()  # ordered mode: aggregates waiting behind a failed message
 
     async def run(self, stop: asyncio.Event) -> None:
         """Fetch and dispatch until `stop`; then stop asking for more, let the lanes
@@ -243,9 +231,13 @@ class InboxConsumer:
             if item.rejected:
                 item.dead_letter = (item.rejected.reason, item.rejected.detail)
                 continue
-            if block := self._block_for(item, held):  # behind its own aggregate's failed message
-                item.nak_delay = max(0.0, block.due - time.monotonic()) + HOLD_MARGIN
-                continue
+            if self.config.ordered:  # behind its own aggregate's failed message?
+                meta = item.msg.metadata
+                hold = self._holds.delay(item.aggregate, message_id, meta.sequence.stream,
+                                         meta.num_delivered >= self.spec.max_deliver, held)
+                if hold is not None:
+                    item.nak_delay = hold
+                    continue
             result = await self._call(conn, item, careful)
             if result.done:
                 item.ack = True
@@ -258,8 +250,8 @@ class InboxConsumer:
             else:
                 item.error, item.nak_delay = result.detail or "retry", self._backoff(item.msg)
                 failed.append(item)
-                held.setdefault(item.aggregate, _Block(
-                    message_id, item.msg.metadata.sequence.stream, time.monotonic() + item.nak_delay))
+                held.setdefault(item.aggregate, Block.retry_in(
+                    message_id, item.msg.metadata.sequence.stream, item.nak_delay))
                 CONSUMER_RETRIES.labels(self.spec.name).inc()
         # New rows were recorded as processed (see PgInbox.claim); put back those that were not.
         done_ids = set(done)
@@ -276,40 +268,16 @@ class InboxConsumer:
         await self.inbox.duplicate(conn, duplicates)
         await self.inbox.failed(conn, [i.message_id for i in failed], [i.error for i in failed])
 
-    def _block_for(self, item: _Work, held: dict[str, _Block]) -> _Block | None:
-        """Ordered mode: the failure this message must wait behind, if any.
-
-        Held messages come back just after the failed one is due, so they are
-        handled in stream order once it succeeds. The block outlives the lane
-        transaction (`_blocked`), as the redelivered messages come in later ones.
-        """
-        if not self.config.ordered:
-            return None
-        block = held.get(item.aggregate) or self._blocked.get(item.aggregate)
-        if block is None or block.message_id == item.message_id:
-            return None
-        meta = item.msg.metadata
-        if meta.sequence.stream < block.seq or time.monotonic() > block.due + HOLD_GRACE:
-            return None  # earlier in the stream than the failure, or the block lapsed
-        if meta.num_delivered >= self.spec.max_deliver:
-            return None  # JetStream would not deliver it again: handle it now, out of order
-        return block
-
     def _update_blocks(self, items: list[_Work]) -> None:
-        """After a commit: a failed message blocks its aggregate; one handled or dead-lettered frees it."""
+        """After a commit (see seamq.holds)."""
         if not self.config.ordered:
             return
-        now = time.monotonic()
         for item in items:
-            block = self._blocked.get(item.aggregate)
-            if item.error is not None and item.nak_delay is not None and item.message_id is not None:
-                if block is None or block.message_id == item.message_id or now > block.due + HOLD_GRACE:
-                    self._blocked[item.aggregate] = _Block(
-                        item.message_id, item.msg.metadata.sequence.stream, now + item.nak_delay)
-            elif item.ack and block is not None and block.message_id == item.message_id:
-                del self._blocked[item.aggregate]
-        if len(self._blocked) > 10_000:  # aggregates whose message went to another process
-            self._blocked = {a: b for a, b in self._blocked.items() if now <= b.due + HOLD_GRACE}
+            if item.message_id is not None:
+                failed = item.error is not None and item.nak_delay is not None
+                self._holds.record(item.aggregate, item.message_id, item.msg.metadata.sequence.stream,
+                                   retry_in=item.nak_delay if failed else None, handled=item.ack)
+        self._holds.forget_lapsed()
 
     async def _call(self, conn, item: _Work, careful: bool) -> HandlerResult:
         envelope = item.envelope
