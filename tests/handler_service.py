@@ -22,10 +22,12 @@ class ScriptedHandler:
         self.calls: Counter = Counter()  # message_id -> calls
         self.handled: Counter = Counter()  # message_id -> successful calls
         self.order: list[tuple[str, int]] = []  # (aggregate_id, n) in handling order
+        self.deliveries: dict[str, list[int]] = defaultdict(list)  # message_id -> delivery_attempt per call
 
     async def __call__(self, envelope: Envelope) -> None:
         key = str(envelope.message_id)
         self.calls[key] += 1
+        self.deliveries[key].append(envelope.delivery_attempt)
         answers = self.script[envelope.aggregate_id]
         answer = answers.pop(0) if answers else "ok"
         if answer.startswith("sleep:"):

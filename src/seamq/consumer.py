@@ -24,11 +24,19 @@ ACK rules (POL-047-005..007): done (200/409) -> mark processed, ACK; poison
 error, NAK with exponential backoff + jitter, and at max_deliver route to the
 DLQ instead of letting JetStream stop delivering in silence. Malformed
 messages go to the DLQ with a precise reason and are ACKed.
+
+Nothing about one message may end the process or touch another message:
+parsing never raises (hostile input is a dead letter with a reason), an
+exception escaping a handler is a failed attempt of that message alone, and
+a lane transaction that fails for another reason is split so that each
+message is tried on its own; one that still fails is retried and, on its last
+delivery, dead-lettered as `consumer_error`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 import time
 import uuid
@@ -41,7 +49,7 @@ from nats.aio.msg import Msg
 from seamq.envelope import (
     REPLAY_ATTEMPT, Envelope, HandlerResult, Outcome, Reason, Rejected, dead_letter_body, parse_message,
 )
-from seamq.holds import Block, Holds
+from seamq.holds import Holds, Pending
 from seamq.model import EventSubject, Header, SeamqError
 from seamq.observability import (
     CONSUMER_DEAD_LETTERED, CONSUMER_DUPLICATES, CONSUMER_REDELIVERIES, CONSUMER_RETRIES, ConsumerMetrics,
@@ -68,7 +76,7 @@ class ConsumerConfig:
     ordered: bool = True
     nak_base: float = 1.0
     nak_max: float = 60.0
-    max_payload: int = 1024 * 1024
+    max_payload: int = 1024 * 1024  # the largest dead letter the server takes (larger: by reference)
     lane_batch: int = 100  # most messages one lane transaction takes
 
 
@@ -89,6 +97,14 @@ class _Work:
 
     def reset(self) -> None:
         self.ack, self.nak_delay, self.dead_letter, self.error, self.attempts = False, None, None, None, 0
+
+    @property
+    def seq(self) -> int:
+        return self.msg.metadata.sequence.stream
+
+    @property
+    def delivered(self) -> int:
+        return self.msg.metadata.num_delivered
 
     @property
     def message_id(self) -> uuid.UUID | None:
@@ -152,12 +168,21 @@ class InboxConsumer:
             await asyncio.gather(*lanes)
 
     def _prepare(self, msg: Msg) -> _Work:
-        if msg.metadata.num_delivered > 1:
+        """Never raises: a message that cannot be prepared is a dead letter, not a dead consumer."""
+        try:
+            return self._parse(msg)
+        except Exception as exc:  # a bug of ours, shown by this message: it alone pays
+            message_id = _header_uuid(msg)
+            log.error("consumer_prepare_failed", consumer=self.spec.name, message_id=str(message_id),
+                      subject=msg.subject, error=f"{type(exc).__name__}: {exc}"[:500])
+            return _Work(msg, None, Rejected(Reason.CONSUMER_ERROR, f"preparing it failed: {type(exc).__name__}: "
+                                             f"{exc}", message_id))
+
+    def _parse(self, msg: Msg) -> _Work:
+        delivered = msg.metadata.num_delivered
+        if delivered > 1:
             CONSUMER_REDELIVERIES.labels(self.spec.name).inc()
-        if len(msg.data) > self.config.max_payload:
-            oversize = Rejected(Reason.OVERSIZE, f"payload of {len(msg.data)} bytes exceeds {self.config.max_payload}")
-            return _Work(msg, None, oversize)
-        parsed = parse_message(msg.subject, msg.headers, msg.data)
+        parsed = parse_message(msg.subject, msg.headers, msg.data, delivered)
         if isinstance(parsed, Rejected):
             return _Work(msg, None, parsed)
         work = _Work(msg, parsed, None, self.handlers(parsed.event_type, parsed.event_version))
@@ -191,31 +216,60 @@ class InboxConsumer:
         """Fast path: the lane's handlers run without savepoints (two round trips per
         message saved). If an in-process handler fails, its writes cannot be undone
         alone, so the whole lane rolls back and runs again with a savepoint each."""
+        pending = Pending()
         try:
             try:
-                await self._attempt(items, careful=False)
+                await self._attempt(items, careful=False, pending=pending)
             except _Redo:
-                await self._attempt(items, careful=True)
-        except Exception as exc:  # database trouble or a deadlock: nothing committed, all come back
-            log.warning("consumer_lane_failed", consumer=self.spec.name, error=f"{type(exc).__name__}: {exc}")
-            for item in items:
-                item.ack, item.nak_delay = False, self._backoff(item.msg)
-        else:
-            self._update_blocks(items)
+                pending = Pending()
+                await self._attempt(items, careful=True, pending=pending)
+        except Exception as exc:  # nothing committed
+            if len(items) > 1 and not self.inbox.unavailable(exc):
+                # Not the database being away: maybe one message, maybe a bug. Try each on its own,
+                # so that whatever it is costs only the message that causes it.
+                log.error("consumer_lane_failed", consumer=self.spec.name, messages=len(items),
+                          error=f"{type(exc).__name__}: {exc}"[:500], action="each message on its own")
+                for item in items:
+                    await self._run_lane([item])
+                return
+            await self._lane_failed(items, exc)
+            return
+        if self.config.ordered:
+            self._holds.record(pending)
         await self._settle(items)
 
-    async def _attempt(self, items: list[_Work], careful: bool) -> None:
+    async def _lane_failed(self, items: list[_Work], exc: Exception) -> None:
+        """Every message comes back, each aggregate's in stream order; a single message whose own
+        transaction fails and has no delivery left is dead-lettered (`consumer_error`)."""
+        error = f"{type(exc).__name__}: {exc}"[:500]
+        log.warning("consumer_lane_failed", consumer=self.spec.name, error=error,
+                    message_ids=[str(i.message_id) for i in items[:20]])
+        pending = Pending()
+        for item in items:
+            item.reset()
+            if len(items) == 1 and item.delivered >= self.spec.max_deliver and not self.inbox.unavailable(exc):
+                item.dead_letter = (Reason.CONSUMER_ERROR, f"its transaction failed on every delivery: {error}")
+                await self._dead_letter(None, [item], [], record=False)
+                if item.ack:
+                    continue
+            item.nak_delay = pending.after_earlier(item.aggregate, item.seq, self._backoff(item.msg))
+            pending.sent_back(item.aggregate, item.seq, item.nak_delay)
+        if self.config.ordered:
+            self._holds.record(pending)
+        await self._settle(items)
+
+    async def _attempt(self, items: list[_Work], careful: bool, pending: Pending) -> None:
         for item in items:
             item.reset()
         if self.pool is None:
-            await self._handle_lane(None, items, careful=False)
+            await self._handle_lane(None, items, careful=False, pending=pending)
             return
         async with self.pool.connection() as conn, conn.transaction():
-            await self._handle_lane(conn, items, careful)
+            await self._handle_lane(conn, items, careful, pending)
 
-    async def _handle_lane(self, conn, items: list[_Work], careful: bool) -> None:
+    async def _handle_lane(self, conn, items: list[_Work], careful: bool, pending: Pending) -> None:
         claims = await self.inbox.claim(conn, _inbox_items(items))
-        done, failed, held, first_copy, copies = [], [], {}, {}, []
+        done, failed, first_copy, copies = [], [], {}, []
         for item in items:
             message_id = item.message_id
             if message_id is not None and message_id in first_copy:
@@ -231,77 +285,79 @@ class InboxConsumer:
             if item.rejected:
                 item.dead_letter = (item.rejected.reason, item.rejected.detail)
                 continue
-            if self.config.ordered:  # behind its own aggregate's failed message?
-                meta = item.msg.metadata
-                hold = self._holds.delay(item.aggregate, message_id, meta.sequence.stream,
-                                         meta.num_delivered >= self.spec.max_deliver, held)
+            if self.config.ordered:  # behind an earlier message of its aggregate that was sent back?
+                hold = self._holds.delay(item.aggregate, item.seq, item.delivered >= self.spec.max_deliver, pending)
                 if hold is not None:
                     item.nak_delay = hold
+                    pending.sent_back(item.aggregate, item.seq, hold)
                     continue
             result = await self._call(conn, item, careful)
             if result.done:
                 item.ack = True
                 done.append(message_id)
+                pending.done(item.aggregate, item.seq)  # frees what waits behind it, in this lane too
             elif result.outcome == Outcome.POISON:
                 item.dead_letter = (result.reason or Reason.HANDLER_REJECTED, result.detail or "handler rejected it")
             elif item.msg.metadata.num_delivered >= self.spec.max_deliver:
                 item.dead_letter = (Reason.MAX_DELIVER, f"{item.msg.metadata.num_delivered} deliveries; last: "
                                                         f"{result.detail}")
             else:
-                item.error, item.nak_delay = result.detail or "retry", self._backoff(item.msg)
+                item.error = result.detail or "retry"
+                item.nak_delay = pending.after_earlier(item.aggregate, item.seq, self._backoff(item.msg))
+                pending.sent_back(item.aggregate, item.seq, item.nak_delay)
                 failed.append(item)
-                held.setdefault(item.aggregate, Block.retry_in(
-                    message_id, item.msg.metadata.sequence.stream, item.nak_delay))
                 CONSUMER_RETRIES.labels(self.spec.name).inc()
         # New rows were recorded as processed (see PgInbox.claim); put back those that were not.
         done_ids = set(done)
         new = {message_id for message_id, (claim, _) in claims.items() if claim == Claim.NEW}
         await self.inbox.not_processed(conn, [message_id for message_id in new if message_id not in done_ids])
-        await self._dead_letter(conn, [i for i in items if i.dead_letter and not i.ack], failed)
+        await self._dead_letter(conn, [i for i in items if i.dead_letter and not i.ack], failed, pending)
         duplicates = []
         for item, first in copies:
             item.ack, item.nak_delay = first.ack, first.nak_delay
             if first.ack and not first.dead_letter:
                 duplicates.append(item.message_id)
                 CONSUMER_DUPLICATES.labels(self.spec.name).inc()
+        for item in items:
+            if item.ack:
+                pending.done(item.aggregate, item.seq)
+            elif item.nak_delay is not None and item.seq not in pending.get(item.aggregate, {}):
+                pending.sent_back(item.aggregate, item.seq, item.nak_delay)
         await self.inbox.processed(conn, [message_id for message_id in done if message_id not in new])
         await self.inbox.duplicate(conn, duplicates)
         await self.inbox.failed(conn, [i.message_id for i in failed], [i.error for i in failed])
 
-    def _update_blocks(self, items: list[_Work]) -> None:
-        """After a commit (see seamq.holds)."""
-        if not self.config.ordered:
-            return
-        for item in items:
-            if item.message_id is not None:
-                failed = item.error is not None and item.nak_delay is not None
-                self._holds.record(item.aggregate, item.message_id, item.msg.metadata.sequence.stream,
-                                   retry_in=item.nak_delay if failed else None, handled=item.ack)
-        self._holds.forget_lapsed()
-
     async def _call(self, conn, item: _Work, careful: bool) -> HandlerResult:
         envelope = item.envelope
+        if careful and item.handler.transactional:
+            envelope = dataclasses.replace(envelope, rerun=True)  # its fast-path call was rolled back
         headers = item.msg.headers or {}
         started = time.perf_counter()
         with continue_trace(envelope.subject, headers) as traceparent:
             if not item.handler.transactional:
                 if item.http_result is None:
-                    item.http_result = await item.handler(envelope, conn, traceparent)
+                    item.http_result = await self._guarded(item, item.handler(envelope, conn, traceparent))
                 result = item.http_result
             elif conn is None:  # no inbox, no transaction: nothing to undo
-                result = await item.handler(envelope, conn, traceparent)
+                result = await self._guarded(item, item.handler(envelope, conn, traceparent))
             elif not careful:
-                result = await item.handler(envelope, conn, traceparent)
+                try:
+                    result = await item.handler(envelope, conn, traceparent)
+                except Exception:  # the transaction may be broken: redo with savepoints, where it is caught
+                    raise _Redo from None
                 if not result.done:
                     raise _Redo
             else:
                 try:
                     async with conn.transaction():  # a savepoint: a failed handler's writes vanish
-                        result = await item.handler(envelope, conn, traceparent)
+                        result = await self._guarded(item, item.handler(envelope, conn, traceparent),
+                                                     reraise=True)
                         if not result.done:
                             raise _Undo
                 except _Undo:
                     pass
+                except Exception as exc:  # rolled back to the savepoint; the lane goes on
+                    result = self._crashed(item, exc)
         metrics = self._metrics
         metrics.handler_seconds.observe(time.perf_counter() - started)
         if result.done:
@@ -309,7 +365,23 @@ class InboxConsumer:
             metrics.e2e_seconds.observe(max(0.0, (datetime.now(timezone.utc) - envelope.occurred_at).total_seconds()))
         return result
 
-    async def _dead_letter(self, conn, items: list[_Work], failed: list[_Work]) -> None:
+    async def _guarded(self, item: _Work, call, reraise: bool = False) -> HandlerResult:
+        """A handler (or a wrapper of ours around it) that raises instead of returning an outcome
+        failed this message's attempt, and only this message's."""
+        try:
+            return await call
+        except Exception as exc:
+            if reraise:
+                raise
+            return self._crashed(item, exc)
+
+    def _crashed(self, item: _Work, exc: Exception) -> HandlerResult:
+        detail = f"consumer error: {type(exc).__name__}: {exc}"[:500]
+        log.error("consumer_handler_raised", consumer=self.spec.name, message_id=str(item.message_id), error=detail)
+        return HandlerResult(Outcome.RETRY, detail)
+
+    async def _dead_letter(self, conn, items: list[_Work], failed: list[_Work], pending: Pending | None = None,
+                           *, record: bool = True) -> None:
         """Publish EVT-047-002 for each, then mark the inbox; a failed publish becomes a retry."""
         if not items:
             return
@@ -326,8 +398,13 @@ class InboxConsumer:
             else:
                 item.dead_letter, item.error = None, f"DLQ publish failed ({result.error}); was: {reason.value}"
                 item.nak_delay = self._backoff(item.msg)
+                if pending is not None:
+                    item.nak_delay = pending.after_earlier(item.aggregate, item.seq, item.nak_delay)
+                    pending.sent_back(item.aggregate, item.seq, item.nak_delay)
                 if item.message_id:
                     failed.append(item)
+        if not record:
+            return
         with_ids = [(i, seq) for i, seq in marked if i.message_id is not None]
         await self.inbox.dead_lettered(
             conn, [i.message_id for i, _ in with_ids], [i.dead_letter[0].value for i, _ in with_ids],
@@ -352,7 +429,8 @@ class InboxConsumer:
         body = dead_letter_body(
             message_id=item.message_id, original_subject=item.msg.subject, reason=reason, detail=detail,
             attempts=max(item.attempts, meta.num_delivered), consumer=self.spec.name,
-            headers=item.msg.headers, data=item.msg.data, stream_seq=meta.sequence.stream,
+            headers=item.msg.headers, data=item.msg.data, stream=meta.stream, stream_seq=meta.sequence.stream,
+            limit=self.config.max_payload - DLQ_HEADROOM,
         )
         # One dead letter per message and replay round, even if we crash and redo this (CMD-052).
         headers = {Header.MSG_ID: f"dlq:{self.spec.name}:{key}:{replay}", "Seamq-Dlq-Reason": reason.value}
@@ -373,6 +451,16 @@ class InboxConsumer:
                     await item.msg.nak(delay=item.nak_delay)
             except Exception as exc:  # lost ack: redelivered, then skipped as a duplicate
                 log.info("consumer_ack_failed", consumer=self.spec.name, error=str(exc))
+
+
+DLQ_HEADROOM = 1024  # bytes kept for the dead letter's own headers and the protocol
+
+
+def _header_uuid(msg: Msg) -> uuid.UUID | None:
+    try:
+        return uuid.UUID((msg.headers or {}).get(Header.MSG_ID, ""))
+    except (ValueError, TypeError, AttributeError):
+        return None
 
 
 def _inbox_items(items: list[_Work]) -> list[InboxItem]:

@@ -54,7 +54,7 @@ class Reason(str, Enum):
     SCHEMA_MISMATCH = "schema_mismatch"
     HANDLER_REJECTED = "handler_rejected"  # 422
     MAX_DELIVER = "max_deliver"
-    OVERSIZE = "oversize"
+    CONSUMER_ERROR = "consumer_error"  # preparing or handling it raised in seamq itself (a bug): logged too
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +70,13 @@ class Envelope:
     aggregate_id: str
     payload: dict[str, Any]
     replay_attempt: int = 0
+    # JetStream's delivery count: 1 on the first delivery, more after a failure,
+    # a timeout or a crash (the side effects of an earlier attempt may exist).
+    delivery_attempt: int = 1
+    # True when this call repeats one made for the same delivery whose
+    # transaction was rolled back: the consumer redoes a lane with a savepoint
+    # per message when another handler in it failed (in-process handlers only).
+    rerun: bool = False
 
     @property
     def context(self) -> str:
@@ -88,6 +95,7 @@ class Envelope:
             "aggregate_type": self.aggregate_type,
             "aggregate_id": self.aggregate_id,
             "payload": self.payload,
+            "delivery_attempt": self.delivery_attempt,
         }
 
     @classmethod
@@ -109,6 +117,7 @@ class Envelope:
             causation_id=_uuid(body.get("causation_id"), "causation_id", optional=True),
             aggregate_type=str(body["aggregate_type"]), aggregate_id=str(body["aggregate_id"]),
             payload=body["payload"],
+            delivery_attempt=_int(body.get("delivery_attempt", 1), "delivery_attempt"),
         )
 
 
@@ -134,6 +143,12 @@ def _uuid(value: Any, name: str, optional: bool = False) -> uuid.UUID | None:
         raise ValueError(f"{name} {value!r} is not a UUID") from None
 
 
+def _int(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} {value!r} is not an integer")
+    return value
+
+
 def _time(value: Any) -> datetime:
     try:
         parsed = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
@@ -142,8 +157,12 @@ def _time(value: Any) -> datetime:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
 
 
-def parse_message(subject: str, headers: Mapping[str, str] | None, data: bytes) -> Envelope | Rejected:
-    """Envelope from a JetStream message (subject, headers, JSON payload)."""
+def parse_message(subject: str, headers: Mapping[str, str] | None, data: bytes,
+                  delivery_attempt: int = 1) -> Envelope | Rejected:
+    """Envelope from a JetStream message (subject, headers, JSON payload).
+
+    Whatever the bytes, this returns: hostile input is a Rejected, never an exception.
+    """
     headers = headers or {}
     raw_id = headers.get(REPLAY_MESSAGE_ID) or headers.get(Header.MSG_ID)
     if not raw_id:
@@ -160,6 +179,8 @@ def parse_message(subject: str, headers: Mapping[str, str] | None, data: bytes) 
         payload = json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:
         return Rejected(Reason.INVALID_JSON, f"payload is not JSON: {exc}", message_id)
+    except RecursionError:
+        return Rejected(Reason.INVALID_JSON, "payload is nested too deeply to parse", message_id)
     if not isinstance(payload, dict):
         return Rejected(Reason.INVALID_JSON, f"payload must be a JSON object, got {type(payload).__name__}",
                         message_id)
@@ -178,6 +199,7 @@ def parse_message(subject: str, headers: Mapping[str, str] | None, data: bytes) 
             causation_id=_uuid(headers.get(Header.CAUSATION_ID), "causation_id", optional=True),
             aggregate_type=headers[Header.AGGREGATE_TYPE], aggregate_id=headers[Header.AGGREGATE_ID],
             payload=payload, replay_attempt=int(headers.get(REPLAY_ATTEMPT, "0") or 0),
+            delivery_attempt=delivery_attempt,
         )
     except ValueError as exc:
         return Rejected(Reason.INVALID_ENVELOPE, str(exc), message_id)
@@ -211,23 +233,69 @@ class AlreadyProcessed(Exception):
 
 def dead_letter_body(
     *, message_id: uuid.UUID | None, original_subject: str, reason: Reason, detail: str, attempts: int,
-    consumer: str, headers: Mapping[str, str] | None, data: bytes, stream_seq: int | None,
+    consumer: str, headers: Mapping[str, str] | None, data: bytes, stream: str | None, stream_seq: int | None,
+    limit: int | None = None,
 ) -> bytes:
-    """EVT-047-002 MessageDeadLettered, carrying the original so it can be replayed."""
+    """EVT-047-002 MessageDeadLettered, carrying the original so it can be replayed.
+
+    A dead letter must be publishable whatever the original's size. Embedded
+    (escaped or base64) a large original no longer fits in one message, so
+    when the body would exceed `limit` (the largest message the server takes,
+    less room for headers) it carries where the original is instead: its
+    stream and sequence, payload first, then the headers too. `original_message`
+    says what is missing; replay and `seamq dlq show` read it from the stream.
+    """
     try:
         payload, encoding = data.decode(), "utf-8"
     except UnicodeDecodeError:
         payload, encoding = base64.b64encode(data).decode(), "base64"
-    return json.dumps({
+    body = {
         "message_id": str(message_id) if message_id else None,
         "original_subject": original_subject,
         "reason": reason.value,
         "detail": detail[:2000],
         "attempts": attempts,
         "consumer": consumer,
+        "original_stream": stream,
         "stream_seq": stream_seq,
         "dead_lettered_at": datetime.now(timezone.utc).isoformat(),
         "original_headers": dict(headers or {}),
         "original_payload": payload,
         "original_payload_encoding": encoding,
-    }).encode()
+    }
+    encoded = json.dumps(body).encode()
+    for drop in ({"original_payload": None, "original_payload_encoding": "stream"}, {"original_headers": None}):
+        if limit is None or len(encoded) <= limit:
+            break
+        body.update(drop)
+        encoded = json.dumps(body).encode()
+    return encoded
+
+
+@dataclass(frozen=True, slots=True)
+class Original:
+    """The message a dead letter stands for; `headers` or `data` None: read it from `stream` at `seq`."""
+
+    subject: str
+    headers: dict[str, str] | None
+    data: bytes | None
+    stream: str | None
+    seq: int | None
+
+    @property
+    def complete(self) -> bool:
+        return self.headers is not None and self.data is not None
+
+
+def original_message(body: Mapping[str, Any]) -> Original:
+    """The original of a dead letter body, as far as the body carries it (see dead_letter_body)."""
+    encoding, payload = body.get("original_payload_encoding"), body.get("original_payload")
+    if encoding == "stream" or payload is None:
+        data = None
+    elif encoding == "base64":
+        data = base64.b64decode(payload)
+    else:
+        data = payload.encode()
+    headers = body.get("original_headers")
+    return Original(body["original_subject"], dict(headers) if headers is not None else None, data,
+                    body.get("original_stream"), body.get("stream_seq"))

@@ -82,7 +82,10 @@ class SchemaChecked:
         self.validator = Draft202012Validator(json.loads(schema))
 
     async def __call__(self, envelope: Envelope, conn: Any, traceparent: str | None = None) -> HandlerResult:
-        error = next(iter(self.validator.iter_errors(envelope.payload)), None)
+        try:
+            error = next(iter(self.validator.iter_errors(envelope.payload)), None)
+        except RecursionError:
+            return HandlerResult(Outcome.POISON, "payload: nested too deeply to validate", reason=Reason.SCHEMA_MISMATCH)
         if error is not None:
             where = "/".join(str(p) for p in error.absolute_path) or "payload"
             return HandlerResult(Outcome.POISON, f"{where}: {error.message}", reason=Reason.SCHEMA_MISMATCH)

@@ -1,74 +1,82 @@
-"""Per-aggregate order under failures: an aggregate waits behind its failed message.
+"""Per-aggregate order under failures: an aggregate's messages wait behind its failed one.
 
-A failed message is NAKed with a backoff. Later messages of its aggregate must
-not overtake it, so the consumer holds them: NAKs them to come back just after
-the failed one is due, again while it keeps failing, until it is handled or
-dead-lettered. The blocks outlive a lane transaction, since the redelivered
-messages arrive in later ones. They live in one consumer process; with several
-processes on one durable consumer the failed message may come back to another
-process, so a block lapses shortly after its message was due.
+A failed message is NAKed with a backoff. No later message of its aggregate
+may overtake it, nor may the later ones overtake each other while they wait,
+so the consumer keeps, per aggregate, every message it has sent back to
+JetStream and not yet seen handled (`waiting`: stream sequence -> when it is
+due back). A message is handled only when nothing earlier of its aggregate is
+waiting; otherwise it is held: NAKed to come back just after the latest of
+those is due, and added to the waiting ones. Held messages therefore come back
+in stream order, each after the one before it, and one that comes back early
+is simply held again. A fresh message of a held aggregate waits behind the
+held ones, not only behind the failure.
+
+The state outlives a lane transaction, since redelivered messages arrive in
+later ones, and lives in one consumer process. A waiting message that does not
+come back within HOLD_GRACE of its due time (it went to another process, or
+JetStream gave up on it) stops holding the others back.
 """
 
 from __future__ import annotations
 
 import time
-import uuid
-from dataclasses import dataclass
 
-HOLD_MARGIN = 0.05  # a held message comes back this long after the one it waits for
-HOLD_GRACE = 1.0  # a block lapses this long after its redelivery was due: it went to another process
-
-
-@dataclass(frozen=True)
-class Block:
-    """An aggregate waiting behind its failed message until that one is redelivered."""
-
-    message_id: uuid.UUID
-    seq: int  # stream sequence of the failed message
-    due: float  # monotonic time its redelivery is due
-
-    @classmethod
-    def retry_in(cls, message_id: uuid.UUID, seq: int, delay: float) -> "Block":
-        return cls(message_id, seq, time.monotonic() + delay)
-
-    def lapsed(self, now: float) -> bool:
-        return now > self.due + HOLD_GRACE
+HOLD_MARGIN = 0.05  # a held message comes back this long after the one before it
+HOLD_GRACE = 5.0  # a waiting message that has not come back this long after it was due no longer holds others
 
 
 class Holds:
-    """aggregate -> the failed message it waits behind, for one consumer process."""
+    """aggregate -> {stream seq: due (monotonic)} of its messages sent back and not yet handled."""
 
     def __init__(self) -> None:
-        self._blocked: dict[str, Block] = {}
+        self._waiting: dict[str, dict[int, float]] = {}
 
-    def delay(self, aggregate: str, message_id: uuid.UUID | None, seq: int, last_delivery: bool,
-              pending: dict[str, Block]) -> float | None:
+    def delay(self, aggregate: str, seq: int, last_delivery: bool, pending: "Pending") -> float | None:
         """How long to hold this message (a NAK delay), or None to handle it now.
 
-        `pending` holds the failures of the lane transaction in progress.
+        `pending` holds what the lane transaction in progress decided so far.
         """
-        block = pending.get(aggregate) or self._blocked.get(aggregate)
-        if block is None or block.message_id == message_id:
+        waiting = self._waiting.get(aggregate)
+        mine = pending.get(aggregate)
+        if not waiting and not mine:
             return None
         now = time.monotonic()
-        if seq < block.seq or block.lapsed(now):
-            return None  # earlier in the stream than the failure, or the block lapsed
-        if last_delivery:
-            return None  # JetStream would not deliver it again: handle it now, out of order
-        return max(0.0, block.due - now) + HOLD_MARGIN
+        merged = {**waiting, **mine} if waiting and mine else dict(waiting or mine)
+        earlier = [due for s, due in merged.items() if s < seq and due is not None and now <= due + HOLD_GRACE]
+        if not earlier or last_delivery:  # JetStream would not deliver it again: handle it, out of order
+            return None
+        return max(max(earlier) - now, 0.0) + HOLD_MARGIN
 
-    def record(self, aggregate: str, message_id: uuid.UUID, seq: int, *, retry_in: float | None,
-               handled: bool) -> None:
-        """After a commit: a failed message blocks its aggregate; one handled or dead-lettered frees it."""
-        block = self._blocked.get(aggregate)
-        if retry_in is not None:
-            if block is None or block.message_id == message_id or block.lapsed(time.monotonic()):
-                self._blocked[aggregate] = Block.retry_in(message_id, seq, retry_in)
-        elif handled and block is not None and block.message_id == message_id:
-            del self._blocked[aggregate]
-
-    def forget_lapsed(self) -> None:
-        """Bound the memory: blocks whose message went to another process are never freed here."""
-        if len(self._blocked) > 10_000:
+    def record(self, pending: "Pending") -> None:
+        """After a commit: what the lane sent back waits; what it handled or dead-lettered is done."""
+        for aggregate, seqs in pending.items():
+            waiting = self._waiting.setdefault(aggregate, {})
+            for seq, due in seqs.items():
+                if due is None:
+                    waiting.pop(seq, None)
+                else:
+                    waiting[seq] = due
             now = time.monotonic()
-            self._blocked = {a: b for a, b in self._blocked.items() if not b.lapsed(now)}
+            for seq in [s for s, due in waiting.items() if due + HOLD_GRACE < now]:
+                del waiting[seq]
+            if not waiting:
+                del self._waiting[aggregate]
+        if len(self._waiting) > 10_000:  # bound the memory: drop what can no longer hold anything back
+            now = time.monotonic()
+            self._waiting = {a: w for a, w in self._waiting.items() if max(w.values()) + HOLD_GRACE >= now}
+
+
+class Pending(dict):
+    """One lane transaction's decisions: aggregate -> {seq: due back, or None once done}."""
+
+    def sent_back(self, aggregate: str, seq: int, delay: float) -> None:
+        self.setdefault(aggregate, {})[seq] = time.monotonic() + delay
+
+    def done(self, aggregate: str, seq: int) -> None:
+        self.setdefault(aggregate, {})[seq] = None
+
+    def after_earlier(self, aggregate: str, seq: int, delay: float) -> float:
+        """`delay`, stretched so this message comes back after its aggregate's earlier ones in this lane."""
+        now = time.monotonic()
+        earlier = [due for s, due in self.get(aggregate, {}).items() if s < seq and due is not None]
+        return max(delay, max(earlier) - now + HOLD_MARGIN) if earlier else delay

@@ -44,6 +44,8 @@ class ErrorCode(str, Enum):
     BREAKING_CHANGE = "BREAKING_CHANGE"
     NOT_FOUND = "NOT_FOUND"
     BROKER_UNAVAILABLE = "BROKER_UNAVAILABLE"
+    DATABASE_ERROR = "DATABASE_ERROR"
+    INTERNAL = "INTERNAL"  # a bug: an unexpected exception, reported with its (redacted) traceback
 
 
 class SeamqError(Exception):

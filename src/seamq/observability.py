@@ -17,6 +17,8 @@ import structlog
 from opentelemetry import context, propagate, trace
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
+from seamq.redact import redact
+
 RELAY_PUBLISHED = Counter("seamq_relay_published_total", "Outbox events published (EVT-047-001)", ["context"])
 RELAY_FAILED = Counter("seamq_relay_failed_total", "Outbox publish failures", ["context", "kind"])
 RELAY_BATCH_SECONDS = Histogram(
@@ -53,12 +55,36 @@ def configure_logging(level: str = "info", *, json: bool = True, file=None) -> N
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
+            _redacted,
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
         logger_factory=structlog.PrintLoggerFactory(file=file or sys.stderr),
         cache_logger_on_first_use=False,
     )
+    # Libraries log through the standard library (psycopg_pool's connection errors quote
+    # what libpq said): one handler, warnings and up, through the same redaction.
+    root = logging.getLogger()
+    root.handlers = [h for h in root.handlers if not isinstance(h, _RedactingHandler)]
+    handler = _RedactingHandler(file or sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s [%(levelname)s] %(name)s: %(message)s"))
+    root.addHandler(handler)
+    root.setLevel(max(numeric, logging.WARNING))
+
+
+class _RedactingHandler(logging.StreamHandler):
+    def format(self, record: logging.LogRecord) -> str:
+        return redact(super().format(record))
+
+
+def _redacted(logger, method, event_dict: dict) -> dict:
+    """structlog processor: no secret in any field (see seamq.redact)."""
+    for key, value in event_dict.items():
+        if isinstance(value, str):
+            event_dict[key] = redact(value)
+        elif not isinstance(value, (int, float, bool, type(None))):
+            event_dict[key] = redact(str(value))
+    return event_dict
 
 
 def serve_metrics(port: int | None) -> None:

@@ -101,6 +101,9 @@ class InboxRepository(Protocol):
     in the same transaction. `processed` is for retries and replays.
     """
 
+    def unavailable(self, exc: BaseException) -> bool:
+        """True when `exc` says the database is away, not that something is wrong with the messages."""
+
     async def claim(self, conn: Any, items: list[InboxItem]) -> dict[uuid.UUID, tuple[Claim, int]]: ...
 
     async def processed(self, conn: Any, ids: list[uuid.UUID]) -> None: ...

@@ -15,13 +15,12 @@ skipped.
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from seamq.envelope import REPLAY_ATTEMPT, republish_headers
+from seamq.envelope import REPLAY_ATTEMPT, Original, original_message, republish_headers
 from seamq.model import ReplayPolicy
 from seamq.observability import log
 from seamq.pg import dlq_repo
@@ -88,10 +87,24 @@ class Replayer:
         except NotFoundError:
             log.warning("replay_skipped", message_id=str(row["message_id"]), why="DLQ copy expired or purged")
             return None
-        body = json.loads(raw.data)
-        payload = body["original_payload"]
-        data = base64.b64decode(payload) if body.get("original_payload_encoding") == "base64" else payload.encode()
+        original = original_message(json.loads(raw.data))
+        if not original.complete:  # too big to travel inside the dead letter: read it where it is
+            try:
+                original = await read_original(self.js, original)
+            except NotFoundError:
+                log.warning("replay_skipped", message_id=str(row["message_id"]),
+                            why=f"original gone from stream {original.stream} (seq {original.seq})")
+                return None
         attempt = int(meta.get("replay_attempts") or 0) + 1
-        headers = republish_headers(body.get("original_headers") or {}, msg_id=f"replay:{row['message_id']}:{attempt}",
+        headers = republish_headers(original.headers, msg_id=f"replay:{row['message_id']}:{attempt}",
                                     message_id=str(row["message_id"]), replay_attempt=attempt)
-        return OutMessage(body["original_subject"], data, headers)
+        return OutMessage(original.subject, original.data, headers)
+
+
+async def read_original(js: JetStreamContext, original: Original) -> Original:
+    """Fill in what a dead letter left in the original's stream (raises NotFoundError when it is gone)."""
+    if original.stream is None or original.seq is None:
+        raise NotFoundError
+    raw = await js.get_msg(original.stream, int(original.seq))
+    return Original(original.subject, original.headers if original.headers is not None else dict(raw.headers or {}),
+                    raw.data or b"", original.stream, original.seq)

@@ -30,13 +30,18 @@ from seamq.settings import Settings
 from seamq.topology import Topology, parse_duration
 
 
+ONE_SHOT_TIMEOUT = 5.0  # a command run by a person or a script says "unavailable" within seconds
+
+
 @asynccontextmanager
-async def pg_pool(dsn: str, *, max_size: int = 4, configure=None) -> AsyncIterator[AsyncConnectionPool]:
+async def pg_pool(dsn: str, *, max_size: int = 4, configure=None,
+                  timeout: float = 30.0) -> AsyncIterator[AsyncConnectionPool]:
+    """`timeout`: how long a checkout waits for a connection; one-shot commands use ONE_SHOT_TIMEOUT."""
     # No health check per checkout (a round trip per transaction): a connection a
     # PostgreSQL restart broke fails its transaction, which the workers retry,
     # and the pool discards it on return.
     pool = AsyncConnectionPool(dsn, min_size=1, max_size=max_size, open=False, configure=configure,
-                               kwargs={"autocommit": False})
+                               kwargs={"autocommit": False}, timeout=timeout)
     await pool.open(wait=False)
     try:
         yield pool
@@ -128,7 +133,8 @@ async def run_consumer(
             inbox = PgInbox(spec.name) if pool is not None else NoInbox()
             consumer = InboxConsumer(spec, source, pool, inbox, dlq, handlers, ConsumerConfig(
                 batch_size=cfg.batch_size, fetch_timeout=cfg.fetch_timeout, concurrency=cfg.concurrency,
-                ordered=cfg.ordered, nak_base=cfg.nak_base, nak_max=cfg.nak_max, max_payload=nc.max_payload,
+                ordered=cfg.ordered, nak_base=cfg.nak_base, nak_max=cfg.nak_max,
+                max_payload=_largest_dead_letter(nc.max_payload, topology.contexts[spec.target].dlq.max_msg_size),
             ))
             log.info("consumer_started", consumer=name, stream=spec.stream, concurrency=cfg.concurrency)
             try:
@@ -140,6 +146,10 @@ async def run_consumer(
     finally:
         await client.close()
         await _close(nc)
+
+
+def _largest_dead_letter(max_payload: int, dlq_max_msg_size: int) -> int:
+    return min(max_payload, dlq_max_msg_size) if dlq_max_msg_size > 0 else max_payload
 
 
 async def _close(nc) -> None:
@@ -158,7 +168,8 @@ async def replay_tools(settings: Settings, topology: Topology, *, persistent: bo
     nc = await connect(settings.nats, name="seamq-replay", persistent=persistent)
     publisher = await PipelinedPublisher(nc, timeout=settings.relay.publish_timeout).start()
     try:
-        async with pg_pool(settings.database_dsn(), max_size=2) as pool:
+        async with pg_pool(settings.database_dsn(), max_size=2,
+                           timeout=30.0 if persistent else ONE_SHOT_TIMEOUT) as pool:
             yield Replayer(pool, nc.jetstream(), publisher, topology, settings.replay.policy(),
                            nak_max=settings.consumer.nak_max, interval=settings.replay.interval)
     finally:

@@ -10,13 +10,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from seamq.model import ErrorCode, ReplayPolicy, SeamqError
+from seamq.redact import conninfo_password, redact, register, url_password
 
 
 class NatsSettings(BaseModel):
@@ -35,8 +36,9 @@ class NatsSettings(BaseModel):
     @classmethod
     def _url(cls, value: str) -> str:
         for server in value.split(","):
+            register(url_password(server))
             if urlsplit(server.strip()).scheme not in ("nats", "tls", "ws", "wss"):
-                raise ValueError(f"{server!r} is not a nats://, tls://, ws:// or wss:// URL")
+                raise ValueError(f"{redact(server.strip())!r} is not a nats://, tls://, ws:// or wss:// URL")
         return value
 
 
@@ -121,6 +123,24 @@ class Settings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         return (init_settings, env_settings, _YamlSource(settings_cls), file_secret_settings)
 
+    @field_validator("database_url")
+    @classmethod
+    def _dsn(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None:
+            return value
+        dsn = value.get_secret_value()
+        register(url_password(dsn) or conninfo_password(dsn))
+        from psycopg.conninfo import conninfo_to_dict
+
+        try:
+            conninfo_to_dict(dsn)
+        except Exception:  # libpq's message quotes the string, password and all
+            raise ValueError(
+                "not a PostgreSQL connection string: expected postgresql://user:password@host:port/dbname "
+                "(percent-encode spaces and other special characters in the password) or libpq key=value pairs"
+            ) from None
+        return value
+
     def database_dsn(self) -> str:
         if self.database_url is None:
             raise SeamqError(ErrorCode.INVALID_CONFIG, "no database configured: set SEAMQ_DATABASE_URL")
@@ -147,20 +167,24 @@ class _YamlSource(PydanticBaseSettingsSource):
 
 
 def load_settings(**overrides: Any) -> Settings:
-    """Settings, or a SeamqError that names each bad key."""
+    """Settings, or a SeamqError that names each bad key. Every secret is registered
+    with seamq.redact first, so that nothing printed afterwards can show it."""
+    for key, value in os.environ.items():
+        key = key.upper()
+        if key.startswith("SEAMQ_") and key.endswith(("PASSWORD", "TOKEN", "SECRET", "_URL")):
+            register(value if not key.endswith("_URL") else url_password(value) or conninfo_password(value))
     try:
-        return Settings(**overrides)
+        settings = Settings(**overrides)
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
         )
-        raise SeamqError(ErrorCode.INVALID_CONFIG, problems) from None
+        raise SeamqError(ErrorCode.INVALID_CONFIG, redact(problems)) from None
+    secret = lambda s: s.get_secret_value() if s else None  # noqa: E731
+    register(secret(settings.nats.password), secret(settings.nats.token), secret(settings.consumer.handler_secret))
+    return settings
 
 
 def redact_url(url: str) -> str:
     """A URL with its password replaced, for printing."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
+    return redact(url)

@@ -23,7 +23,12 @@ def main(
 ) -> None:
     if config:
         os.environ["SEAMQ_CONFIG"] = str(config)
+    import sys
+
+    from seamq.cli.common import report_crash
     from seamq.observability import configure_logging
+
+    sys.excepthook = report_crash
 
     configure_logging(log_level or os.environ.get("SEAMQ_LOG_LEVEL", "info"))
 

@@ -16,6 +16,7 @@ import typer
 from rich.console import Console
 
 from seamq.model import ErrorCode, SeamqError
+from seamq.redact import redact
 from seamq.settings import Settings, load_settings
 from seamq.topology import Topology, load_topology
 
@@ -33,7 +34,8 @@ TopologyOption = typer.Option(None, "--topology", "-t", help="Topology YAML (def
 
 
 def exit_with(error: SeamqError):
-    err_console.print(f"[red]error[{error.code.value}][/red]: {error.message}", highlight=False)
+    err_console.print(f"[red]error[{error.code.value}][/red]: {redact(error.message)}", highlight=False,
+                      markup=True)
     raise typer.Exit(2 if error.code in INPUT_ERRORS else 1)
 
 
@@ -41,15 +43,30 @@ def run(coro):
     """Run a coroutine, turning known failures into a clean message and exit code."""
     import psycopg
     from nats.errors import NoServersError
+    from psycopg_pool import PoolTimeout
 
     try:
         return asyncio.run(coro)
     except SeamqError as exc:
         exit_with(exc)
-    except psycopg.OperationalError as exc:
+    except (psycopg.OperationalError, PoolTimeout) as exc:
         exit_with(SeamqError(ErrorCode.DATABASE_UNAVAILABLE, f"{exc} (check SEAMQ_DATABASE_URL)".strip()))
+    except psycopg.Error as exc:
+        exit_with(SeamqError(ErrorCode.DATABASE_ERROR, f"{type(exc).__name__}: {exc}".strip()))
     except (NoServersError, OSError) as exc:
         exit_with(SeamqError(ErrorCode.BROKER_UNAVAILABLE, f"cannot reach NATS: {exc} (check SEAMQ_NATS__URL)"))
+
+
+def report_crash(exc_type, exc, tb) -> None:
+    """sys.excepthook: an unexpected error (a bug) prints its traceback, redacted, then one error line."""
+    import traceback
+
+    if issubclass(exc_type, KeyboardInterrupt):
+        sys.exit(130)
+    sys.stderr.write(redact("".join(traceback.format_exception(exc_type, exc, tb))))
+    sys.stderr.write(f"error[{ErrorCode.INTERNAL.value}]: {redact(f'{exc_type.__name__}: {exc}')} "
+                     "(unexpected: please report it with the traceback above)\n")
+    sys.stderr.flush()
 
 
 def settings() -> Settings:

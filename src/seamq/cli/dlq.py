@@ -79,10 +79,7 @@ def show(message_id: str = typer.Argument(..., help="The message id."),
             for row in rows:
                 meta = row["dlq_metadata"] or {}
                 stream = topo.contexts[topo.consumer(row["consumer"]).target].dlq.name
-                try:
-                    copies.append(json.loads((await nc.jetstream().get_msg(stream, int(meta["dlq_seq"]))).data))
-                except Exception as exc:
-                    copies.append({"error": f"DLQ copy unavailable: {exc}"})
+                copies.append(await _dlq_copy(nc.jetstream(), stream, meta.get("dlq_seq")))
             return rows, copies
         finally:
             await nc.close()
@@ -97,7 +94,7 @@ def show(message_id: str = typer.Argument(..., help="The message id."),
         for key, value in sorted((row["dlq_metadata"] or {}).items()):
             table.add_row(f"dlq.{key}", str(value))
         console.print(table)
-        console.print(Syntax(json.dumps(copy, indent=2), "json", word_wrap=True))
+        console.print(Syntax(json.dumps(copy, indent=2, ensure_ascii=False), "json", word_wrap=True))
 
 
 @app.command()
@@ -179,6 +176,37 @@ def purge(
 
     run(go())
     console.print(f"purged {len(rows)} dead letters")
+
+
+SHOWN_PAYLOAD = 64 * 1024  # a larger original is cut in the terminal (replay sends all of it)
+
+
+async def _dlq_copy(js, stream: str, seq) -> dict:
+    """The DLQ copy's body; an original too big for it is read from its own stream."""
+    from nats.js.errors import NotFoundError
+
+    from seamq.envelope import original_message
+    from seamq.replay import read_original
+
+    if seq is None:
+        return {"error": "no DLQ copy recorded"}
+    try:
+        copy = json.loads((await js.get_msg(stream, int(seq))).data)
+    except NotFoundError:
+        return {"error": f"DLQ copy gone from {stream} (seq {seq}): expired or purged"}
+    original = original_message(copy)
+    if original.complete:
+        return copy
+    try:
+        original = await read_original(js, original)
+    except NotFoundError:
+        copy["original_payload"] = f"(not in the dead letter, and gone from {original.stream} seq {original.seq})"
+        return copy
+    text = original.data.decode(errors="replace")
+    cut = f"... ({len(original.data)} bytes in all)" if len(text) > SHOWN_PAYLOAD else ""
+    copy.update(original_headers=original.headers, original_payload=text[:SHOWN_PAYLOAD] + cut,
+                original_payload_encoding=f"read from {original.stream} seq {original.seq}")
+    return copy
 
 
 def _uuid(value: str) -> uuid.UUID:

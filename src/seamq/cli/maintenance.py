@@ -34,9 +34,9 @@ def outbox_purge(
 
     async def go():
         from seamq.pg.outbox_repo import PgOutbox
-        from seamq.run import pg_pool
+        from seamq.run import ONE_SHOT_TIMEOUT, pg_pool
 
-        async with pg_pool(current.database_dsn()) as pool:
+        async with pg_pool(current.database_dsn(), timeout=ONE_SHOT_TIMEOUT) as pool:
             return await PgOutbox(pool).purge(seconds, batch)
 
     console.print(f"deleted {run(go())} published rows older than {older_than}")
@@ -79,9 +79,9 @@ def backlog() -> None:
     async def go():
         from seamq.pg.outbox_repo import PgOutbox
         from seamq.pg.sql import query
-        from seamq.run import pg_pool
+        from seamq.run import ONE_SHOT_TIMEOUT, pg_pool
 
-        async with pg_pool(current.database_dsn()) as pool:
+        async with pg_pool(current.database_dsn(), timeout=ONE_SHOT_TIMEOUT) as pool:
             outbox = await PgOutbox(pool).backlog()
             async with pool.connection() as conn:
                 inbox = await (await conn.execute(query("inbox_backlog"))).fetchall()

@@ -38,7 +38,7 @@ def handler_router(handle: EventFunction, *, secret: str | None, path: str = "/h
                 return JSONResponse({"error": problem}, status_code=401)
         try:
             envelope = Envelope.from_json(json.loads(body))
-        except (ValueError, TypeError, KeyError) as exc:
+        except (ValueError, TypeError, KeyError, RecursionError) as exc:
             return JSONResponse({"error": f"invalid envelope: {exc}"}, status_code=422)
         try:
             await handle(envelope)

@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 import uuid
 
+import psycopg
 from psycopg import AsyncConnection
+from psycopg_pool import PoolTimeout
 
 from seamq.pg.sql import query
 from seamq.ports import Claim, InboxItem
@@ -32,6 +34,12 @@ async def consumer_session(conn: AsyncConnection) -> None:
 class PgInbox:
     def __init__(self, consumer: str) -> None:
         self.consumer = consumer
+
+    @staticmethod
+    def unavailable(exc: BaseException) -> bool:
+        """Does this failure say the database is away (every message waits), rather than
+        something about the messages at hand?"""
+        return isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout))
 
     async def claim(self, conn: AsyncConnection, items: list[InboxItem]) -> dict[uuid.UUID, tuple[Claim, int]]:
         """Record the items; returns, per message id, what to do with it and its attempt number.
@@ -86,7 +94,7 @@ class PgInbox:
 
     async def failed(self, conn: AsyncConnection, ids: list[uuid.UUID], errors: list[str]) -> None:
         if ids:
-            await conn.execute(query("inbox_failed"), dict(consumer=self.consumer, ids=ids, errors=errors))
+            await conn.execute(query("inbox_failed"), dict(consumer=self.consumer, ids=ids, errors=_texts(errors)))
 
     async def dead_lettered(
         self, conn: AsyncConnection, ids: list[uuid.UUID], reasons: list[str], details: list[str],
@@ -94,9 +102,14 @@ class PgInbox:
     ) -> None:
         if ids:
             await conn.execute(query("inbox_dead_lettered"), dict(
-                consumer=self.consumer, ids=ids, reasons=reasons, details=details,
+                consumer=self.consumer, ids=ids, reasons=reasons, details=_texts(details),
                 dlq_subjects=dlq_subjects, dlq_seqs=dlq_seqs,
             ))
+
+
+def _texts(values: list[str]) -> list[str]:
+    """PostgreSQL text cannot hold NUL; an error text quoting a hostile message or response may."""
+    return [v.replace("\x00", "\\0") if "\x00" in v else v for v in values]
 
 
 async def purge_inbox(conn: AsyncConnection, older_than_seconds: float, batch: int = 5000) -> int:
@@ -115,6 +128,10 @@ class NoInbox:
     For handlers that are idempotent on their own, and for measuring what the
     inbox costs. No exactly-once guarantee comes from seamq in this mode.
     """
+
+    @staticmethod
+    def unavailable(exc: BaseException) -> bool:
+        return False
 
     async def claim(self, conn, items: list[InboxItem]) -> dict[uuid.UUID, tuple[Claim, int]]:
         return {}
