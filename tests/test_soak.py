@@ -1,0 +1,24 @@
+"""The fault-injection soak, small (the full run is `make soak`, in docs/benchmarks.md): kill -9
+of workers, nats-server killed and restarted, PostgreSQL restarted -m immediate; then counted."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_small_soak_loses_and_duplicates_nothing(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.soak", "--events", "3000", "--aggregates", "100", "--kill-every", "2",
+         "--fault-seconds", "8", "--quiet-timeout", "240", "--out", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-3000:]
+    report = json.loads((tmp_path / "soak-latest.json").read_text())
+    faults = [f["fault"] for f in report["faults"]]
+    assert "kill -9 nats-server" in faults and "PostgreSQL stopped -m immediate" in faults
+    assert report["worker_kills"] >= 2
+    assert (report["lost"], report["duplicated"], report["unpublished"], report["missing_from_stream"]) == (0, 0, 0, 0)
+    assert report["handled"] == 3000 - 3 and report["poison_dead_lettered"] == 3 == report["poison"]
+    assert report["stream_duplicates"] == 0 and report["order_violations_stream"] == 0
