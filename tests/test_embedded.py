@@ -65,13 +65,17 @@ def test_bench_services_stop_nats_when_postgres_fails_to_start(monkeypatch):
 @pytest.mark.skipif(os.geteuid() != 0, reason="only root relocates PostgreSQL's binaries")
 def test_private_binaries_are_shared_through_a_root_owned_tree(tmp_path, monkeypatch):
     monkeypatch.setattr(embedded, "RUNTIME_ROOT", tmp_path / "runtime")
-    install = tmp_path / "private" / "pginstall"
+    site = tmp_path / "private" / "site-packages"  # pgserver's layout: RPATH $ORIGIN/../../../pgserver.libs
+    install = site / "pgserver" / "pginstall"
     (install / "bin").mkdir(parents=True)
     (install / "share").mkdir()
+    (site / "pgserver.libs").mkdir()
     (install / "bin" / "postgres").write_text("#!/bin/sh\n")
     (install / "share" / "postgres.bki").write_text("data")
+    (site / "pgserver.libs" / "libpq.so").write_text("lib")
     os.chmod(tmp_path / "private", 0o700)
     shared = embedded._shared_binaries(install)
+    assert (shared / "bin" / ".." / ".." / ".." / "pgserver.libs" / "libpq.so").read_text() == "lib"
     binary = shared / "bin" / "postgres"
     below_root = [p for p in binary.parents if p.is_relative_to(embedded.RUNTIME_ROOT)]
     assert all(stat.S_IMODE(p.stat().st_mode) == 0o755 for p in below_root)  # others may traverse

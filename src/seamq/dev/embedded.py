@@ -209,12 +209,16 @@ def _runtime_root() -> Path:
 
 
 def _shared_binaries(install: Path) -> Path:
-    """`install` (bin/ lib/ share/) hard-linked, or copied, under the runtime root; built once per install."""
+    """`install` (bin/ lib/ share/) hard-linked, or copied, under the runtime root; built once per
+    install. pgserver's binaries find their libraries through an RPATH relative to themselves
+    (`$ORIGIN/../../../pgserver.libs`), so the tree keeps its place beside the package's `.libs`."""
+    package = install.parent
     probe = install / "bin" / "postgres"
     key = hashlib.sha256(f"{install.resolve()}:{probe.stat().st_mtime_ns}".encode()).hexdigest()[:12]
     target = _runtime_root() / f"pginstall-{key}"
+    moved = target / package.name / install.name
     if target.exists():
-        return target
+        return moved
     building = Path(tempfile.mkdtemp(prefix=".pginstall-", dir=target.parent))
 
     def link(src: str, dst: str) -> None:
@@ -224,11 +228,14 @@ def _shared_binaries(install: Path) -> Path:
             shutil.copy2(src, dst)
 
     try:
-        shutil.copytree(install, building / "tree", copy_function=link, symlinks=True)
-        for folder, _, _ in os.walk(building / "tree"):
+        tree = building / "tree"
+        shutil.copytree(install, tree / package.name / install.name, copy_function=link, symlinks=True)
+        libs = package.parent / f"{package.name}.libs"
+        if libs.is_dir():
+            shutil.copytree(libs, tree / libs.name, copy_function=link, symlinks=True)
+        for folder, _, _ in os.walk(tree):
             os.chmod(folder, 0o755)
-        os.chmod(building, 0o755)
-        os.rename(building / "tree", target)
+        os.rename(tree, target)
     except FileExistsError:
         pass  # another process built it at the same time
     except OSError as exc:
@@ -236,7 +243,7 @@ def _shared_binaries(install: Path) -> Path:
             raise SeamqError(ErrorCode.EMBEDDED_SERVICE, f"cannot prepare PostgreSQL binaries in {target}: {exc}")
     finally:
         shutil.rmtree(building, ignore_errors=True)
-    return target
+    return moved
 
 
 class PostgresServer(_Process):
