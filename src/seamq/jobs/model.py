@@ -1,0 +1,394 @@
+"""The Open Job Spec job model: envelope validation, states, retry math, error types. No I/O.
+
+One job is one record: the public envelope (what `GET /ojs/v1/jobs/{id}` shows)
+plus internal fields whose names start with `_` (FIFO sequence, lease). The
+engine stores records in NATS KV and moves them between states; every rule of
+what a state change does lives here, so it is tested without a server.
+
+Quirks of the conformance suite v0.4.0 absorbed here (shared/ojs/DESIGN-BRIEF.md
+§1.8): job types may contain `-`; ids are lowercase UUIDv7 only; `options` are
+flattened into the envelope (`priority`, `queue`, `max_attempts` at the top);
+an absolute `expires_at` is echoed exactly as sent; `attempt` counts up at
+fetch; `errors[].type` is derived when the client sends none.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import re
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+SCHEDULED, AVAILABLE, ACTIVE, RETRYABLE = "scheduled", "available", "active", "retryable"
+COMPLETED, DISCARDED, CANCELLED = "completed", "discarded", "cancelled"
+TERMINAL = frozenset({COMPLETED, DISCARDED, CANCELLED})
+STATES = (SCHEDULED, AVAILABLE, ACTIVE, RETRYABLE, COMPLETED, DISCARDED, CANCELLED)
+
+TYPE_PATTERN = re.compile(r"^[a-z][a-z0-9_-]*(\.[a-z][a-z0-9_-]*)*$")  # `-` allowed: 19 cases use it
+QUEUE_PATTERN = re.compile(r"^[a-z0-9][a-z0-9\-.]*$")
+UUIDV7_PATTERN = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
+DURATION_PATTERN = re.compile(
+    r"^P(?:(?P<d>\d+(?:\.\d+)?)D)?(?:T(?:(?P<h>\d+(?:\.\d+)?)H)?(?:(?P<m>\d+(?:\.\d+)?)M)?(?:(?P<s>\d+(?:\.\d+)?)S)?)?$")
+
+DEFAULT_QUEUE = "default"
+DEFAULT_MAX_ATTEMPTS = 3
+DEFAULT_VISIBILITY_MS = 1_800_000  # the worker protocol's 1800 s; L2-CRON-005 needs more than 65 s
+MAX_BATCH = 1000  # one NATS atomic batch
+MAX_ARGS_BYTES = 512 * 1024  # a job's args; the record must fit one KV message with room to spare
+
+# Fields the server owns: a client cannot set them in a push.
+SYSTEM_FIELDS = frozenset({
+    "state", "attempt", "created_at", "enqueued_at", "started_at", "completed_at", "cancelled_at",
+    "discarded_at", "error", "errors", "result", "retry_delay_ms", "next_attempt_at", "worker_id",
+})
+
+
+class OjsError(Exception):
+    """An error with the OJS error body: {"error": {code, message, retryable, type, ...}}."""
+
+    def __init__(self, status: int, code: str, message: str, *, type: str | None = None,
+                 details: dict | None = None) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+        self.type = type or {400: "validation_error", 404: "not_found", 409: "conflict",
+                             422: "validation_error"}.get(status, "server_error")
+        self.details = details
+
+    def body(self, request_id: str | None = None) -> dict:
+        error = {"code": self.code, "message": self.message, "retryable": self.status >= 500, "type": self.type}
+        if self.details:
+            error["details"] = self.details
+        if self.status == 404:
+            error["hint"] = "check the id; completed jobs are kept for the retention period only"
+            error["docs_url"] = "https://openjobspec.org/spec/ojs-http-binding#errors"
+        if request_id:
+            error["request_id"] = request_id
+        return {"error": error}
+
+
+def invalid(message: str) -> OjsError:
+    return OjsError(400, "invalid_request", message)
+
+
+def conflict(message: str) -> OjsError:
+    return OjsError(409, "conflict", message)
+
+
+def not_found(job_id: str) -> OjsError:
+    return OjsError(404, "not_found", f"job {job_id} not found")
+
+
+# ---- time and ids ------------------------------------------------------------------------------
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def iso(moment: datetime) -> str:
+    """RFC 3339, UTC, milliseconds, `Z`."""
+    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+def parse_time(text: str) -> datetime:
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
+    except (ValueError, AttributeError):
+        raise invalid(f"{text!r} is not an RFC 3339 time") from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+
+def parse_duration(text: Any, what: str = "duration") -> float:
+    """ISO 8601 duration (PT1S, PT5M, P1DT2H) -> seconds."""
+    found = DURATION_PATTERN.match(text) if isinstance(text, str) and text not in ("P", "PT") else None
+    if not found or text.endswith("T"):
+        raise OjsError(422, "invalid_request", f"{what} {text!r} is not an ISO 8601 duration such as PT1S")
+    parts = {k: float(v) if v else 0.0 for k, v in found.groupdict().items()}
+    return parts["d"] * 86400 + parts["h"] * 3600 + parts["m"] * 60 + parts["s"]
+
+
+def resolve_time(text: Any, now: datetime, what: str) -> datetime:
+    """An absolute RFC 3339 time, or `+PT2S` relative to now."""
+    if not isinstance(text, str):
+        raise invalid(f"options.{what} must be a string")
+    if text.startswith("+"):
+        try:
+            return now + timedelta(seconds=parse_duration(text[1:], what))
+        except OjsError as exc:
+            raise invalid(exc.message) from None
+    return parse_time(text)
+
+
+def uuid7(now_ms: int | None = None) -> str:
+    """A UUIDv7: 48-bit Unix milliseconds, version 7, variant 10, 74 random bits (Python 3.11 has none)."""
+    ms = int(time.time() * 1000) if now_ms is None else now_ms
+    rand = int.from_bytes(os.urandom(10), "big")
+    value = (ms & ((1 << 48) - 1)) << 80 | 0x7 << 76 | ((rand >> 62) & 0xFFF) << 64 | 0b10 << 62 | (
+        rand & ((1 << 62) - 1))
+    return str(uuid.UUID(int=value))
+
+
+# ---- retry policy ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    initial_interval: float = 1.0  # seconds
+    backoff_coefficient: float = 2.0
+    max_interval: float = 300.0
+    jitter: bool = True
+    non_retryable_errors: tuple[str, ...] = ()
+    on_exhaustion: str = "discard"  # or dead_letter
+    backoff_strategy: str | None = None  # exponential (default) | linear | polynomial | none
+
+    @classmethod
+    def from_options(cls, retry: Any, max_attempts: Any = None) -> "RetryPolicy":
+        """Validated (422, as L1-RTR-011/012 want) from `options.retry`."""
+        if retry is None:
+            retry = {}
+        if not isinstance(retry, dict):
+            raise OjsError(422, "invalid_request", "options.retry must be an object")
+        attempts = retry.get("max_attempts", max_attempts if max_attempts is not None else DEFAULT_MAX_ATTEMPTS)
+        if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 0:
+            raise OjsError(422, "invalid_request", f"retry.max_attempts must be an integer >= 0, got {attempts!r}")
+        coefficient = retry.get("backoff_coefficient", 2.0)
+        if isinstance(coefficient, bool) or not isinstance(coefficient, (int, float)) or coefficient < 1.0:
+            raise OjsError(422, "invalid_request", f"retry.backoff_coefficient must be >= 1.0, got {coefficient!r}")
+        jitter = retry.get("jitter", True)
+        if not isinstance(jitter, bool):
+            raise OjsError(422, "invalid_request", "retry.jitter must be true or false")
+        errors = retry.get("non_retryable_errors", [])
+        if not isinstance(errors, list) or not all(isinstance(e, str) for e in errors):
+            raise OjsError(422, "invalid_request", "retry.non_retryable_errors must be a list of strings")
+        exhaustion = retry.get("on_exhaustion", "discard")
+        if exhaustion not in ("discard", "dead_letter"):
+            raise OjsError(422, "invalid_request", "retry.on_exhaustion must be discard or dead_letter")
+        strategy = retry.get("backoff_strategy")
+        if strategy not in (None, "exponential", "linear", "polynomial", "none"):
+            raise OjsError(422, "invalid_request", f"retry.backoff_strategy {strategy!r} is not supported")
+        return cls(
+            max_attempts=attempts,
+            initial_interval=parse_duration(retry.get("initial_interval", "PT1S"), "retry.initial_interval"),
+            backoff_coefficient=float(coefficient),
+            max_interval=parse_duration(retry.get("max_interval", "PT5M"), "retry.max_interval"),
+            jitter=jitter, non_retryable_errors=tuple(errors), on_exhaustion=exhaustion, backoff_strategy=strategy,
+        )
+
+    def delay(self, attempt: int, rng: random.Random | None = None) -> float:
+        """Seconds before retry after failed attempt `attempt` (1-based)."""
+        n = max(1, attempt)
+        strategy = self.backoff_strategy or "exponential"
+        if strategy == "linear":
+            delay = self.initial_interval * n
+        elif strategy == "polynomial":
+            delay = self.initial_interval * n ** self.backoff_coefficient
+        elif strategy == "none":
+            delay = self.initial_interval
+        else:
+            delay = self.initial_interval * self.backoff_coefficient ** (n - 1)
+        delay = min(delay, self.max_interval)
+        if self.jitter:
+            delay = min(delay * (rng or random).uniform(0.5, 1.5), self.max_interval)
+        return delay
+
+    def matches_non_retryable(self, names: list[str]) -> bool:
+        """Exact, or prefix for `X.*` (L1-RTR-004/005)."""
+        for pattern in self.non_retryable_errors:
+            for name in names:
+                if pattern == name or (pattern.endswith(".*") and name.startswith(pattern[:-1])):
+                    return True
+        return False
+
+
+# ---- errors reported by workers -----------------------------------------------------------------
+
+def error_type(error: dict) -> str:
+    """`errors[].type`: the client's, else `details.error_class`, else from the message (L1-RTR-014)."""
+    details = error.get("details") if isinstance(error.get("details"), dict) else {}
+    for candidate in (error.get("type"), details.get("error_class")):
+        if isinstance(candidate, str) and candidate:
+            return candidate
+    message = str(error.get("message", "")).lower()
+    if re.search(r"time[ds]? ?out|timed out", message):
+        return "ConnectionTimeout"
+    if "rate limit" in message:
+        return "RateLimitExceeded"
+    code = str(error.get("code", ""))
+    if code and code not in ("handler_error", "error"):
+        return code
+    return "InternalServerError"
+
+
+def error_entry(error: Any, attempt: int, now: datetime) -> dict:
+    """One `errors[]` entry (and the job's `error`) from a nack's error object."""
+    if not isinstance(error, dict):
+        error = {"message": str(error) if error is not None else "failed"}
+    entry = {
+        "code": str(error.get("code") or "handler_error"),
+        "type": error_type(error),
+        "message": str(error.get("message") or "failed"),
+        "retryable": error.get("retryable", True) is not False,
+        "attempt": attempt,
+        "occurred_at": iso(now),
+    }
+    if isinstance(error.get("details"), dict):
+        entry["details"] = error["details"]
+    return entry
+
+
+# ---- the envelope -------------------------------------------------------------------------------
+
+def public(record: dict) -> dict:
+    """The envelope a client sees: internal fields (`_…`) and nulls dropped."""
+    return {k: v for k, v in record.items() if not k.startswith("_") and v is not None}
+
+
+def new_record(body: Any, now: datetime) -> dict:
+    """A validated job record from a push body, state `available` or `scheduled`.
+
+    Raises OjsError: 400 for the envelope, 422 for the retry policy.
+    """
+    if not isinstance(body, dict):
+        raise OjsError(400, "invalid_request", "the request body must be a JSON object")
+    job_type = body.get("type")
+    if not isinstance(job_type, str) or not job_type:
+        raise invalid("type is required: a dotted lowercase name such as email.send")
+    if not TYPE_PATTERN.match(job_type):
+        raise invalid(f"type {job_type!r} must match {TYPE_PATTERN.pattern}")
+    if "args" not in body:
+        raise invalid("args is required: a JSON array (it may be empty)")
+    args = body["args"]
+    if not isinstance(args, list):
+        raise invalid("args must be a JSON array")
+    if len(json.dumps(args)) > MAX_ARGS_BYTES:
+        raise invalid(f"args larger than {MAX_ARGS_BYTES} bytes")
+    job_id = body.get("id")
+    if job_id is not None and (not isinstance(job_id, str) or not UUIDV7_PATTERN.match(job_id)):
+        raise invalid("id must be a lowercase UUIDv7")
+    meta = body.get("meta")
+    if meta is not None and not isinstance(meta, dict):
+        raise invalid("meta must be an object")
+    options = body.get("options") or {}
+    if not isinstance(options, dict):
+        raise invalid("options must be an object")
+    queue = options.get("queue", DEFAULT_QUEUE)
+    if not isinstance(queue, str) or not QUEUE_PATTERN.match(queue) or len(queue) > 255:
+        raise invalid(f"options.queue {queue!r} must match {QUEUE_PATTERN.pattern}")
+    priority = options.get("priority", 0)
+    if isinstance(priority, bool) or not isinstance(priority, int) or not -100 <= priority <= 100:
+        raise invalid("options.priority must be an integer from -100 to 100")
+    for name in ("timeout_ms", "visibility_timeout_ms"):
+        value = options.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+            raise invalid(f"options.{name} must be a positive integer")
+    tags = options.get("tags")
+    if tags is not None and (not isinstance(tags, list) or not all(isinstance(t, str) for t in tags)):
+        raise invalid("options.tags must be a list of strings")
+    policy = RetryPolicy.from_options(options.get("retry"), options.get("max_attempts"))
+    run_at = options.get("scheduled_at", options.get("delay_until"))
+    run_time = resolve_time(run_at, now, "scheduled_at") if run_at is not None else None
+    expires = options.get("expires_at")
+    expires_text = None
+    if expires is not None:
+        moment = resolve_time(expires, now, "expires_at")
+        expires_text = expires if not expires.startswith("+") else iso(moment)  # echoed exactly as sent
+    unique = options.get("unique")
+    if unique is not None:
+        validate_unique(unique)
+    scheduled = run_time is not None and run_time > now
+    record = {k: v for k, v in body.items() if k not in SYSTEM_FIELDS and k not in ("options",)}
+    record.update({
+        "id": job_id or uuid7(),
+        "type": job_type,
+        "queue": queue,
+        "args": args,
+        "priority": priority,
+        "state": SCHEDULED if scheduled else AVAILABLE,
+        "attempt": 0,
+        "max_attempts": policy.max_attempts,
+        "created_at": iso(now),
+        "enqueued_at": None if scheduled else iso(now),
+        "scheduled_at": iso(run_time) if run_time is not None else None,
+        "expires_at": expires_text,
+        "timeout_ms": options.get("timeout_ms"),
+        "tags": tags,
+        "retry": options.get("retry"),
+        "unique": unique,
+        "options": options or None,
+    })
+    return record
+
+
+def validate_unique(unique: Any) -> None:
+    if not isinstance(unique, dict):
+        raise invalid("options.unique must be an object")
+    keys = unique.get("keys", ["type", "args"])
+    if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+        raise invalid("options.unique.keys must be a list of field names")
+    if unique.get("on_conflict", "reject") not in ("reject", "ignore", "replace"):
+        raise invalid("options.unique.on_conflict must be reject, ignore or replace")
+    states = unique.get("states")
+    if states is not None and (not isinstance(states, list) or not set(states) <= set(STATES)):
+        raise invalid("options.unique.states must list job states")
+    if unique.get("period") is not None:
+        parse_duration(unique["period"], "options.unique.period")
+
+
+def fingerprint(record: dict) -> str:
+    """sha256 of the canonical JSON of the unique keys' values."""
+    keys = (record.get("unique") or {}).get("keys") or ["type", "args"]
+    subject = {k: record.get(k, (record.get("options") or {}).get(k)) for k in keys}
+    return hashlib.sha256(json.dumps(subject, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def policy_of(record: dict) -> RetryPolicy:
+    return RetryPolicy.from_options(record.get("retry"), record.get("max_attempts"))
+
+
+def visibility_ms(record: dict, requested: Any = None) -> int:
+    if isinstance(requested, int) and not isinstance(requested, bool) and requested > 0:
+        return requested
+    options = record.get("options") or {}
+    own = options.get("visibility_timeout_ms")
+    return own if isinstance(own, int) and own > 0 else DEFAULT_VISIBILITY_MS
+
+
+# ---- transitions ------------------------------------------------------------------------------
+
+@dataclass
+class Outcome:
+    """What a nack (or a timeout) does to an active job."""
+
+    state: str
+    retry_delay: float | None = None  # seconds, when retryable
+    dead_letter: bool = False
+    fields: dict = field(default_factory=dict)
+
+
+def fail(record: dict, error: Any, now: datetime, *, requeue: bool = False,
+         rng: random.Random | None = None) -> Outcome:
+    """An active job's attempt failed: requeued, retryable (with its delay) or discarded."""
+    attempt = record["attempt"]
+    entry = error_entry(error, attempt, now)
+    errors = [*(record.get("errors") or []), entry]
+    last = {k: entry[k] for k in ("code", "type", "message", "retryable", "details") if k in entry}
+    common = {"error": last, "errors": errors, "_lease_until": None, "worker_id": None}
+    if requeue:
+        return Outcome(AVAILABLE, fields={**common, "enqueued_at": iso(now)})
+    policy = policy_of(record)
+    names = [entry["type"], entry["code"]]
+    details = entry.get("details") or {}
+    if isinstance(details.get("error_class"), str):
+        names.append(details["error_class"])
+    hopeless = not entry["retryable"] or policy.matches_non_retryable(names)
+    if hopeless or attempt >= policy.max_attempts:
+        return Outcome(DISCARDED, dead_letter=policy.on_exhaustion == "dead_letter", fields={
+            **common, "completed_at": iso(now), "discarded_at": iso(now)})
+    delay = policy.delay(attempt, rng)
+    return Outcome(RETRYABLE, retry_delay=delay, fields={
+        **common, "retry_delay_ms": round(delay * 1000), "next_attempt_at": iso(now + timedelta(seconds=delay))})

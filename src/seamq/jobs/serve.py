@@ -1,0 +1,30 @@
+"""Wiring for `seamq jobs serve`: NATS from the usual settings, the store, the engine, uvicorn."""
+
+from __future__ import annotations
+
+import uvicorn
+
+from seamq.jobs.api import build_app
+from seamq.jobs.engine import Engine
+from seamq.jobs.store import JobStore
+from seamq.nats.connect import connect
+from seamq.observability import log
+from seamq.settings import Settings
+
+
+async def serve(settings: Settings, *, host: str, port: int, test_mode: bool = False) -> None:
+    """Serve until SIGTERM/SIGINT (uvicorn's own handlers), then stop the engine and close NATS."""
+    nc = await connect(settings.nats, name="seamq-jobs")
+    try:
+        store = await JobStore(nc).start()
+        engine = await Engine(store, test_mode=test_mode).start()
+        try:
+            app = build_app(engine, test_mode=test_mode)
+            server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
+                                                   access_log=False, lifespan="off"))
+            log.info("jobs_serving", host=host, port=port, test_mode=test_mode)
+            await server.serve()
+        finally:
+            await engine.stop()
+    finally:
+        await nc.close()

@@ -1,0 +1,139 @@
+"""The OJS job model without a server: validation, durations, ids, retry math, error types."""
+
+from __future__ import annotations
+
+import random
+import re
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from seamq.jobs import model
+from seamq.jobs.model import OjsError, RetryPolicy
+
+NOW = datetime(2026, 11, 23, 12, 0, 0, tzinfo=timezone.utc)
+HYPHENATED = ["dlq.test.list-first", "retry.test.max-attempts", "worker.test.quiet-signal", "a-b", "x.y-z_1"]
+
+
+def push(**body):
+    body.setdefault("type", "email.send")
+    body.setdefault("args", [])
+    return model.new_record(body, NOW)
+
+
+@pytest.mark.parametrize("body, status", [
+    ({"args": []}, 400),  # no type
+    ({"type": "email.send"}, 400),  # no args
+    ({"type": "Email.Send", "args": []}, 400),
+    ({"type": "email send", "args": []}, 400),
+    ({"type": "1email.send", "args": []}, 400),
+    ({"type": "", "args": []}, 400),
+    ({"type": "email@send!", "args": []}, 400),
+    ({"type": "email.send", "args": {"a": 1}}, 400),
+    ({"type": "email.send", "args": "x"}, 400),
+    ({"type": "email.send", "args": None}, 400),
+    ({"type": "email.send", "args": [], "id": "550e8400-e29b-41d4-a716-446655440000"}, 400),  # v4
+    ({"type": "email.send", "args": [], "id": "019461A8-1A2B-7C3D-8E4F-5A6B7C8D9E0F"}, 400),  # uppercase
+    ({"type": "email.send", "args": [], "id": ""}, 400),
+    ({"type": "email.send", "args": [], "options": {"queue": "Default"}}, 400),
+    ({"type": "email.send", "args": [], "options": {"queue": "my_queue!"}}, 400),
+    ({"type": "email.send", "args": [], "options": {"queue": "-invalid"}}, 400),
+    ({"type": "email.send", "args": [], "options": {"priority": 101}}, 400),
+    ({"type": "email.send", "args": [], "options": {"priority": True}}, 400),
+    ({"type": "email.send", "args": [], "options": {"retry": {"max_attempts": -1}}}, 422),
+    ({"type": "email.send", "args": [], "options": {"retry": {"backoff_coefficient": 0.5}}}, 422),
+    ({"type": "email.send", "args": [], "options": {"retry": {"initial_interval": "1 second"}}}, 422),
+    ([1, 2], 400),
+])
+def test_bad_pushes_are_refused_with_the_right_status(body, status):
+    with pytest.raises(OjsError) as refused:
+        model.new_record(body, NOW)
+    assert refused.value.status == status and refused.value.body()["error"]["retryable"] is False
+
+
+@pytest.mark.parametrize("job_type", HYPHENATED)
+def test_types_with_hyphens_are_accepted(job_type):
+    assert push(type=job_type)["type"] == job_type
+
+
+def test_options_are_flattened_and_extras_kept():
+    record = push(args=[42, None, 3.14], x_custom={"a": 1}, meta={"trace_id": "t"},
+                  options={"queue": "reports", "priority": 10, "delay_until": "2020-01-01T00:00:00Z",
+                           "expires_at": "2099-12-31T23:59:59Z", "retry": {"max_attempts": 5}})
+    assert (record["queue"], record["priority"], record["max_attempts"], record["state"]) == ("reports", 10, 5,
+                                                                                              "available")
+    assert record["args"] == [42, None, 3.14] and record["x_custom"] == {"a": 1}
+    assert record["expires_at"] == "2099-12-31T23:59:59Z"  # echoed exactly
+    assert model.UUIDV7_PATTERN.match(record["id"])
+    scheduled = push(options={"scheduled_at": "+PT2S"})
+    assert scheduled["state"] == "scheduled" and scheduled["scheduled_at"] == model.iso(NOW + timedelta(seconds=2))
+    assert "enqueued_at" not in model.public(scheduled)
+
+
+@pytest.mark.parametrize("text, seconds", [("PT1S", 1), ("PT2.5S", 2.5), ("PT5M", 300), ("PT1H", 3600),
+                                           ("P1DT2H", 93600), ("P1D", 86400)])
+def test_durations(text, seconds):
+    assert model.parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "P", "PT", "1S", "PT1", "PTS", "P1Y"])
+def test_bad_durations(text):
+    with pytest.raises(OjsError):
+        model.parse_duration(text)
+
+
+def test_uuid7_shape_and_order():
+    ids = [model.uuid7(1_700_000_000_000 + n) for n in range(100)]
+    assert all(model.UUIDV7_PATTERN.match(i) for i in ids) and ids == sorted(ids)
+
+
+@pytest.mark.parametrize("retry, delays", [
+    ({"initial_interval": "PT1S", "backoff_coefficient": 2.0, "jitter": False}, [1, 2, 4]),  # L1-RTR-001
+    ({"initial_interval": "PT1S", "backoff_strategy": "linear", "jitter": False}, [1, 2, 3]),  # L1-RTR-009
+    ({"initial_interval": "PT1S", "backoff_coefficient": 10, "max_interval": "PT2S", "jitter": False},
+     [1, 2, 2]),  # L1-RTR-008
+    ({"initial_interval": "PT1S", "backoff_coefficient": 1.0, "jitter": False}, [1, 1, 1]),  # L1-RTR-010
+])
+def test_backoff(retry, delays):
+    policy = RetryPolicy.from_options(retry)
+    assert [policy.delay(n) for n in (1, 2, 3)] == delays
+
+
+def test_jitter_stays_within_half_and_one_and_a_half():
+    policy = RetryPolicy.from_options({"initial_interval": "PT2S", "jitter": True})
+    rng = random.Random(7)
+    samples = [policy.delay(1, rng) for _ in range(10_000)]
+    assert 1.0 <= min(samples) and max(samples) < 3.0 and max(samples) - min(samples) > 1.9
+
+
+def test_non_retryable_errors_match_exactly_or_by_prefix():
+    policy = RetryPolicy.from_options({"non_retryable_errors": ["FatalError", "Auth.*"]})
+    assert policy.matches_non_retryable(["FatalError"]) and policy.matches_non_retryable(["Auth.TokenExpired"])
+    assert not policy.matches_non_retryable(["Fatal"]) and not policy.matches_non_retryable(["Authx"])
+
+
+@pytest.mark.parametrize("error, kind", [
+    ({"code": "handler_error", "message": "Database connection timed out"}, "ConnectionTimeout"),
+    ({"code": "handler_error", "message": "API rate limit reached"}, "RateLimitExceeded"),
+    ({"code": "handler_error", "message": "Unexpected null reference"}, "InternalServerError"),
+    ({"code": "x", "message": "m", "type": "Given"}, "Given"),
+    ({"code": "x", "message": "m", "details": {"error_class": "SmtpError"}}, "SmtpError"),
+])
+def test_error_type_is_derived_when_not_given(error, kind):
+    assert model.error_type(error) == kind
+
+
+def test_fail_decides_retryable_discarded_or_requeued():
+    record = {**push(options={"retry": {"max_attempts": 2, "jitter": False}}), "state": "active", "attempt": 1}
+    retry = model.fail(record, {"code": "e", "message": "boom"}, NOW)
+    assert retry.state == "retryable" and retry.retry_delay == 1 and retry.fields["retry_delay_ms"] == 1000
+    assert retry.fields["errors"][0]["attempt"] == 1 and re.match(r".*Z$", retry.fields["errors"][0]["occurred_at"])
+    assert model.fail({**record, "attempt": 2}, {"message": "x"}, NOW).state == "discarded"
+    assert model.fail(record, {"message": "x", "retryable": False}, NOW).state == "discarded"
+    assert model.fail(record, {"message": "x", "retryable": False}, NOW, requeue=True).state == "available"
+
+
+def test_fingerprint_ignores_key_order():
+    a = push(args=[{"x": 1, "y": 2}], options={"unique": {"keys": ["type", "args"]}})
+    b = push(args=[{"y": 2, "x": 1}], options={"unique": {"keys": ["type", "args"]}})
+    assert model.fingerprint(a) == model.fingerprint(b)
