@@ -252,8 +252,7 @@ class InboxConsumer:
                 await self._dead_letter(None, [item], [], record=False)
                 if item.ack:
                     continue
-            item.nak_delay = pending.after_earlier(item.aggregate, item.seq, self._backoff(item.msg))
-            pending.sent_back(item.aggregate, item.seq, item.nak_delay)
+            item.nak_delay = pending.send_back(item.aggregate, item.seq, self._backoff(item.msg))
         if self.config.ordered:
             self._holds.record(pending)
         await self._settle(items)
@@ -288,8 +287,7 @@ class InboxConsumer:
             if self.config.ordered:  # behind an earlier message of its aggregate that was sent back?
                 hold = self._holds.delay(item.aggregate, item.seq, item.delivered >= self.spec.max_deliver, pending)
                 if hold is not None:
-                    item.nak_delay = hold
-                    pending.sent_back(item.aggregate, item.seq, hold)
+                    item.nak_delay = pending.send_back(item.aggregate, item.seq, hold)
                     continue
             result = await self._call(conn, item, careful)
             if result.done:
@@ -303,8 +301,7 @@ class InboxConsumer:
                                                         f"{result.detail}")
             else:
                 item.error = result.detail or "retry"
-                item.nak_delay = pending.after_earlier(item.aggregate, item.seq, self._backoff(item.msg))
-                pending.sent_back(item.aggregate, item.seq, item.nak_delay)
+                item.nak_delay = pending.send_back(item.aggregate, item.seq, self._backoff(item.msg))
                 failed.append(item)
                 CONSUMER_RETRIES.labels(self.spec.name).inc()
         # New rows were recorded as processed (see PgInbox.claim); put back those that were not.
@@ -322,7 +319,7 @@ class InboxConsumer:
             if item.ack:
                 pending.done(item.aggregate, item.seq)
             elif item.nak_delay is not None and item.seq not in pending.get(item.aggregate, {}):
-                pending.sent_back(item.aggregate, item.seq, item.nak_delay)
+                item.nak_delay = pending.send_back(item.aggregate, item.seq, item.nak_delay)
         await self.inbox.processed(conn, [message_id for message_id in done if message_id not in new])
         await self.inbox.duplicate(conn, duplicates)
         await self.inbox.failed(conn, [i.message_id for i in failed], [i.error for i in failed])
@@ -399,8 +396,7 @@ class InboxConsumer:
                 item.dead_letter, item.error = None, f"DLQ publish failed ({result.error}); was: {reason.value}"
                 item.nak_delay = self._backoff(item.msg)
                 if pending is not None:
-                    item.nak_delay = pending.after_earlier(item.aggregate, item.seq, item.nak_delay)
-                    pending.sent_back(item.aggregate, item.seq, item.nak_delay)
+                    item.nak_delay = pending.send_back(item.aggregate, item.seq, item.nak_delay)
                 if item.message_id:
                     failed.append(item)
         if not record:

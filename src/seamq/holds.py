@@ -69,14 +69,16 @@ class Holds:
 class Pending(dict):
     """One lane transaction's decisions: aggregate -> {seq: due back, or None once done}."""
 
-    def sent_back(self, aggregate: str, seq: int, delay: float) -> None:
-        self.setdefault(aggregate, {})[seq] = time.monotonic() + delay
+    def send_back(self, aggregate: str, seq: int, delay: float) -> float:
+        """Record a NAK of `delay`, stretched so this message comes back after its aggregate's
+        earlier ones sent back in this lane; returns the delay to NAK with."""
+        now = time.monotonic()
+        mine = self.setdefault(aggregate, {})
+        earlier = [due for s, due in mine.items() if s < seq and due is not None]
+        if earlier:
+            delay = max(delay, max(earlier) - now + HOLD_MARGIN)
+        mine[seq] = now + delay
+        return delay
 
     def done(self, aggregate: str, seq: int) -> None:
         self.setdefault(aggregate, {})[seq] = None
-
-    def after_earlier(self, aggregate: str, seq: int, delay: float) -> float:
-        """`delay`, stretched so this message comes back after its aggregate's earlier ones in this lane."""
-        now = time.monotonic()
-        earlier = [due for s, due in self.get(aggregate, {}).items() if s < seq and due is not None]
-        return max(delay, max(earlier) - now + HOLD_MARGIN) if earlier else delay
