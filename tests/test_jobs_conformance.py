@@ -10,23 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from seamq.dev.embedded import NatsServer, free_port
+from seamq.dev.embedded import NatsServer
 
+from jobs_harness import JobServer
 from ojs_runner import Runner, load_cases
 
 ROOT = Path(__file__).resolve().parent.parent
-# Built so far (issue 12 lands in steps): levels 0 and 1, and level 2's delay and TTL cases.
-# Cron (level 2), workflows (level 3) and part of level 4 come next; docs/jobs.md has the table.
-def built(case) -> bool:
-    return case.level in (0, 1) or (case.level == 2 and case.category in ("delay", "ttl"))
 
 
 def suites_dir() -> Path | None:
@@ -38,7 +31,7 @@ def suites_dir() -> Path | None:
 
 
 SUITES = suites_dir()
-CASES = [c for c in load_cases(SUITES) if built(c)] if SUITES else []
+CASES = load_cases(SUITES) if SUITES else []
 
 
 _FAILED_START: list[str] = []
@@ -50,32 +43,16 @@ def ojs_server(tmp_path_factory):
         pytest.fail(_FAILED_START[0])
     nats = NatsServer(tmp_path_factory.mktemp("ojs") / "nats")
     nats.start()
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SEAMQ_")}
-    env.update(SEAMQ_NATS__URL=nats.url, SEAMQ_LOG_LEVEL="warning")
-    log = open(tmp_path_factory.mktemp("ojs-log") / "server.log", "wb")
-    server = subprocess.Popen([sys.executable, "-m", "seamq", "jobs", "serve", "--port", str(port), "--test-mode"],
-                              env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
+    server = JobServer(nats.url, tmp_path_factory.mktemp("ojs-log") / "server.log", test_mode=True)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/ojs/v1/health", timeout=1).read()
-                break
-            except OSError:
-                if time.monotonic() > deadline or server.poll() is not None:
-                    _FAILED_START.append(f"seamq jobs serve did not start:\n{Path(log.name).read_text()[-3000:]}")
-                    pytest.fail(_FAILED_START[0])
-                time.sleep(0.05)
-        yield url
-    finally:
-        server.terminate()
         try:
-            server.wait(15)
-        except subprocess.TimeoutExpired:
-            server.kill()
-        log.close()
+            server.start()
+        except RuntimeError as exc:
+            _FAILED_START.append(str(exc))
+            pytest.fail(str(exc))
+        yield server.url
+    finally:
+        server.stop()
         nats.kill()
 
 

@@ -63,10 +63,14 @@ def _limit(text: str | None, default: int = 100, most: int = 1000) -> int:
     return max(1, min(value, most))
 
 
-def build_app(engine: Engine, *, test_mode: bool = False, conformance_level: int = 0) -> "OjsHeaders":
+def build_app(engine: Engine, *, test_mode: bool = False, conformance_level: int = 4) -> "OjsHeaders":
     async def push(request: Request) -> Response:
         status, job = await engine.push(await _body(request))
         return _answer({"job": job}, status)
+
+    async def push_batch(request: Request) -> Response:
+        jobs = await engine.push_batch(await _body(request))
+        return _answer({"jobs": jobs, "count": len(jobs)}, 201)
 
     async def info(request: Request) -> Response:
         return _answer({"job": engine.info(request.path_params["job_id"])})
@@ -112,6 +116,33 @@ def build_app(engine: Engine, *, test_mode: bool = False, conformance_level: int
     async def retry_dead_letter(request: Request) -> Response:
         return _answer({"job": await engine.retry_dead_letter(request.path_params["job_id"])})
 
+    async def create_workflow(request: Request) -> Response:
+        return _answer({"workflow": await engine.create_workflow(await _body(request))}, 201)
+
+    async def workflow(request: Request) -> Response:
+        return _answer({"workflow": engine.workflow(request.path_params["workflow_id"])})
+
+    async def cancel_workflow(request: Request) -> Response:
+        return _answer({"workflow": await engine.cancel_workflow(request.path_params["workflow_id"])})
+
+    async def register_cron(request: Request) -> Response:
+        return _answer({"cron": await engine.register_cron(await _body(request))}, 201)
+
+    async def list_crons(request: Request) -> Response:
+        return _answer({"crons": engine.crons()})
+
+    async def delete_cron(request: Request) -> Response:
+        return _answer({"cron": await engine.delete_cron(request.path_params["name"])})
+
+    async def queue_stats(request: Request) -> Response:
+        return _answer({"queue": engine.queue_stats(request.path_params["name"])})
+
+    async def pause(request: Request) -> Response:
+        return _answer({"queue": await engine.set_paused(request.path_params["name"], True)})
+
+    async def resume(request: Request) -> Response:
+        return _answer({"queue": await engine.set_paused(request.path_params["name"], False)})
+
     async def health(request: Request) -> Response:
         return _answer({"status": "ok", "version": VERSION})
 
@@ -129,6 +160,7 @@ def build_app(engine: Engine, *, test_mode: bool = False, conformance_level: int
 
     routes = [
         Route("/ojs/v1/jobs", push, methods=["POST"]),
+        Route("/ojs/v1/jobs/batch", push_batch, methods=["POST"]),
         Route("/ojs/v1/jobs/{job_id}", info, methods=["GET"]),
         Route("/ojs/v1/jobs/{job_id}", cancel, methods=["DELETE"]),
         Route("/ojs/v1/workers/fetch", fetch, methods=["POST"]),
@@ -139,6 +171,15 @@ def build_app(engine: Engine, *, test_mode: bool = False, conformance_level: int
         Route("/ojs/v1/dead-letter", dead_letters, methods=["GET"]),
         Route("/ojs/v1/dead-letter/{job_id}", delete_dead_letter, methods=["DELETE"]),
         Route("/ojs/v1/dead-letter/{job_id}/retry", retry_dead_letter, methods=["POST"]),
+        Route("/ojs/v1/workflows", create_workflow, methods=["POST"]),
+        Route("/ojs/v1/workflows/{workflow_id}", workflow, methods=["GET"]),
+        Route("/ojs/v1/workflows/{workflow_id}", cancel_workflow, methods=["DELETE"]),
+        Route("/ojs/v1/cron", register_cron, methods=["POST"]),
+        Route("/ojs/v1/cron", list_crons, methods=["GET"]),
+        Route("/ojs/v1/cron/{name}", delete_cron, methods=["DELETE"]),
+        Route("/ojs/v1/queues/{name}/stats", queue_stats, methods=["GET"]),
+        Route("/ojs/v1/queues/{name}/pause", pause, methods=["POST"]),
+        Route("/ojs/v1/queues/{name}/resume", resume, methods=["POST"]),
         Route("/ojs/v1/health", health, methods=["GET"]),
         Route("/ojs/manifest", manifest, methods=["GET"]),
     ]

@@ -1,41 +1,43 @@
-"""The OJS engine: job operations and the clocks that move jobs on their own.
+"""The OJS engine: job operations, workflows, cron, queues, and the clocks that move jobs on their own.
 
 The records live in NATS KV (seamq.jobs.store) and every transition is a CAS
 on the revision last seen, so a job is claimed once however many fetches race
-for it. What a record cannot answer quickly is kept here, rebuilt from KV at
-start: per queue a heap of available jobs by (priority, FIFO), leases of active
-jobs, recent events. One engine serves a set of buckets at a time (ADR-013a in
-docs/jobs.md).
+for it; changes that belong together (an ack with the workflow step it starts,
+a cron fire with its job, a bulk enqueue) are one atomic batch. What a record
+cannot answer quickly is mirrored in seamq.jobs.index, rebuilt from KV at start.
+One engine serves a set of buckets at a time (ADR-013a in docs/jobs.md).
 
-Clocks: scheduled jobs, retry backoff and expiry are JetStream `@at` schedules,
-so they survive restarts of either process, and also deadlines in a heap here,
-for precision: measured on nats-server 2.15, a schedule armed after a stream
-purge fired 250 ms late and one armed earlier than a pending one 50 ms late,
-while the suite checks retries 200 ms after they are due. Whichever fires
-first moves the job; the other then finds nothing to do. Leases and
-`timeout_ms` are heap deadlines only, re-armed from the records at start. A
-timer carries the job's attempt and the engine's generation (new at each reset
-and start), so one that no longer applies changes nothing.
+Clocks: scheduled jobs, retry backoff, expiry and cron fires are JetStream
+`@at` schedules, so they survive restarts of either process, and also
+deadlines in the index, for precision: measured on nats-server 2.15, a
+schedule armed after a stream purge fired 250 ms late and one armed earlier
+than a pending one 50 ms late, while the suite checks retries 200 ms after
+they are due. Whichever fires first moves the job; the other then finds
+nothing to do. Leases and `timeout_ms` are index deadlines only, re-armed from
+the records at start. A timer carries the job's attempt and the engine's
+generation (new at each reset and start), so one that no longer applies
+changes nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
-import heapq
 import random
 from collections import deque
 from datetime import datetime, timedelta
 from typing import Any
 
-from seamq.jobs import model
+from seamq.jobs import cron, model, workflows
+from seamq.jobs.index import Index
 from seamq.jobs.model import (
     ACTIVE, AVAILABLE, CANCELLED, COMPLETED, DISCARDED, RETRYABLE, SCHEDULED, TERMINAL, OjsError, conflict, iso,
     not_found, public, utcnow,
 )
-from seamq.jobs.store import Conflict, JobStore
+from seamq.jobs.store import RECORD_TTL_SECONDS, Conflict, JobStore, Write
 from seamq.observability import log
 
 EVENTS_KEPT = 10_000
+FINISHED_AT = ("completed_at", "discarded_at", "cancelled_at")
 
 
 class Engine:
@@ -46,11 +48,10 @@ class Engine:
         self._reset_memory()
         self._tasks: list[asyncio.Task] = []
         self._wake = asyncio.Event()
+        self._workflow_lock = asyncio.Lock()  # a workflow's steps end one at a time
 
     def _reset_memory(self) -> None:
-        self.jobs: dict[str, tuple[dict, int]] = {}  # id -> (record, revision)
-        self.ready: dict[str, list[tuple[int, int, str]]] = {}  # queue -> heap of (-priority, seq, id)
-        self.deadlines: list[tuple[float, str, str, int]] = []  # (epoch s, kind, id, attempt)
+        self.index = Index()
         self.events: deque[dict] = deque(maxlen=EVENTS_KEPT)
         self.event_seq = 0
         # Timers carry the generation they were armed in: a reset (and a restart, which re-arms
@@ -67,21 +68,17 @@ class Engine:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.store.close()
 
     async def _recover(self, record: dict, revision: int) -> None:
-        """After a restart: index what waits, re-arm what is timed (a due timer fires at once)."""
-        self.jobs[record["id"]] = (record, revision)
-        state = record["state"]
-        if state == AVAILABLE:
-            self._enqueue(record, revision)
-        elif state == SCHEDULED:
-            await self._arm_run(record, model.parse_time(record["scheduled_at"]))
-        elif state == RETRYABLE:
-            await self._arm_run(record, model.parse_time(record["next_attempt_at"]))
-        elif state == ACTIVE:
-            self._arm_deadlines(record)
-        if state in (SCHEDULED, AVAILABLE, RETRYABLE) and record.get("expires_at"):
-            await self._arm_expiry(record)
+        """After a restart: index what waits, re-arm what is timed (a timer already due fires at once)."""
+        self.index.put(record, revision)
+        kind = record.get("_kind")
+        if kind == "cron":
+            if record.get("enabled", True):
+                await self._arm_cron(record)
+        elif kind is None:
+            await self._arm_job(record)
 
     # ---- push -----------------------------------------------------------------------------------
 
@@ -90,22 +87,28 @@ class Engine:
         existing = await self._unique(record)
         if existing is not None:
             return 200, public(existing)
-        try:
-            revision = await self.store.create(record)
-        except Conflict:
-            raise OjsError(409, "duplicate", f"a job with id {record['id']} already exists",
-                           details={"existing_job_id": record["id"]}) from None
-        await self._admitted(record, revision)
+        await self._create([record])
         return 201, public(record)
 
+    async def push_batch(self, body: Any) -> list[dict]:
+        """All or nothing: every item is validated, then all are stored in one atomic batch."""
+        records = model.new_records(body, utcnow())
+        await self._create(records)
+        return [public(r) for r in records]
+
+    async def _create(self, records: list[dict], also: list[Write] = ()) -> None:
+        if not await self._commit([*also, *(Write(r) for r in records)]):
+            taken = next((r["id"] for r in records if self.index.get(r["id"])), None)
+            if taken is None:
+                raise conflict("changed while jobs were created; nothing was created")
+            raise OjsError(409, "duplicate", f"a job with id {taken} already exists",
+                           details={"existing_job_id": taken})
+        for record in records:
+            await self._admitted(record, self.index.get(record["id"])[1])
+
     async def _admitted(self, record: dict, revision: int) -> None:
-        self.jobs[record["id"]] = (record, revision)
-        if record["state"] == AVAILABLE:
-            self._enqueue(record, revision)
-        else:
-            await self._arm_run(record, model.parse_time(record["scheduled_at"]))
-        if record.get("expires_at"):
-            await self._arm_expiry(record)
+        self.index.put(record, revision)
+        await self._arm_job(record)
         self._event("job.enqueued", record)
 
     async def _unique(self, record: dict) -> dict | None:
@@ -118,7 +121,7 @@ class Engine:
         holder_id = await self.store.lock_unique(fingerprint, record["id"], period)
         if holder_id is None:
             return None
-        holder = self.jobs.get(holder_id)
+        holder = self.index.get(holder_id)
         states = unique.get("states") or [s for s in model.STATES if s not in TERMINAL]
         if holder is None or holder[0]["state"] not in states:
             await self.store.take_unique(fingerprint, record["id"], period)
@@ -142,24 +145,29 @@ class Engine:
             raise model.invalid(f"count must be an integer from 1 to {model.MAX_BATCH}")
         out: list[dict] = []
         for queue in queues:
-            heap = self.ready.get(queue)
-            while heap and len(out) < count:
-                _, seq, job_id = heapq.heappop(heap)
-                claimed = await self._claim(job_id, seq, worker_id, visibility)
-                if claimed is not None:
-                    out.append(public(claimed))
             if len(out) >= count:
                 break
+            if self._paused(queue):
+                continue
+            limit = self.index.limits.get(queue)
+            allowed = limit.take(count - len(out)) if limit else count - len(out)
+            taken = 0
+            while taken < allowed:
+                held = self.index.next_available(queue)
+                if held is None:
+                    break
+                claimed = await self._claim(*held, worker_id, visibility)
+                if claimed is not None:
+                    out.append(public(claimed))
+                    taken += 1
+            if limit:
+                limit.tokens += allowed - taken  # what the queue did not have is not spent
         return out
 
-    async def _claim(self, job_id: str, seq: int, worker_id: Any, visibility: Any) -> dict | None:
-        held = self.jobs.get(job_id)
-        if held is None or held[0]["state"] != AVAILABLE or held[0].get("_seq") != seq:
-            return None  # a stale heap entry
-        record, revision = held
+    async def _claim(self, record: dict, revision: int, worker_id: Any, visibility: Any) -> dict | None:
         now = utcnow()
         if record.get("expires_at") and model.parse_time(record["expires_at"]) <= now:
-            await self._expire(job_id)
+            await self._expire(record["id"])
             return None
         lease = now + timedelta(milliseconds=model.visibility_ms(record, visibility))
         claimed = {**record, "state": ACTIVE, "attempt": record["attempt"] + 1, "started_at": iso(now),
@@ -175,7 +183,7 @@ class Engine:
         now = utcnow()
         done = {**record, "state": COMPLETED, "completed_at": iso(now), "result": result, "error": None,
                 "_lease_until": None}
-        if not await self._write(done, revision, finished=True):
+        if not await self._end(done, revision):
             raise conflict(f"job {job_id} changed while it was acknowledged")
         started = model.parse_time(record["started_at"])
         self._event("job.completed", done, duration_ms=round((now - started).total_seconds() * 1000),
@@ -198,44 +206,41 @@ class Engine:
         now = utcnow()
         outcome = model.fail(record, error, now, requeue=requeue, rng=self.rng)
         failed = {**record, **outcome.fields, "state": outcome.state, "_dlq": outcome.dead_letter or None}
-        if not await self._write(failed, revision, finished=outcome.state in TERMINAL):
+        written = await (self._end(failed, revision) if outcome.state in TERMINAL else self._write(failed, revision))
+        if not written:
             raise conflict(f"job {record['id']} changed while it was failed")
         if outcome.state == RETRYABLE:
             await self._arm_run(failed, now + timedelta(seconds=outcome.retry_delay))
             self._event("job.retrying", failed)
-        elif outcome.state == AVAILABLE:
-            self._enqueue(failed, self.jobs[failed["id"]][1])
-        else:
+        elif outcome.state == DISCARDED:
             self._event("job.discarded", failed)
         return failed
 
     def _active(self, job_id: Any, what: str) -> tuple[dict, int]:
         if not isinstance(job_id, str) or not job_id:
             raise model.invalid("job_id is required")
-        held = self.jobs.get(job_id)
-        if held is None:
-            raise not_found(job_id)
+        held = self._job(job_id)
         if held[0]["state"] != ACTIVE:
             raise conflict(f"cannot {what} job {job_id}: it is {held[0]['state']}, not active")
+        return held
+
+    def _job(self, job_id: str) -> tuple[dict, int]:
+        held = self.index.get(job_id)
+        if held is None or held[0].get("_kind"):
+            raise not_found(job_id)
         return held
 
     # ---- info, cancel, heartbeat --------------------------------------------------------------
 
     def info(self, job_id: str) -> dict:
-        held = self.jobs.get(job_id)
-        if held is None:
-            raise not_found(job_id)
-        return public(held[0])
+        return public(self._job(job_id)[0])
 
     async def cancel(self, job_id: str) -> dict:
-        held = self.jobs.get(job_id)
-        if held is None:
-            raise not_found(job_id)
-        record, revision = held
+        record, revision = self._job(job_id)
         if record["state"] in TERMINAL:
             raise conflict(f"job {job_id} is {record['state']}: it can no longer be cancelled")
         cancelled = {**record, "state": CANCELLED, "cancelled_at": iso(utcnow()), "_lease_until": None}
-        if not await self._write(cancelled, revision, finished=True):
+        if not await self._end(cancelled, revision):
             raise conflict(f"job {job_id} changed while it was cancelled")
         self._event("job.cancelled", cancelled)
         return public(cancelled)
@@ -247,30 +252,156 @@ class Engine:
         extended, directive = [], "running"
         now = utcnow()
         for job_id in ids:
-            held = self.jobs.get(job_id) if isinstance(job_id, str) else None
-            if held is None or held[0]["state"] != ACTIVE:
+            held = self.index.get(job_id) if isinstance(job_id, str) else None
+            if held is None or held[0].get("state") != ACTIVE:
                 continue
             record, revision = held
             lease = now + timedelta(milliseconds=model.visibility_ms(record, visibility))
             if await self._write({**record, "_lease_until": iso(lease)}, revision):
-                self._arm_deadlines(self.jobs[job_id][0])
+                self._arm_deadlines(self.index.get(job_id)[0])
                 extended.append(job_id)
             hook = ((record.get("options") or {}).get("metadata") or {}).get("test_directive")
             if self.test_mode and hook in ("quiet", "terminate"):
                 directive = hook
         return {"state": directive, "jobs_extended": extended, "server_time": iso(now)}
 
+    # ---- workflows ----------------------------------------------------------------------------
+
+    async def create_workflow(self, body: Any) -> dict:
+        workflow, first = workflows.new(body, utcnow())
+        await self._create(first, also=[Write(workflow)])
+        self._event("workflow.started", workflow)
+        return workflows.public(workflow)
+
+    def workflow(self, workflow_id: str) -> dict:
+        return workflows.public(self._workflow(workflow_id)[0])
+
+    def _workflow(self, workflow_id: str) -> tuple[dict, int]:
+        held = self.index.get(workflows.key(workflow_id))
+        if held is None:
+            raise OjsError(404, "not_found", f"workflow {workflow_id} not found")
+        return held
+
+    async def cancel_workflow(self, workflow_id: str) -> dict:
+        """The workflow and each of its jobs not yet ended, in one atomic batch; later steps never start."""
+        async with self._workflow_lock:
+            workflow, revision = self._workflow(workflow_id)
+            now = utcnow()
+            stopped = workflows.cancelled(workflow, now)
+            jobs = [held for held in map(self.index.get, workflows.job_ids(workflow))
+                    if held is not None and held[0]["state"] not in TERMINAL]
+            writes = [Write(stopped, revision), *(
+                Write({**r, "state": CANCELLED, "cancelled_at": iso(now), "_lease_until": None}, rev, True)
+                for r, rev in jobs)]
+            if not await self._commit(writes):
+                raise conflict(f"workflow {workflow_id} changed while it was cancelled")
+        for write in writes[1:]:
+            self._finished(write.record)
+            self._event("job.cancelled", write.record)
+        self._event("workflow.cancelled", stopped)
+        return workflows.public(stopped)
+
+    # ---- cron ---------------------------------------------------------------------------------
+
+    async def register_cron(self, body: Any) -> dict:
+        if not isinstance(body, dict):
+            raise model.invalid("the request body must be a JSON object")
+        name = body.get("name")
+        if not isinstance(name, str) or not name or len(name) > 200:
+            raise model.invalid("name is required: a string of at most 200 characters")
+        zone = body.get("timezone") or "UTC"
+        schedule = cron.parse(body.get("expression"))
+        cron.time_zone(zone)
+        policy = body.get("overlap_policy", "allow")
+        if policy not in ("allow", "skip"):
+            raise model.invalid("overlap_policy must be allow or skip")
+        enabled = body.get("enabled", True)
+        if not isinstance(enabled, bool):
+            raise model.invalid("enabled must be true or false")
+        template = body.get("job_template")
+        model.new_record(template, utcnow())  # refused now, not at the first fire
+        now = utcnow()
+        key = f"cron.{name.encode().hex()}"
+        record = {"_key": key, "_kind": "cron", "name": name, "expression": body["expression"], "timezone": zone,
+                  "overlap_policy": policy, "enabled": enabled, "created_at": iso(now),
+                  "next_run_at": iso(schedule.next_after(now, zone)), "job_template": template}
+        held = self.index.get(key)
+        if not await self._write(record, held[1] if held else 0):
+            raise conflict(f"cron {name} changed while it was registered")
+        if enabled:
+            await self._arm_cron(record)
+        return public(record)
+
+    def crons(self) -> list[dict]:
+        return sorted((public(r) for r, _ in self.index.of_kind("cron")), key=lambda c: c["name"])
+
+    async def delete_cron(self, name: str) -> dict:
+        key = f"cron.{name.encode().hex()}"
+        held = self.index.get(key)
+        if held is None:
+            raise OjsError(404, "not_found", f"cron {name} not found")
+        await self.store.delete(key)
+        self.index.drop(key)
+        await self.store.disarm("cron", key)
+        return public(held[0])
+
+    async def _fire_cron(self, key: str, due_ms: int) -> None:
+        held = self.index.get(key)
+        if held is None or not held[0].get("enabled", True):
+            return
+        record, revision = held
+        due = model.parse_time(record["next_run_at"])
+        if int(due.timestamp() * 1000) != due_ms:
+            return  # a timer for a run that is no longer the next one
+        now = utcnow()
+        following = {**record, "next_run_at": iso(cron.parse(record["expression"]).next_after(
+            max(now, due), record["timezone"]))}
+        last = self.index.get(record.get("_last_job_id") or "")
+        if record["overlap_policy"] == "skip" and last is not None and last[0]["state"] not in TERMINAL:
+            if await self._write(following, revision):
+                self._event("cron.skipped", last[0])
+        else:
+            job = model.new_record(record["job_template"], now)
+            following["_last_job_id"] = job["id"]
+            try:
+                await self._create([job], also=[Write(following, revision)])
+            except OjsError:  # the cron changed (deleted, replaced) since this fire was armed
+                return
+            self._event("cron.triggered", job)
+        await self._arm_cron(self.index.get(key)[0])
+
+    # ---- queues ---------------------------------------------------------------------------------
+
+    def _paused(self, queue: str) -> bool:
+        held = self.index.get(f"queue.{queue}")
+        return held is not None and held[0]["paused"]
+
+    async def set_paused(self, queue: str, paused: bool) -> dict:
+        if not model.QUEUE_PATTERN.match(queue):
+            raise model.invalid(f"queue {queue!r} must match {model.QUEUE_PATTERN.pattern}")
+        key = f"queue.{queue}"
+        held = self.index.get(key)
+        record = {"_key": key, "_kind": "queue", "name": queue, "paused": paused}
+        if not await self._write(record, held[1] if held else 0):
+            raise conflict(f"queue {queue} changed while it was {'paused' if paused else 'resumed'}")
+        self._event("queue.paused" if paused else "queue.resumed", {"id": queue, "type": "", "queue": queue,
+                                                                     "attempt": 0})
+        return {"name": queue, "paused": paused}
+
+    def queue_stats(self, queue: str) -> dict:
+        return {"name": queue, **self.index.stats(queue), "paused": self._paused(queue)}
+
     # ---- dead letters (on_exhaustion: dead_letter) ------------------------------------------------
 
     def dead_letters(self, queue: str | None, limit: int) -> dict:
-        found = [public(r) for r, _ in self.jobs.values()
+        found = [public(r) for r, _ in self.index.records.values()
                  if r.get("_dlq") and r["state"] == DISCARDED and (queue is None or r["queue"] == queue)]
         found.sort(key=lambda j: j.get("discarded_at") or "")
         return {"jobs": found[:limit], "pagination": {"total": len(found), "limit": limit,
                                                       "has_more": len(found) > limit}}
 
     def _dead(self, job_id: str) -> tuple[dict, int]:
-        held = self.jobs.get(job_id)
+        held = self.index.get(job_id)
         if held is None or not held[0].get("_dlq"):
             raise OjsError(404, "not_found", f"no dead letter {job_id}")
         return held
@@ -278,17 +409,15 @@ class Engine:
     async def delete_dead_letter(self, job_id: str) -> dict:
         self._dead(job_id)
         await self.store.delete(job_id)
-        self.jobs.pop(job_id, None)
+        self.index.drop(job_id)
         return {"deleted": True, "job_id": job_id}
 
     async def retry_dead_letter(self, job_id: str) -> dict:
         record, revision = self._dead(job_id)
-        now = utcnow()
-        again = {**record, "state": AVAILABLE, "attempt": 0, "enqueued_at": iso(now), "_dlq": None,
+        again = {**record, "state": AVAILABLE, "attempt": 0, "enqueued_at": iso(utcnow()), "_dlq": None,
                  "completed_at": None, "discarded_at": None, "error": None}
         if not await self._write(again, revision):
             raise conflict(f"dead letter {job_id} changed while it was retried")
-        self._enqueue(again, self.jobs[job_id][1])
         self._event("job.enqueued", again)
         return public(again)
 
@@ -299,8 +428,8 @@ class Engine:
         self.events.append({
             "specversion": "1.0", "id": f"evt_{model.uuid7()}", "type": kind, "source": "seamq/jobs",
             "time": iso(utcnow()), "subject": record["id"], "_seq": self.event_seq,
-            "data": {"job_id": record["id"], "job_type": record["type"], "queue": record["queue"],
-                     "attempt": record["attempt"], **data},
+            "data": {"job_id": record["id"], "job_type": record.get("type"), "queue": record.get("queue"),
+                     "attempt": record.get("attempt"), **data},
         })
 
     def list_events(self, types: list[str], queues: list[str], limit: int, after: int = 0) -> dict:
@@ -316,64 +445,101 @@ class Engine:
         await self.store.wipe()
         self._reset_memory()
 
-    # ---- the record, the index, the clocks ---------------------------------------------------------
+    # ---- writing --------------------------------------------------------------------------------
 
-    async def _write(self, record: dict, revision: int, *, finished: bool = False) -> bool:
-        """CAS; on success the cache follows. A lost CAS reloads the record and returns False."""
+    async def _write(self, record: dict, revision: int) -> bool:
+        """One record's CAS; False (with the index reloaded) when another writer was first."""
+        return await self._commit([Write(record, revision)])
+
+    async def _commit(self, writes: list[Write]) -> bool:
         try:
-            new_revision = await self.store.update(record, revision, finished=finished)
+            revisions = await self.store.commit(writes)
         except Conflict:  # another writer (a timer racing its twin, another instance) was first
-            found = await self.store.get(record["id"])
-            if found is None:
-                self.jobs.pop(record["id"], None)
-            elif found[0]["state"] == AVAILABLE:
-                self.jobs[record["id"]] = found
-                self._enqueue(*found)  # a second heap entry for it is harmless: the first claim wins
-            else:
-                self.jobs[record["id"]] = found
+            for write in writes:
+                found = await self.store.get(write.key)
+                if found is None:
+                    self.index.drop(write.key)
+                else:
+                    self.index.put(*found)
             return False
-        self.jobs[record["id"]] = (record, new_revision)
+        for write, revision in zip(writes, revisions):
+            self.index.put(write.record, revision)
         return True
 
-    def _enqueue(self, record: dict, revision: int) -> None:
-        record["_seq"] = revision  # FIFO: the revision that made it available (monotonic in the stream)
-        heapq.heappush(self.ready.setdefault(record["queue"], []), (-record["priority"], revision, record["id"]))
+    async def _end(self, record: dict, revision: int) -> bool:
+        """A job reaches a terminal state; with its workflow's next move in the same atomic batch."""
+        if not record.get("workflow_id"):
+            written = await self._commit([Write(record, revision, finished=True)])
+        else:
+            async with self._workflow_lock:
+                held = self.index.get(workflows.key(record["workflow_id"]))
+                moved, started = workflows.job_ended(held[0], record, utcnow()) if held else (None, [])
+                writes = [Write(record, revision, finished=True),
+                          *([Write(moved, held[1], finished=moved["state"] != workflows.RUNNING)] if moved else []),
+                          *(Write(job) for job in started)]
+                written = await self._commit(writes)
+            if written:
+                for job in started:
+                    await self._admitted(job, self.index.get(job["id"])[1])
+                if moved and moved["state"] != workflows.RUNNING:
+                    self._event(f"workflow.{moved['state']}", moved)
+        if written:
+            self._finished(record)
+        return written
 
-    def _token(self, record: dict) -> dict:
-        return {"gen": self.gen, "state": record["state"], "attempt": record["attempt"]}
+    def _finished(self, record: dict) -> None:
+        """Forget a finished record when KV does (its per-message TTL)."""
+        ended = next((record[k] for k in FINISHED_AT if record.get(k)), None)
+        if ended:
+            self.index.at(model.parse_time(ended).timestamp() + RECORD_TTL_SECONDS, "forget", record["id"])
+            self._wake.set()
+
+    # ---- clocks --------------------------------------------------------------------------------
+
+    async def _arm_job(self, record: dict) -> None:
+        state = record["state"]
+        if state == SCHEDULED:
+            await self._arm_run(record, model.parse_time(record["scheduled_at"]))
+        elif state == RETRYABLE:
+            await self._arm_run(record, model.parse_time(record["next_attempt_at"]))
+        elif state == ACTIVE:
+            self._arm_deadlines(record)
+        elif state in TERMINAL:
+            self._finished(record)
+        if state in (SCHEDULED, AVAILABLE, RETRYABLE) and record.get("expires_at"):
+            at = model.parse_time(record["expires_at"])
+            await self.store.arm("expire", record["id"], at, {"gen": self.gen})
+            self._deadline_at(at, "expire", record["id"])
 
     async def _arm_run(self, record: dict, at: datetime) -> None:
-        await self.store.arm("run", record["id"], at, self._token(record))
-        self._deadline_at(at, "run", record)
+        await self.store.arm("run", record["id"], at, {"gen": self.gen, "attempt": record["attempt"]})
+        self._deadline_at(at, "run", record["id"], record["attempt"])
 
-    async def _arm_expiry(self, record: dict) -> None:
-        at = model.parse_time(record["expires_at"])
-        await self.store.arm("expire", record["id"], at, {"gen": self.gen})
-        self._deadline_at(at, "expire", record)
+    async def _arm_cron(self, record: dict) -> None:
+        at = model.parse_time(record["next_run_at"])
+        due_ms = int(at.timestamp() * 1000)
+        await self.store.arm("cron", record["_key"], at, {"gen": self.gen, "attempt": due_ms})
+        self._deadline_at(at, "cron", record["_key"], due_ms)
 
-    def _deadline_at(self, at: datetime, kind: str, record: dict) -> None:
-        heapq.heappush(self.deadlines, (at.timestamp(), kind, record["id"], record["attempt"]))
+    def _deadline_at(self, at: datetime, kind: str, key: str, attempt: int = 0) -> None:
+        self.index.at(at.timestamp(), kind, key, attempt)
         self._wake.set()
 
     def _arm_deadlines(self, record: dict) -> None:
         if record.get("_lease_until"):
-            heapq.heappush(self.deadlines, (model.parse_time(record["_lease_until"]).timestamp(), "lease",
-                                            record["id"], record["attempt"]))
+            self.index.at(model.parse_time(record["_lease_until"]).timestamp(), "lease", record["id"],
+                          record["attempt"])
         if record.get("timeout_ms") and record.get("started_at"):
             due = model.parse_time(record["started_at"]).timestamp() + record["timeout_ms"] / 1000
-            heapq.heappush(self.deadlines, (due, "timeout", record["id"], record["attempt"]))
+            self.index.at(due, "timeout", record["id"], record["attempt"])
         self._wake.set()
 
     async def _timer_loop(self) -> None:
         while True:
             try:
-                for kind, job_id, token, handle in await self.store.fired():
-                    try:
-                        if token.get("gen") == self.gen:
-                            await (self._run_due(job_id, token.get("attempt")) if kind == "run"
-                                   else self._expire(job_id))
-                    except Exception as exc:  # one bad timer never stops the clock
-                        log.error("ojs_timer_failed", job_id=job_id, kind=kind, error=f"{type(exc).__name__}: {exc}")
+                for kind, key, token, handle in await self.store.fired():
+                    if token.get("gen") == self.gen:
+                        await self._due(kind, key, token.get("attempt", 0))
                     await self.store.done(handle)
             except asyncio.CancelledError:
                 raise
@@ -381,8 +547,37 @@ class Engine:
                 log.warning("ojs_timers_unavailable", error=f"{type(exc).__name__}: {exc}")
                 await asyncio.sleep(0.5)
 
+    async def _deadline_loop(self) -> None:
+        while True:
+            self._wake.clear()
+            for kind, key, attempt in self.index.due(utcnow().timestamp()):
+                await self._due(kind, key, attempt)
+            upcoming = self.index.next_deadline()
+            wait = upcoming - utcnow().timestamp() if upcoming is not None else 3600
+            try:
+                await asyncio.wait_for(self._wake.wait(), max(0.0, wait))
+            except asyncio.TimeoutError:
+                pass
+
+    async def _due(self, kind: str, key: str, attempt: int) -> None:
+        try:
+            if kind == "run":
+                await self._run_due(key, attempt)
+            elif kind == "expire":
+                await self._expire(key)
+            elif kind == "cron":
+                await self._fire_cron(key, attempt)
+            elif kind == "forget":
+                held = self.index.get(key)
+                if held is not None and held[0]["state"] in TERMINAL:
+                    self.index.drop(key)
+            else:
+                await self._lease_or_timeout(kind, key, attempt)
+        except Exception as exc:  # one bad timer never stops the clock
+            log.error("ojs_timer_failed", key=key, kind=kind, error=f"{type(exc).__name__}: {exc}")
+
     async def _run_due(self, job_id: str, attempt: Any) -> None:
-        held = self.jobs.get(job_id)
+        held = self.index.get(job_id)
         if held is None:
             return
         record, revision = held
@@ -391,43 +586,19 @@ class Engine:
         due = record.get("next_attempt_at") if record["state"] == RETRYABLE else record.get("scheduled_at")
         if due and model.parse_time(due) > utcnow() + timedelta(milliseconds=5):
             return  # armed for an earlier time that no longer applies
-        ready = {**record, "state": AVAILABLE, "enqueued_at": iso(utcnow())}
-        if await self._write(ready, revision):
-            self._enqueue(ready, self.jobs[job_id][1])
+        await self._write({**record, "state": AVAILABLE, "enqueued_at": iso(utcnow())}, revision)
 
     async def _expire(self, job_id: str) -> None:
-        held = self.jobs.get(job_id)
+        held = self.index.get(job_id)
         if held is None or held[0]["state"] not in (SCHEDULED, AVAILABLE, RETRYABLE):
             return
         record, revision = held
         expired = {**record, "state": DISCARDED, "discarded_at": iso(utcnow())}
-        if await self._write(expired, revision, finished=True):
+        if await self._end(expired, revision):
             self._event("job.expired", expired)
 
-    async def _deadline_loop(self) -> None:
-        while True:
-            self._wake.clear()
-            now = utcnow().timestamp()
-            while self.deadlines and self.deadlines[0][0] <= now:
-                _, kind, job_id, attempt = heapq.heappop(self.deadlines)
-                try:
-                    await self._deadline(kind, job_id, attempt)
-                except Exception as exc:
-                    log.error("ojs_deadline_failed", job_id=job_id, kind=kind, error=f"{type(exc).__name__}: {exc}")
-            wait = self.deadlines[0][0] - utcnow().timestamp() if self.deadlines else 3600
-            try:
-                await asyncio.wait_for(self._wake.wait(), max(0.0, wait))
-            except asyncio.TimeoutError:
-                pass
-
-    async def _deadline(self, kind: str, job_id: str, attempt: int) -> None:
-        if kind == "run":
-            await self._run_due(job_id, attempt)
-            return
-        if kind == "expire":
-            await self._expire(job_id)
-            return
-        held = self.jobs.get(job_id)
+    async def _lease_or_timeout(self, kind: str, job_id: str, attempt: int) -> None:
+        held = self.index.get(job_id)
         if held is None or held[0]["state"] != ACTIVE or held[0]["attempt"] != attempt:
             return
         record, revision = held
@@ -437,7 +608,5 @@ class Engine:
             return
         if model.parse_time(record["_lease_until"]).timestamp() > utcnow().timestamp():
             return  # extended by a heartbeat since this deadline was armed
-        released = {**record, "state": AVAILABLE, "enqueued_at": iso(utcnow()), "_lease_until": None,
-                    "worker_id": None}
-        if await self._write(released, revision):
-            self._enqueue(released, self.jobs[job_id][1])
+        await self._write({**record, "state": AVAILABLE, "enqueued_at": iso(utcnow()), "_lease_until": None,
+                           "worker_id": None}, revision)

@@ -46,6 +46,7 @@ MAX_ARGS_BYTES = 512 * 1024  # a job's args; the record must fit one KV message 
 SYSTEM_FIELDS = frozenset({
     "state", "attempt", "created_at", "enqueued_at", "started_at", "completed_at", "cancelled_at",
     "discarded_at", "error", "errors", "result", "retry_delay_ms", "next_attempt_at", "worker_id",
+    "workflow_id", "workflow_index", "parent_results",
 })
 
 
@@ -289,6 +290,11 @@ def new_record(body: Any, now: datetime) -> dict:
     tags = options.get("tags")
     if tags is not None and (not isinstance(tags, list) or not all(isinstance(t, str) for t in tags)):
         raise invalid("options.tags must be a list of strings")
+    limit = options.get("rate_limit")
+    if limit is not None:
+        rate = limit.get("max_per_second") if isinstance(limit, dict) else None
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not rate > 0:
+            raise invalid("options.rate_limit.max_per_second must be a positive number")
     policy = RetryPolicy.from_options(options.get("retry"), options.get("max_attempts"))
     run_at = options.get("scheduled_at", options.get("delay_until"))
     run_time = resolve_time(run_at, now, "scheduled_at") if run_at is not None else None
@@ -322,6 +328,24 @@ def new_record(body: Any, now: datetime) -> dict:
         "options": options or None,
     })
     return record
+
+
+def new_records(body: Any, now: datetime) -> list[dict]:
+    """A bulk enqueue (`{"jobs": [...]}`): every item valid, or an error naming the first wrong one."""
+    jobs = body.get("jobs") if isinstance(body, dict) else None
+    if not isinstance(jobs, list) or not jobs:
+        raise invalid("jobs must be a non-empty list of jobs")
+    if len(jobs) > MAX_BATCH:
+        raise invalid(f"a batch holds at most {MAX_BATCH} jobs, got {len(jobs)}")
+    records = []
+    for index, item in enumerate(jobs):
+        try:
+            records.append(new_record(item, now))
+        except OjsError as exc:
+            raise OjsError(exc.status, exc.code, f"jobs[{index}]: {exc.message}") from None
+    if len({r["id"] for r in records}) < len(records):
+        raise invalid("two jobs of the batch have the same id")
+    return records
 
 
 def validate_unique(unique: Any) -> None:

@@ -2,9 +2,13 @@
 
 NATS resources (created idempotently at start):
 
-- KV `OJS_JOBS`: one record per job id, the source of truth; every state change
-  is a CAS on the revision the engine last saw, so a claim is exclusive even
-  with several writers.
+- KV `OJS_JOBS`: the source of truth, one record per key: a job under its id,
+  and `wf.{id}` (workflow), `cron.{hex name}` (cron), `queue.{name}` (a queue's
+  pause flag). Every state change is a CAS on the revision the engine last saw,
+  so a claim is exclusive even with several writers. Writes that belong
+  together (a bulk enqueue; a chain step's ack with its workflow and the next
+  step; a cron fire with the job it enqueues) are one JetStream atomic batch:
+  all stored or none, each message with its own CAS.
 - KV `OJS_UNIQUE`: unique-job locks, key = fingerprint, value = holder job id,
   per-message TTL = the unique period.
 - Stream `OJS_TIMERS` (`allow_msg_schedules`, one message per subject): a timer
@@ -20,12 +24,14 @@ from __future__ import annotations
 
 import json
 import math
+import uuid
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import AsyncIterator
 
 from nats.aio.client import Client
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, KeyValueConfig, StorageType, StreamConfig
-from nats.js.errors import APIError, BadRequestError, KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError, NotFoundError
+from nats.js.errors import APIError, BadRequestError, KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 
 from seamq.nats.pull import PullSource
 
@@ -37,6 +43,20 @@ class Conflict(Exception):
     """A CAS lost: someone else changed the record (or created the key) first."""
 
 
+@dataclass(frozen=True)
+class Write:
+    """One record to store: `revision` 0 creates the key (refused if it exists), else a CAS on it.
+    A `finished` record expires after RECORD_TTL_SECONDS."""
+
+    record: dict
+    revision: int = 0
+    finished: bool = False
+
+    @property
+    def key(self) -> str:
+        return self.record.get("_key") or self.record["id"]
+
+
 class JobStore:
     def __init__(self, nc: Client) -> None:
         self.nc = nc
@@ -45,9 +65,9 @@ class JobStore:
         self._timers_sub = None
 
     async def start(self) -> "JobStore":
-        self.jobs = await self.js.create_key_value(KeyValueConfig(bucket=JOBS, history=1, storage=StorageType.FILE))
-        self.unique = await self.js.create_key_value(
-            KeyValueConfig(bucket=UNIQUE, history=1, storage=StorageType.FILE))
+        self.jobs = await self._bucket(JOBS)
+        self.unique = await self._bucket(UNIQUE)
+        await self._allow_atomic(f"KV_{JOBS}")
         config = StreamConfig(name=TIMERS, subjects=["ojs.sched.>", "ojs.fire.>"], allow_msg_schedules=True,
                               max_msgs_per_subject=1, storage=StorageType.FILE, max_age=30 * 86400)
         try:
@@ -62,48 +82,114 @@ class JobStore:
         self._timers_sub = await PullSource(self.nc, TIMERS, TIMER_CONSUMER, buffer=200).start()
         return self
 
+    async def _bucket(self, name: str):
+        try:
+            return await self.js.create_key_value(KeyValueConfig(bucket=name, history=1, storage=StorageType.FILE))
+        except BadRequestError:  # it exists, with atomic batches allowed by an earlier start
+            return await self.js.key_value(name)
+
+    async def _allow_atomic(self, stream: str) -> None:
+        """`create_key_value` cannot ask for atomic batches and nats-py's StreamConfig has no field
+        for it: the stream is updated through the JetStream API with its own config plus the flag."""
+        info = await self.js.stream_info(stream)
+        config = info.config.as_dict()
+        if config.get("allow_atomic"):
+            return
+        config["allow_atomic"] = True
+        reply = json.loads((await self.nc.request(f"$JS.API.STREAM.UPDATE.{stream}", json.dumps(config).encode(),
+                                                  timeout=5)).data)
+        if "error" in reply:
+            raise APIError.from_error(reply["error"])
+
+    async def close(self) -> None:
+        if self._timers_sub is not None:
+            await self._timers_sub.close()
+
     # ---- records ------------------------------------------------------------------------------
 
-    async def create(self, record: dict, *, ttl: float | None = None) -> int:
-        try:
-            return await self.jobs.create(record["id"], _encode(record), msg_ttl=ttl)
-        except KeyWrongLastSequenceError:
-            raise Conflict(record["id"]) from None
+    async def create(self, record: dict) -> int:
+        return (await self.commit([Write(record)]))[0]
 
-    async def get(self, job_id: str) -> tuple[dict, int] | None:
+    async def update(self, record: dict, revision: int, *, finished: bool = False) -> int:
+        """CAS: the new revision, or Conflict."""
+        return (await self.commit([Write(record, revision, finished)]))[0]
+
+    async def commit(self, writes: list[Write]) -> list[int]:
+        """Store every write or none (Conflict); the new revisions in order.
+
+        KV's own create/update take no TTL and no batch: the same publishes, done here (the KV
+        protocol is public): `Nats-Expected-Last-Subject-Sequence` is the CAS, 0 meaning "absent".
+        A KV delete leaves a marker with a sequence, so a purged key is recreated with its
+        marker's revision, never with 0; `create` of a purged key reads the marker first.
+        """
+        if not writes:
+            return []
         try:
-            entry = await self.jobs.get(job_id)
+            return await self._publish(writes)
+        except Conflict:
+            # A create of a key that was deleted must name the delete marker's revision, not 0.
+            markers = [await self._marker(w.key) if not w.revision else 0 for w in writes]
+            if not any(markers):
+                raise
+            return await self._publish([Write(w.record, m or w.revision, w.finished) for w, m in zip(writes, markers)])
+
+    async def _publish(self, writes: list[Write]) -> list[int]:
+        batch_id = uuid.uuid4().hex if len(writes) > 1 else None
+        for index, write in enumerate(writes, 1):
+            headers = {"Nats-Expected-Last-Subject-Sequence": str(write.revision)}
+            if write.finished:
+                headers["Nats-TTL"] = str(RECORD_TTL_SECONDS)
+            if batch_id:
+                headers.update({"Nats-Batch-Id": batch_id, "Nats-Batch-Sequence": str(index)})
+            subject, payload = f"$KV.{JOBS}.{write.key}", _encode(write.record)
+            if index < len(writes):
+                await self.nc.publish(subject, payload, headers=headers)
+                continue
+            if batch_id:
+                headers["Nats-Batch-Commit"] = "1"
+            reply = json.loads((await self.nc.request(subject, payload, headers=headers, timeout=5)).data)
+        error = reply.get("error")
+        if error:
+            if error.get("err_code") in (10071, 10164):  # wrong last sequence: a CAS lost
+                raise Conflict(", ".join(w.key for w in writes))
+            raise APIError.from_error(error)
+        # An atomic batch is stored in order, contiguously: the commit's sequence is the last one's.
+        last = reply["seq"]
+        return list(range(last - len(writes) + 1, last + 1))
+
+    async def _marker(self, key: str) -> int:
+        """The revision of a deleted key's marker (0 if the key never existed)."""
+        try:
+            entry = await self.jobs.get(key)
+        except KeyNotFoundError as exc:
+            return getattr(exc, "entry", None) and exc.entry.revision or 0
+        except NotFoundError:
+            return 0
+        return entry.revision if entry.value is None else 0
+
+    async def get(self, key: str) -> tuple[dict, int] | None:
+        try:
+            entry = await self.jobs.get(key)
         except (KeyNotFoundError, NotFoundError):
             return None
         if entry.value is None:
             return None
         return json.loads(entry.value), entry.revision
 
-    async def update(self, record: dict, revision: int, *, finished: bool = False) -> int:
-        """CAS: the new revision, or Conflict. A finished job's record expires after RECORD_TTL_SECONDS."""
-        # KeyValue.update() takes no TTL: the same CAS publish, done here (the KV protocol is public).
-        try:
-            ack = await self.js.publish(f"$KV.{JOBS}.{record['id']}", _encode(record),
-                                        headers={"Nats-Expected-Last-Subject-Sequence": str(revision)},
-                                        msg_ttl=RECORD_TTL_SECONDS if finished else None)
-        except APIError as exc:
-            if exc.err_code in (10071, 10164):  # wrong last sequence: the CAS lost
-                raise Conflict(record["id"]) from None
-            raise
-        return ack.seq
-
     async def delete(self, job_id: str) -> None:
         await self.jobs.purge(job_id)
 
     async def all_records(self) -> AsyncIterator[tuple[dict, int]]:
+        """Every live record with its revision: one ordered pass over the bucket's last values."""
+        watcher = await self.jobs.watchall(ignore_deletes=True)
         try:
-            keys = await self.jobs.keys()
-        except (NoKeysError, NotFoundError):
-            return
-        for key in keys:
-            found = await self.get(key)
-            if found:
-                yield found
+            async for entry in watcher:
+                if entry is None:  # the initial values are all delivered
+                    return
+                if entry.value:
+                    yield json.loads(entry.value), entry.revision
+        finally:
+            await watcher.stop()
 
     # ---- unique locks -------------------------------------------------------------------------
 

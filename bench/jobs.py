@@ -1,0 +1,253 @@
+"""Scenario 7: the OJS job server (`seamq jobs serve`) next to its raw parts and to procrastinate.
+
+Raw baselines, same nats-server: KV creates and CAS updates (what every push and every transition
+costs at least) and `@at` schedule publishes (every timer). Then the server over HTTP, one aiohttp
+client like a user's: enqueue one job per request (64 in flight) and 100 per batch request; processed
+end to end (16 workers, each fetching 10 and acking them one by one); timer lateness with 300 jobs/s
+scheduled 1 s ahead; peak RSS with 100k jobs waiting, and again after a restart that reloads them.
+The peer: procrastinate (PostgreSQL job queue) deferring the same jobs and running them with 16
+concurrent no-op tasks, on the same machine in the same run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import statistics
+import time
+from datetime import datetime, timedelta, timezone
+
+import aiohttp
+import nats
+
+from bench.common import Result, fresh_database, peak_rss_mb, services, wait_until
+from seamq.jobs.model import parse_time
+
+CONCURRENCY = 64
+WORKERS = 16
+
+
+def _rate(count: int, started: float) -> float:
+    return count / (time.perf_counter() - started)
+
+
+async def _gather_limited(calls, limit: int) -> list:
+    """Run coroutine factories with at most `limit` in flight."""
+    calls = iter(calls)
+    out = []
+
+    async def lane():
+        for call in calls:
+            out.append(await call())
+
+    await asyncio.gather(*(lane() for _ in range(limit)))
+    return out
+
+
+# ---- raw baselines ---------------------------------------------------------------------------------
+
+async def raw_baselines(nats_url: str, count: int) -> dict[str, float]:
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    kv = await js.create_key_value(bucket="RAW_BENCH", history=1)
+    record = json.dumps({"id": "x" * 36, "type": "bench.noop", "queue": "default", "args": [1],
+                         "state": "available", "attempt": 0, "priority": 0}).encode()
+    keys = [f"k{n}" for n in range(count)]
+    started = time.perf_counter()
+    revisions = await _gather_limited(((lambda key=key: kv.create(key, record)) for key in keys), CONCURRENCY)
+    create = _rate(count, started)
+    started = time.perf_counter()
+    await _gather_limited(((lambda key=key, rev=rev: kv.update(key, record, last=rev))
+                           for key, rev in zip(keys, revisions)), CONCURRENCY)
+    cas = _rate(count, started)
+    await js.add_stream(name="RAW_SCHED", subjects=["raw.sched.>", "raw.fire.>"], allow_msg_schedules=True)
+    at = (datetime.now(timezone.utc) + timedelta(hours=1)).strftime("@at %Y-%m-%dT%H:%M:%SZ")
+    started = time.perf_counter()
+    await _gather_limited(((lambda n=n: js.publish(f"raw.sched.{n}", b"{}", headers={
+        "Nats-Schedule": at, "Nats-Schedule-Target": f"raw.fire.{n}"})) for n in range(count)), CONCURRENCY)
+    schedule = _rate(count, started)
+    await nc.close()
+    return {"kv_create": create, "kv_cas": cas, "schedule": schedule}
+
+
+# ---- seamq jobs serve --------------------------------------------------------------------------------
+
+def _job(n: int, queue: str = "bench", **options) -> dict:
+    return {"type": "bench.noop", "args": [n], "options": {"queue": queue, **options}}
+
+
+class Http:
+    def __init__(self, url: str) -> None:
+        self.url = url + "/ojs/v1"
+        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=CONCURRENCY * 2))
+
+    async def call(self, path: str, body: dict) -> dict:
+        async with self.session.post(self.url + path, json=body) as response:
+            payload = await response.json()
+            if response.status >= 300:
+                raise RuntimeError(f"{path}: {response.status} {payload}")
+            return payload
+
+    async def close(self) -> None:
+        await self.session.close()
+
+
+async def enqueue_single(http: Http, count: int, queue: str) -> float:
+    started = time.perf_counter()
+    await _gather_limited(((lambda n=n: http.call("/jobs", _job(n, queue))) for n in range(count)), CONCURRENCY)
+    return _rate(count, started)
+
+
+async def enqueue_batched(http: Http, count: int, queue: str, size: int = 100, **options) -> float:
+    started = time.perf_counter()
+    batches = [[_job(n, queue, **options) for n in range(start, min(count, start + size))]
+               for start in range(0, count, size)]
+    await _gather_limited(((lambda b=b: http.call("/jobs/batch", {"jobs": b})) for b in batches), 8)
+    return _rate(count, started)
+
+
+async def process(http: Http, count: int, queue: str) -> float:
+    """16 workers: fetch up to 10, ack each; until `count` jobs are acked."""
+    done = 0
+
+    async def worker(name: str) -> None:
+        nonlocal done
+        while done < count:
+            jobs = (await http.call("/workers/fetch", {"queues": [queue], "count": 10, "worker_id": name}))["jobs"]
+            if not jobs:
+                await asyncio.sleep(0.005)
+            for job in jobs:
+                await http.call("/workers/ack", {"job_id": job["id"], "result": None})
+                done += 1
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker(f"w{n}") for n in range(WORKERS)))
+    return _rate(count, started)
+
+
+async def lateness(http: Http, seconds: float, per_second: int = 300) -> list[float]:
+    """Push `per_second` jobs/s each due 1 s later; four tight fetchers note when each comes out.
+    Lateness = fetched - scheduled_at: the timer's lateness plus at most one fetch round trip."""
+    total = int(seconds * per_second)
+    late: list[float] = []
+
+    async def producer() -> None:
+        tick = 0.1
+        for step in range(int(seconds / tick)):
+            due = datetime.now(timezone.utc) + timedelta(seconds=1)
+            batch = [_job(n, "timed", scheduled_at=due.isoformat()) for n in range(int(per_second * tick))]
+            await http.call("/jobs/batch", {"jobs": batch})
+            await asyncio.sleep(max(0.0, tick - (datetime.now(timezone.utc) - due + timedelta(seconds=1))
+                                    .total_seconds()))
+
+    async def fetcher(name: str) -> None:
+        while len(late) < total:
+            jobs = (await http.call("/workers/fetch", {"queues": ["timed"], "count": 50, "worker_id": name}))["jobs"]
+            now = datetime.now(timezone.utc)
+            for job in jobs:
+                late.append((now - parse_time(job["scheduled_at"])).total_seconds() * 1000)
+            await asyncio.gather(*(http.call("/workers/ack", {"job_id": job["id"]}) for job in jobs))
+            if not jobs:
+                await asyncio.sleep(0.002)
+
+    await asyncio.wait_for(asyncio.gather(producer(), *(fetcher(f"t{n}") for n in range(4))), seconds + 60)
+    return late
+
+
+def _p(values: list[float], q: float) -> float:
+    return statistics.quantiles(values, n=100)[q - 1] if len(values) > 1 else (values[0] if values else 0.0)
+
+
+async def server_scenarios(svc, count: int, waiting: int, result: Result, raw: dict) -> dict[str, float]:
+    from tests.jobs_harness import JobServer
+
+    server = JobServer(svc.nats.url, svc.root / "jobs-server.log").start()
+    http = Http(server.url)
+    rates: dict[str, float] = {}
+    try:
+        rates["single"] = await enqueue_single(http, count, "bench")
+        result.add(case="enqueue, 1 job per request (64 in flight)", jobs_per_s=round(rates["single"]),
+                   target=">= 2000", vs_raw=f"{rates['single'] / raw['kv_create']:.2f} of KV create")
+        rates["batched"] = await enqueue_batched(http, count, "bench2")
+        result.add(case="enqueue, 100 per batch request (8 in flight)", jobs_per_s=round(rates["batched"]),
+                   target=">= 8000", vs_raw=f"{rates['batched'] / raw['kv_create']:.2f} of KV create")
+        rates["processed"] = await process(http, count, "bench")
+        result.add(case=f"processed end to end over HTTP ({WORKERS} workers, fetch 10, ack 1 by 1)",
+                   jobs_per_s=round(rates["processed"]), target=">= 1200",
+                   vs_raw=f"{rates['processed'] / raw['kv_cas']:.2f} of KV CAS (2 CAS per job)")
+        late = await lateness(http, 5.0 if count >= 10_000 else 2.0)
+        rates["late_p99"] = _p(late, 99)
+        result.add(case=f"timer lateness, 300 jobs/s due 1 s ahead ({len(late)} jobs), p50/p99/max ms",
+                   jobs_per_s=300, target="p99 < 30 ms",
+                   vs_raw=f"{_p(late, 50):.1f} / {rates['late_p99']:.1f} / {max(late):.1f}")
+        await enqueue_batched(http, waiting, "waiting", size=1000)
+        rss = peak_rss_mb(server.proc.pid)
+        server.stop()
+        server.start()
+        reloaded = peak_rss_mb(server.proc.pid)
+        rates["rss"] = max(rss, reloaded)
+        result.add(case=f"server peak RSS, {waiting} jobs waiting (MB; after a restart that reloads them)",
+                   jobs_per_s="-", target="< 150 MB", vs_raw=f"{rss:.0f} MB ({reloaded:.0f} MB reloaded)")
+    finally:
+        await http.close()
+        server.stop()
+    return rates
+
+
+# ---- the peer ----------------------------------------------------------------------------------------
+
+async def procrastinate_rates(svc, count: int) -> tuple[float, float, float]:
+    import procrastinate
+
+    dsn = await fresh_database(svc, "procrastinate_bench")
+    app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=dsn, min_size=4, max_size=20))
+    done = 0
+
+    @app.task(name="noop", queue="bench")
+    async def noop(n: int) -> None:
+        nonlocal done
+        done += 1
+
+    async with app.open_async():
+        await app.schema_manager.apply_schema_async()
+        started = time.perf_counter()
+        await _gather_limited(((lambda n=n: noop.defer_async(n=n)) for n in range(count)), CONCURRENCY)
+        single = _rate(count, started)
+        started = time.perf_counter()
+        for start in range(0, count, 100):
+            await noop.batch_defer_async(*({"n": n} for n in range(start, min(count, start + 100))))
+        batched = _rate(count, started)
+        started = time.perf_counter()
+        worker = asyncio.create_task(app.run_worker_async(queues=["bench"], concurrency=WORKERS, wait=True,
+                                                          install_signal_handlers=False, fetch_job_polling_interval=0.05))
+        await wait_until(lambda: done >= 2 * count, timeout=600, interval=0.01)
+        processed = _rate(2 * count, started)
+        worker.cancel()
+        await asyncio.gather(worker, return_exceptions=True)
+    return single, batched, processed
+
+
+# ---- the scenario ------------------------------------------------------------------------------------
+
+async def run(count: int, size: int) -> Result:
+    result = Result("jobs")
+    count = min(count, 20_000)
+    waiting = 100_000 if count >= 10_000 else 5_000
+    with services() as svc:
+        raw = await raw_baselines(svc.nats.url, count)
+        for name, label in [("kv_create", "raw: KV create (nats-py, 64 in flight)"),
+                            ("kv_cas", "raw: KV update with expected revision (64 in flight)"),
+                            ("schedule", "raw: `@at` schedule publish (64 in flight)")]:
+            result.add(case=label, jobs_per_s=round(raw[name]), target="-", vs_raw="1.00")
+        ours = await server_scenarios(svc, count, waiting, result, raw)
+        single, batched, processed = await procrastinate_rates(svc, count)
+        for label, rate, mine in [("enqueue, 1 job per call (64 in flight)", single, ours["single"]),
+                                  ("enqueue, batch_defer of 100", batched, ours["batched"]),
+                                  (f"processed ({WORKERS} concurrent tasks)", processed, ours["processed"])]:
+            result.add(case=f"peer: procrastinate {label}", jobs_per_s=round(rate),
+                       target=">= 3x peer" if "processed" in label else "-",
+                       vs_raw=f"seamq is {mine / rate:.1f}x")
+    result.notes.append("one aiohttp client in the bench process drives the server over HTTP on the same 2 cores; "
+                        "RSS is the server's VmHWM")
+    return result

@@ -1,0 +1,125 @@
+"""A Python client of any OJS 1.0 server (ours or another): push jobs, and the worker protocol.
+
+    async with JobsClient("http://127.0.0.1:8080") as jobs:
+        job = await jobs.push("email.send", ["ada@example.com"], queue="mail")
+
+Every answer is the server's JSON; an error answer raises `JobsError` with the
+OJS error code, so a caller can tell a duplicate (409) from a bad job (400).
+Transport failures are retried a few times for the calls that are safe to
+repeat (fetch is not: a lost answer would lease jobs nobody runs until their
+visibility timeout).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiohttp
+
+MEDIA_TYPE = "application/openjobspec+json"
+
+
+class JobsError(Exception):
+    def __init__(self, status: int, code: str, message: str, details: dict | None = None) -> None:
+        super().__init__(f"{status} {code}: {message}")
+        self.status, self.code, self.message, self.details = status, code, message, details or {}
+
+
+class JobsClient:
+    def __init__(self, url: str, *, timeout: float = 30.0, retries: int = 3) -> None:
+        self.url = url.rstrip("/") + "/ojs/v1"
+        self.retries = retries
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout),
+                                              headers={"Content-Type": MEDIA_TYPE, "Accept": MEDIA_TYPE})
+
+    async def __aenter__(self) -> "JobsClient":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._session.close()
+
+    # ---- producers ------------------------------------------------------------------------------
+
+    async def push(self, type: str, args: list | None = None, *, queue: str | None = None,
+                   options: dict | None = None, **fields: Any) -> dict:
+        """Enqueue one job; `options` as OJS defines them (priority, scheduled_at, retry, unique, ...)."""
+        return (await self._call("POST", "/jobs", _job(type, args, queue, options, fields)))["job"]
+
+    async def push_batch(self, jobs: list[dict]) -> list[dict]:
+        """Enqueue up to 1000 jobs (push bodies) at once: all of them or, on any error, none."""
+        return (await self._call("POST", "/jobs/batch", {"jobs": jobs}))["jobs"]
+
+    async def info(self, job_id: str) -> dict:
+        return (await self._call("GET", f"/jobs/{job_id}"))["job"]
+
+    async def cancel(self, job_id: str) -> dict:
+        return (await self._call("DELETE", f"/jobs/{job_id}"))["job"]
+
+    # ---- workers --------------------------------------------------------------------------------
+
+    async def fetch(self, queues: list[str], *, count: int = 1, worker_id: str | None = None,
+                    visibility_timeout_ms: int | None = None) -> list[dict]:
+        body = {"queues": queues, "count": count, "worker_id": worker_id}
+        if visibility_timeout_ms:
+            body["visibility_timeout_ms"] = visibility_timeout_ms
+        return (await self._call("POST", "/workers/fetch", body, retry=False))["jobs"]
+
+    async def ack(self, job_id: str, result: Any = None) -> dict:
+        return await self._call("POST", "/workers/ack", {"job_id": job_id, "result": result})
+
+    async def nack(self, job_id: str, error: BaseException | dict | str, *, requeue: bool = False) -> dict:
+        """Fail the job's attempt: retried by its policy, or released unchanged with `requeue`."""
+        return await self._call("POST", "/workers/nack", {"job_id": job_id, "error": error_body(error),
+                                                          "requeue": requeue})
+
+    async def heartbeat(self, worker_id: str, active_jobs: list[str], *,
+                        visibility_timeout_ms: int | None = None) -> dict:
+        body = {"worker_id": worker_id, "active_jobs": active_jobs}
+        if visibility_timeout_ms:
+            body["visibility_timeout_ms"] = visibility_timeout_ms
+        return await self._call("POST", "/workers/heartbeat", body)
+
+    # ---- the wire ---------------------------------------------------------------------------------
+
+    async def _call(self, method: str, path: str, body: Any = None, *, retry: bool = True) -> dict:
+        attempts = self.retries if retry else 1
+        for attempt in range(1, attempts + 1):
+            try:
+                async with self._session.request(method, self.url + path, json=body) as response:
+                    answer = await response.json(content_type=None)
+                    if response.status >= 400:
+                        error = (answer or {}).get("error") or {}
+                        raise JobsError(response.status, error.get("code", "error"),
+                                        error.get("message", response.reason or ""), error.get("details"))
+                    return answer
+            except (aiohttp.ClientConnectionError, asyncio.TimeoutError):
+                if attempt == attempts:
+                    raise
+                await asyncio.sleep(0.2 * 2 ** attempt)
+        raise AssertionError("unreachable")
+
+
+def _job(type: str, args: list | None, queue: str | None, options: dict | None, fields: dict) -> dict:
+    options = dict(options or {})
+    if queue:
+        options["queue"] = queue
+    body = {"type": type, "args": list(args or []), **fields}
+    if options:
+        body["options"] = options
+    return body
+
+
+def error_body(error: BaseException | dict | str) -> dict:
+    """A nack's error object; an exception's class becomes `type` (what `non_retryable_errors` match)."""
+    if isinstance(error, dict):
+        return error
+    if isinstance(error, BaseException):
+        kind = type(error)
+        name = kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__name__}"
+        return {"code": "handler_error", "type": name, "message": str(error) or name,
+                "retryable": not getattr(error, "non_retryable", False)}
+    return {"code": "handler_error", "message": str(error)}

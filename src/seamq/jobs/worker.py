@@ -1,0 +1,166 @@
+"""`seamq jobs worker`: run OJS jobs through a plain Python function.
+
+    async def send_email(to, subject, *, job):   # `job` (the envelope) is optional
+        ...
+
+The worker fetches up to `concurrency` jobs at a time, calls the function with
+the job's args, heartbeats while jobs run (so a long job keeps its lease), acks
+with the return value, and nacks with the exception (its class is the error
+type that `retry.non_retryable_errors` matches). A sync function runs in a
+thread.
+
+Stopping (SIGTERM, SIGINT, or a `terminate` heartbeat directive) fetches
+nothing more and lets running jobs finish for `grace` seconds; a job still
+running then is released (nack with requeue) so another worker takes it at
+once, instead of after its lease. A worker killed outright loses nothing
+either: its jobs come back when their visibility timeout (`--visibility-timeout`,
+60 s by default, kept alive by heartbeats) runs out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+import signal
+import socket
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from seamq.jobs.client import JobsClient, JobsError
+from seamq.observability import log
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    queues: tuple[str, ...]
+    concurrency: int = 10
+    visibility_timeout: float = 60.0  # seconds a fetched job stays leased without a heartbeat
+    grace: float = 25.0  # seconds running jobs get to finish after a stop
+    idle_wait: float = 0.2  # seconds between fetches when the queues are empty
+    worker_id: str = ""
+
+    @property
+    def heartbeat_every(self) -> float:
+        return max(0.5, self.visibility_timeout / 4)
+
+
+class Worker:
+    def __init__(self, client: JobsClient, handler: Callable, config: WorkerConfig) -> None:
+        self.client, self.handler, self.config = client, handler, config
+        self.worker_id = config.worker_id or f"{socket.gethostname()}-{os.getpid()}"
+        self.stopping = asyncio.Event()
+        self.running: dict[str, asyncio.Task] = {}
+        self._passes_job = "job" in inspect.signature(handler).parameters
+        self._slot = asyncio.Event()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self._slot.set()
+
+    async def run(self) -> None:
+        """Until stopped: fetch, run, settle; then drain or release what still runs."""
+        beat = asyncio.create_task(self._heartbeats())
+        try:
+            while not self.stopping.is_set():
+                free = self.config.concurrency - len(self.running)
+                jobs = await self._fetch(free) if free > 0 else []
+                for job in jobs:
+                    self.running[job["id"]] = asyncio.create_task(self._run(job))
+                if not jobs:
+                    self._slot.clear()
+                    wait = self.config.idle_wait if free > 0 else None
+                    try:
+                        await asyncio.wait_for(self._slot.wait(), wait)
+                    except asyncio.TimeoutError:
+                        pass
+            await self._drain()
+        finally:
+            beat.cancel()
+            await asyncio.gather(beat, return_exceptions=True)
+
+    async def _fetch(self, count: int) -> list[dict]:
+        try:
+            return await self.client.fetch(list(self.config.queues), count=count, worker_id=self.worker_id,
+                                           visibility_timeout_ms=int(self.config.visibility_timeout * 1000))
+        except Exception as exc:  # server away: try again shortly, never die
+            log.warning("jobs_fetch_failed", error=f"{type(exc).__name__}: {exc}")
+            await asyncio.sleep(1.0)
+            return []
+
+    async def _run(self, job: dict) -> None:
+        try:
+            try:
+                kwargs = {"job": job} if self._passes_job else {}
+                if inspect.iscoroutinefunction(self.handler):
+                    result = await self.handler(*job.get("args", []), **kwargs)
+                else:
+                    result = await asyncio.to_thread(self.handler, *job.get("args", []), **kwargs)
+            except asyncio.CancelledError:
+                await self._settle(self.client.nack(job["id"], {"code": "worker_stopped", "message":
+                                                                 "the worker stopped before the job finished"},
+                                                    requeue=True), job, "released")
+                raise
+            except Exception as exc:
+                log.info("job_failed", job_id=job["id"], type=job["type"], error=f"{type(exc).__name__}: {exc}")
+                await self._settle(self.client.nack(job["id"], exc), job, "nack")
+                return
+            await self._settle(self.client.ack(job["id"], _jsonable(result)), job, "ack")
+        finally:
+            self.running.pop(job["id"], None)
+            self._slot.set()
+
+    async def _settle(self, call, job: dict, what: str) -> None:
+        try:
+            await call
+        except JobsError as exc:  # the job moved on without us (lease ran out, cancelled): say so
+            log.warning("job_settle_refused", job_id=job["id"], what=what, error=str(exc))
+        except Exception as exc:
+            log.error("job_settle_failed", job_id=job["id"], what=what, error=f"{type(exc).__name__}: {exc}")
+
+    async def _heartbeats(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.heartbeat_every)
+            if not self.running:
+                continue
+            try:
+                answer = await self.client.heartbeat(self.worker_id, list(self.running),
+                                                     visibility_timeout_ms=int(self.config.visibility_timeout * 1000))
+            except Exception as exc:
+                log.warning("jobs_heartbeat_failed", error=f"{type(exc).__name__}: {exc}")
+                continue
+            if answer.get("state") == "terminate":
+                log.info("jobs_worker_told_to_stop", worker_id=self.worker_id)
+                self.stop()
+
+    async def _drain(self) -> None:
+        if not self.running:
+            return
+        log.info("jobs_worker_draining", running=len(self.running), grace_s=self.config.grace)
+        done, pending = await asyncio.wait(list(self.running.values()), timeout=self.config.grace)
+        for task in pending:  # released, not lost: another worker takes them now
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+
+
+def _jsonable(value: Any) -> Any:
+    import json
+
+    try:
+        json.dumps(value)
+        return value
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+async def run_worker(url: str, handler: Callable, config: WorkerConfig) -> None:
+    """The CLI's entry: a worker that stops cleanly on SIGTERM and SIGINT."""
+    async with JobsClient(url) as client:
+        worker = Worker(client, handler, config)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, worker.stop)
+        log.info("jobs_worker_started", worker_id=worker.worker_id, queues=list(config.queues),
+                 concurrency=config.concurrency)
+        await worker.run()
+        log.info("jobs_worker_stopped", worker_id=worker.worker_id)

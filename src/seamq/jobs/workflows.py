@@ -1,0 +1,132 @@
+"""Workflows (chain, group, batch): what a workflow is and how a job's end moves it on. No I/O.
+
+A workflow record holds every item's push body and the job id each will get,
+chosen when the workflow is created. Moving a workflow on is then a pure
+function of (workflow, finished job) that is idempotent: the engine stores the
+job's end, the workflow's new state and the jobs it starts in one atomic batch,
+and a job that already exists is never created twice.
+
+- chain: one step at a time; step i+1 gets `parent_results` = the results of
+  steps 0..i. A step that ends other than completed fails the chain.
+- group: every job at once; completed when all complete, failed when all have
+  ended and one did not complete.
+- batch: a group with callbacks once every job has ended: `on_complete`
+  always, `on_success` if all completed, `on_failure` otherwise.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from seamq.jobs import model
+from seamq.jobs.model import COMPLETED, OjsError, invalid, iso
+
+KINDS = ("chain", "group", "batch")
+CALLBACKS = ("on_success", "on_failure", "on_complete")
+RUNNING, WF_COMPLETED, FAILED, CANCELLED = "running", "completed", "failed", "cancelled"
+MAX_ITEMS = model.MAX_BATCH - 4  # the record, the callbacks: one atomic batch
+
+
+def key(workflow_id: str) -> str:
+    return f"wf.{workflow_id}"
+
+
+def new(body: Any, now: datetime) -> tuple[dict, list[dict]]:
+    """A validated workflow record and the jobs to enqueue with it (the first step, or all)."""
+    if not isinstance(body, dict):
+        raise invalid("the request body must be a JSON object")
+    kind = body.get("type")
+    if kind not in KINDS:
+        raise invalid(f"workflow type must be one of {', '.join(KINDS)}")
+    items = body.get("steps") if kind == "chain" else body.get("jobs")
+    field = "steps" if kind == "chain" else "jobs"
+    if not isinstance(items, list) or not items:
+        raise invalid(f"a {kind} workflow needs a non-empty {field} list")
+    if len(items) > MAX_ITEMS:
+        raise invalid(f"a workflow holds at most {MAX_ITEMS} {field}")
+    callbacks = body.get("callbacks") or {}
+    if not isinstance(callbacks, dict) or set(callbacks) - set(CALLBACKS):
+        raise invalid(f"callbacks may only be {', '.join(CALLBACKS)}")
+    if callbacks and kind != "batch":
+        raise invalid("callbacks belong to batch workflows")
+    name = body.get("name")
+    if name is not None and not isinstance(name, str):
+        raise invalid("name must be a string")
+    workflow_id = model.uuid7()
+    for index, item in enumerate([*items, *callbacks.values()]):
+        try:
+            model.new_record(item, now)  # validated now: nothing is created if one item is wrong
+        except OjsError as exc:
+            where = f"{field}[{index}]" if index < len(items) else "callbacks"
+            raise OjsError(exc.status, exc.code, f"{where}: {exc.message}") from None
+    workflow = {
+        "_key": key(workflow_id), "_kind": "workflow", "id": workflow_id, "type": kind, "name": name,
+        "state": RUNNING, "created_at": iso(now),
+        f"{field}_total": len(items), f"{field}_completed": 0,
+        "_items": items, "_ids": [model.uuid7() for _ in items], "_ended": {}, "_results": {},
+        "_callbacks": callbacks, "_callback_ids": {name: model.uuid7() for name in callbacks},
+    }
+    first = [0] if kind == "chain" else range(len(items))
+    return workflow, [_job(workflow, i, now) for i in first]
+
+
+def public(workflow: dict) -> dict:
+    return model.public(workflow)
+
+
+def _job(workflow: dict, index: int, now: datetime, parent_results: list | None = None) -> dict:
+    record = model.new_record({**workflow["_items"][index], "id": workflow["_ids"][index]}, now)
+    record.update(workflow_id=workflow["id"], workflow_index=index)
+    if parent_results is not None:
+        record["parent_results"] = parent_results
+    return record
+
+
+def _callback(workflow: dict, name: str, now: datetime) -> dict:
+    body = {**workflow["_callbacks"][name], "id": workflow["_callback_ids"][name]}
+    record = model.new_record(body, now)
+    record.update(workflow_id=workflow["id"], parent_results=_results(workflow))
+    return record
+
+
+def _results(workflow: dict) -> list:
+    return [workflow["_results"].get(str(i)) for i in range(len(workflow["_items"]))]
+
+
+def job_ended(workflow: dict, job: dict, now: datetime) -> tuple[dict | None, list[dict]]:
+    """A job of `workflow` reached a terminal state: the workflow's new record (None when this
+    changes nothing, as for a job ended twice or a workflow already over) and the jobs to enqueue."""
+    index = job.get("workflow_index")
+    if workflow["state"] != RUNNING or index is None or str(index) in workflow["_ended"]:
+        return None, []
+    done = {**workflow, "_ended": {**workflow["_ended"], str(index): job["state"]},
+            "_results": {**workflow["_results"], str(index): job.get("result")}}
+    completed = job["state"] == COMPLETED
+    total = len(workflow["_items"])
+    if workflow["type"] == "chain":
+        if completed:
+            done["steps_completed"] += 1
+        if not completed:
+            return {**done, "state": FAILED, "completed_at": iso(now)}, []
+        if index + 1 < total:
+            return done, [_job(done, index + 1, now, parent_results=_results(done)[:index + 1])]
+        return {**done, "state": WF_COMPLETED, "completed_at": iso(now)}, []
+    if completed:
+        done["jobs_completed"] += 1
+    if len(done["_ended"]) < total:
+        return done, []
+    success = done["jobs_completed"] == total
+    done.update(state=WF_COMPLETED if success else FAILED, completed_at=iso(now))
+    fire = ["on_complete", "on_success" if success else "on_failure"]
+    return done, [_callback(done, name, now) for name in CALLBACKS if name in fire and name in done["_callbacks"]]
+
+
+def cancelled(workflow: dict, now: datetime) -> dict:
+    if workflow["state"] != RUNNING:
+        raise model.conflict(f"workflow {workflow['id']} is {workflow['state']}: it can no longer be cancelled")
+    return {**workflow, "state": CANCELLED, "cancelled_at": iso(now)}
+
+
+def job_ids(workflow: dict) -> list[str]:
+    return [*workflow["_ids"], *workflow["_callback_ids"].values()]

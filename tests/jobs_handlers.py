@@ -1,0 +1,21 @@
+"""Job functions for `seamq jobs worker` in the tests (imported by the worker subprocess)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+
+class Flaky(Exception):
+    """The first attempt of every tenth job fails with this."""
+
+
+async def record(n: int, *, job: dict) -> dict:
+    """Fail every tenth job's first attempt; on success, write the side effect last (no await after it,
+    so a stop cannot cancel the job between the side effect and the return)."""
+    await asyncio.sleep(0.01)
+    if n % 10 == 0 and job["attempt"] == 1:
+        raise Flaky(f"job {n} fails its first attempt")
+    with open(os.environ["JOBS_TEST_EFFECTS"], "a") as effects:
+        effects.write(f"{job['id']} {n} {job['attempt']}\n")
+    return {"n": n}

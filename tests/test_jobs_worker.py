@@ -1,0 +1,82 @@
+"""`seamq jobs worker` end to end: 500 jobs, 10% failing once, a SIGTERM mid-run, then a second worker.
+
+Counted afterwards: every job completed, each job's side effect exactly once, each failed job
+retried once and no sooner than its backoff said.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from seamq.jobs.client import JobsClient
+from seamq.jobs.model import parse_time
+
+from jobs_harness import JobServer
+
+JOBS = 500
+RETRY = {"max_attempts": 3, "initial_interval": "PT0.3S", "backoff_coefficient": 2.0, "jitter": False}
+
+
+def start_worker(url: str, effects: Path, log: Path, name: str) -> subprocess.Popen:
+    env = {**os.environ, "JOBS_TEST_EFFECTS": str(effects), "PYTHONPATH": str(Path(__file__).parent)}
+    with open(log, "ab") as out:
+        return subprocess.Popen([sys.executable, "-m", "seamq", "jobs", "worker", "--url", url, "--queue", "work",
+                                 "--handler", "jobs_handlers:record", "--concurrency", "8", "--grace", "20",
+                                 "--worker-id", name], env=env, stdout=out, stderr=subprocess.STDOUT)
+
+
+def effects_of(path: Path) -> list[list[str]]:
+    return [line.split() for line in path.read_text().splitlines()] if path.exists() else []
+
+
+async def test_worker_runs_every_job_once_with_retries_and_survives_sigterm(nats_server, tmp_path):
+    server = JobServer(nats_server.url, tmp_path / "server.log").start()
+    effects = tmp_path / "effects.txt"
+    try:
+        async with JobsClient(server.url) as client:
+            ids = []
+            for start in range(0, JOBS, 100):
+                batch = [{"type": "test.record", "args": [n], "options": {"queue": "work", "retry": RETRY}}
+                         for n in range(start, start + 100)]
+                ids += [job["id"] for job in await client.push_batch(batch)]
+            first = start_worker(server.url, effects, tmp_path / "worker-1.log", "first")
+            while len(effects_of(effects)) < 150:
+                await asyncio.sleep(0.02)
+                assert first.poll() is None, (tmp_path / "worker-1.log").read_text()
+            first.send_signal(signal.SIGTERM)
+            assert await asyncio.to_thread(first.wait, 30) == 0, (tmp_path / "worker-1.log").read_text()
+            stopped_at = len(effects_of(effects))
+            assert stopped_at < JOBS  # the stop came mid-run
+            second = start_worker(server.url, effects, tmp_path / "worker-2.log", "second")
+            try:
+                for _ in range(1200):
+                    if len(effects_of(effects)) >= JOBS:
+                        break
+                    await asyncio.sleep(0.05)
+                await asyncio.sleep(0.5)  # the last acks, and any side effect that would come twice
+                jobs = {job_id: await client.info(job_id) for job_id in ids}
+            finally:
+                second.send_signal(signal.SIGTERM)
+                await asyncio.to_thread(second.wait, 30)
+    finally:
+        server.stop()
+
+    done = effects_of(effects)
+    assert sorted(job_id for job_id, *_ in done) == sorted(ids), "each job's side effect exactly once"
+    assert {job["state"] for job in jobs.values()} == {"completed"}
+    for job_id, n, attempt in done:
+        job = jobs[job_id]
+        if int(n) % 10:
+            assert int(attempt) == 1 and not job.get("errors")
+            continue
+        assert int(attempt) == 2 and len(job["errors"]) == 1 and job["errors"][0]["type"] == "jobs_handlers.Flaky"
+        failed_at = parse_time(job["errors"][0]["occurred_at"])
+        assert job["retry_delay_ms"] == 300
+        assert (parse_time(job["started_at"]) - failed_at).total_seconds() >= 0.29, "retried before its backoff"
+    # The second worker took what the first had not begun: the stop lost nothing.
+    assert any(job.get("worker_id") == "second" for job in jobs.values()) or stopped_at == JOBS
