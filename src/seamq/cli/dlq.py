@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import uuid
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 from rich.progress import Progress
@@ -14,8 +14,10 @@ from rich.table import Table
 
 from seamq.cli.common import TopologyOption, console, exit_with, run, settings, topology
 from seamq.model import ErrorCode, SeamqError
-from seamq.pg.dlq_repo import DlqFilter
 from seamq.topology import parse_duration
+
+if TYPE_CHECKING:
+    from seamq.pg.dlq_repo import DlqFilter
 
 app = typer.Typer(help="Dead letters: list, show, replay now, purge.", no_args_is_help=True)
 
@@ -28,6 +30,8 @@ Limit = typer.Option(1000, "--limit", help="At most this many.")
 
 
 def _filter(consumer, context, event_type, reason, older_than, limit, ids=None) -> DlqFilter:
+    from seamq.pg.dlq_repo import DlqFilter  # psycopg loads with the command that needs it
+
     try:
         age = parse_duration(older_than) if older_than else None
     except ValueError as exc:
@@ -71,6 +75,8 @@ def show(message_id: str = typer.Argument(..., help="The message id."),
 
     async def go():
         from seamq.nats.connect import connect
+
+        from seamq.pg.dlq_repo import DlqFilter
 
         rows = await _select(current.database_dsn(), DlqFilter(ids=ids))
         nc = await connect(current.nats, name="seamq-dlq", persistent=False)

@@ -41,9 +41,17 @@ def _answer(content: Any, status: int = 200) -> OjsResponse:
 
 
 async def _body(request: Request) -> dict:
-    raw = await request.body()
-    if len(raw) > MAX_BODY:
-        raise OjsError(413, "invalid_payload", f"request body larger than {MAX_BODY} bytes")
+    too_big = OjsError(413, "invalid_payload", f"request body larger than {MAX_BODY} bytes")
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > MAX_BODY:
+        raise too_big
+    chunks, size = [], 0
+    async for chunk in request.stream():  # stop reading at the limit: a 1 GB body never lands in memory
+        size += len(chunk)
+        if size > MAX_BODY:
+            raise too_big
+        chunks.append(chunk)
+    raw = b"".join(chunks)
     if not raw.strip():
         raise OjsError(400, "invalid_payload", "the request body is empty: send a JSON object")
     try:
@@ -60,7 +68,9 @@ def _limit(text: str | None, default: int = 100, most: int = 1000) -> int:
         value = int(text) if text is not None else default
     except ValueError:
         raise invalid(f"limit {text!r} is not an integer") from None
-    return max(1, min(value, most))
+    if value < 1:
+        raise invalid(f"limit must be at least 1, got {value}")
+    return min(value, most)  # more than the most is a page of the most, with has_more
 
 
 def build_app(engine: Engine, *, test_mode: bool = False, conformance_level: int = 4) -> "OjsHeaders":

@@ -9,11 +9,12 @@ plain data-structure step, tested without a server.
 from __future__ import annotations
 
 import heapq
+import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from seamq.jobs.model import AVAILABLE, STATES
+from seamq.jobs.model import AVAILABLE, DISCARDED, STATES, decode, encode
 
 
 @dataclass
@@ -37,57 +38,96 @@ class TokenBucket:
         return granted
 
 
+HELD_APART = ("id", "queue", "state")  # a job's fields held beside its JSON, not in it
+
+
 class Index:
+    """Jobs are held as compact JSON (about a quarter of a dict's memory: 100k waiting jobs must fit
+    a small server) less the fields held beside it, and decoded when asked for; the few records of
+    other kinds stay dicts."""
+
     def __init__(self) -> None:
-        self.records: dict[str, tuple[dict, int]] = {}  # key -> (record, revision); jobs by id
+        self.jobs: dict[str, tuple[bytes, int, str, str]] = {}  # id -> (json, revision, queue, state)
+        self.others: dict[str, tuple[dict, int]] = {}  # workflows, crons, queue flags by key
         self.ready: dict[str, list[tuple[int, int, str]]] = {}  # queue -> heap of (-priority, seq, id)
         self.counts: Counter[tuple[str, str]] = Counter()  # (queue, state) -> jobs
+        self.dead: set[str] = set()  # dead letters (on_exhaustion: dead_letter)
         self.deadlines: list[tuple[float, str, str, int]] = []  # (epoch s, kind, key, attempt)
         self.limits: dict[str, TokenBucket] = {}
 
     def get(self, key: str) -> tuple[dict, int] | None:
-        return self.records.get(key)
+        held = self.jobs.get(key)
+        if held is not None:
+            return self._job(key, held), held[1]
+        return self.others.get(key)
+
+    @staticmethod
+    def _job(key: str, held: tuple[bytes, int, str, str]) -> dict:
+        return {"id": key, "queue": held[2], "state": held[3], **decode(held[0])}
+
+    def revision(self, key: str) -> int | None:
+        held = self.jobs.get(key) or self.others.get(key)
+        return held[1] if held else None
 
     def put(self, record: dict, revision: int) -> None:
         """The record as stored at `revision`; an available job joins its queue's heap."""
         key = record.get("_key") or record["id"]
-        old = self.records.get(key)
-        if old is not None and old[1] >= revision:
+        known = self.revision(key)
+        if known is not None and known >= revision:
             return  # known already, or an older write arriving late (a reload racing a commit)
-        self.records[key] = (record, revision)
         if record.get("_kind"):
+            self.others[key] = (record, revision)
             return
+        queue, state = sys.intern(record["queue"]), sys.intern(record["state"])
+        old = self.jobs.get(key)
         if old is not None:
-            self.counts[(old[0]["queue"], old[0]["state"])] -= 1
-        self.counts[(record["queue"], record["state"])] += 1
-        if record["state"] == AVAILABLE:
+            self.counts[(old[2], old[3])] -= 1
+        self.jobs[key] = (encode({k: v for k, v in record.items() if k not in HELD_APART}), revision, queue, state)
+        self.counts[(queue, state)] += 1
+        if record.get("_dlq") and state == DISCARDED:
+            self.dead.add(key)
+        else:
+            self.dead.discard(key)
+        if state == AVAILABLE:
             # FIFO key: the revision that made it available (monotonic in the stream). A heap entry
             # whose job has moved on since (another revision) is skipped when popped.
-            heapq.heappush(self.ready.setdefault(record["queue"], []), (-record["priority"], revision, key))
+            heapq.heappush(self.ready.setdefault(queue, []), (-record["priority"], revision, key))
         limit = (record.get("options") or {}).get("rate_limit")
-        if isinstance(limit, dict) and record["queue"] not in self.limits:
-            self.limits[record["queue"]] = TokenBucket(float(limit["max_per_second"]))
+        if isinstance(limit, dict) and queue not in self.limits:
+            self.limits[queue] = TokenBucket(float(limit["max_per_second"]))
 
     def drop(self, key: str) -> None:
-        old = self.records.pop(key, None)
-        if old is not None and not old[0].get("_kind"):
-            self.counts[(old[0]["queue"], old[0]["state"])] -= 1
+        self.others.pop(key, None)
+        old = self.jobs.pop(key, None)
+        if old is not None:
+            self.counts[(old[2], old[3])] -= 1
+            self.dead.discard(key)
 
     def next_available(self, queue: str) -> tuple[dict, int] | None:
         """Pop the queue's next available job (priority, then FIFO), or None."""
         heap = self.ready.get(queue)
         while heap:
             _, seq, job_id = heapq.heappop(heap)
-            held = self.records.get(job_id)
+            held = self.jobs.get(job_id)
             if held is not None and held[1] == seq:
-                return held
+                return self._job(job_id, held), seq
         return None
+
+    def take_available(self, queue: str, count: int) -> list[tuple[dict, int]]:
+        """Pop up to `count` of the queue's next available jobs, in order."""
+        out = []
+        while len(out) < count and (held := self.next_available(queue)) is not None:
+            out.append(held)
+        return out
 
     def stats(self, queue: str) -> dict:
         return {state: self.counts[(queue, state)] for state in STATES}
 
     def of_kind(self, kind: str) -> list[tuple[dict, int]]:
-        return [held for held in self.records.values() if held[0].get("_kind") == kind]
+        return [held for held in self.others.values() if held[0].get("_kind") == kind]
+
+    def dead_letters(self) -> list[dict]:
+        return [self._job(key, self.jobs[key]) for key in self.dead]
 
     # ---- deadlines ------------------------------------------------------------------------------
 

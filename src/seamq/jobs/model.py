@@ -106,7 +106,7 @@ def parse_time(text: str) -> datetime:
 
 def parse_duration(text: Any, what: str = "duration") -> float:
     """ISO 8601 duration (PT1S, PT5M, P1DT2H) -> seconds."""
-    found = DURATION_PATTERN.match(text) if isinstance(text, str) and text not in ("P", "PT") else None
+    found = DURATION_PATTERN.fullmatch(text) if isinstance(text, str) and text not in ("P", "PT") else None
     if not found or text.endswith("T"):
         raise OjsError(422, "invalid_request", f"{what} {text!r} is not an ISO 8601 duration such as PT1S")
     parts = {k: float(v) if v else 0.0 for k, v in found.groupdict().items()}
@@ -244,6 +244,34 @@ def error_entry(error: Any, attempt: int, now: datetime) -> dict:
 
 # ---- the envelope -------------------------------------------------------------------------------
 
+# Set on every job by new_record and kept by every transition, and null more often than not:
+# stored without them (a tenth of a waiting job's bytes, in KV and in the engine's memory).
+NULLABLE = ("enqueued_at", "scheduled_at", "expires_at", "timeout_ms", "tags", "retry", "unique", "options")
+
+
+def check_queue(queue: Any, what: str = "queue") -> str:
+    """A queue name is also part of NATS keys and subjects: nothing outside the pattern gets in."""
+    if not isinstance(queue, str) or len(queue) > 255 or not QUEUE_PATTERN.fullmatch(queue):
+        raise invalid(f"{what} {queue!r} must match {QUEUE_PATTERN.pattern}")
+    return queue
+
+
+def encode(record: dict) -> bytes:
+    """A record as stored in KV (and held in the engine's index): compact JSON without a job's
+    usual nulls; decode() gives back exactly the record."""
+    if "_kind" not in record:
+        record = {k: v for k, v in record.items() if v is not None or k not in NULLABLE}
+    return json.dumps(record, separators=(",", ":")).encode()
+
+
+def decode(data: bytes) -> dict:
+    record = json.loads(data)
+    if "_kind" not in record:
+        for key in NULLABLE:
+            record.setdefault(key, None)
+    return record
+
+
 def public(record: dict) -> dict:
     """The envelope a client sees: internal fields (`_…`) and nulls dropped."""
     return {k: v for k, v in record.items() if not k.startswith("_") and v is not None}
@@ -259,7 +287,7 @@ def new_record(body: Any, now: datetime) -> dict:
     job_type = body.get("type")
     if not isinstance(job_type, str) or not job_type:
         raise invalid("type is required: a dotted lowercase name such as email.send")
-    if not TYPE_PATTERN.match(job_type):
+    if not TYPE_PATTERN.fullmatch(job_type):
         raise invalid(f"type {job_type!r} must match {TYPE_PATTERN.pattern}")
     if "args" not in body:
         raise invalid("args is required: a JSON array (it may be empty)")
@@ -269,7 +297,7 @@ def new_record(body: Any, now: datetime) -> dict:
     if len(json.dumps(args)) > MAX_ARGS_BYTES:
         raise invalid(f"args larger than {MAX_ARGS_BYTES} bytes")
     job_id = body.get("id")
-    if job_id is not None and (not isinstance(job_id, str) or not UUIDV7_PATTERN.match(job_id)):
+    if job_id is not None and (not isinstance(job_id, str) or not UUIDV7_PATTERN.fullmatch(job_id)):
         raise invalid("id must be a lowercase UUIDv7")
     meta = body.get("meta")
     if meta is not None and not isinstance(meta, dict):
@@ -277,9 +305,7 @@ def new_record(body: Any, now: datetime) -> dict:
     options = body.get("options") or {}
     if not isinstance(options, dict):
         raise invalid("options must be an object")
-    queue = options.get("queue", DEFAULT_QUEUE)
-    if not isinstance(queue, str) or not QUEUE_PATTERN.match(queue) or len(queue) > 255:
-        raise invalid(f"options.queue {queue!r} must match {QUEUE_PATTERN.pattern}")
+    queue = check_queue(options.get("queue", DEFAULT_QUEUE), "options.queue")
     priority = options.get("priority", 0)
     if isinstance(priority, bool) or not isinstance(priority, int) or not -100 <= priority <= 100:
         raise invalid("options.priority must be an integer from -100 to 100")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import uvicorn
 
 from seamq.jobs.api import build_app
@@ -20,6 +22,11 @@ async def serve(settings: Settings, *, host: str, port: int, test_mode: bool = F
         engine = await Engine(store, test_mode=test_mode).start()
         try:
             app = build_app(engine, test_mode=test_mode)
+            # What exists now (modules, the app, the index loaded from KV) lives as long as the process:
+            # out of the collector's sight, a full collection stops taking 30-50 ms (measured), which
+            # was the p99 of timer lateness.
+            gc.collect()
+            gc.freeze()
             server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
                                                    access_log=False, lifespan="off"))
             log.info("jobs_serving", host=host, port=port, test_mode=test_mode)

@@ -33,6 +33,7 @@ from nats.aio.client import Client
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, KeyValueConfig, StorageType, StreamConfig
 from nats.js.errors import APIError, BadRequestError, KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 
+from seamq.jobs.model import decode, encode
 from seamq.nats.pull import PullSource
 
 JOBS, UNIQUE, TIMERS, TIMER_CONSUMER = "OJS_JOBS", "OJS_UNIQUE", "OJS_TIMERS", "ojs-timers"
@@ -141,7 +142,7 @@ class JobStore:
                 headers["Nats-TTL"] = str(RECORD_TTL_SECONDS)
             if batch_id:
                 headers.update({"Nats-Batch-Id": batch_id, "Nats-Batch-Sequence": str(index)})
-            subject, payload = f"$KV.{JOBS}.{write.key}", _encode(write.record)
+            subject, payload = f"$KV.{JOBS}.{write.key}", encode(write.record)
             if index < len(writes):
                 await self.nc.publish(subject, payload, headers=headers)
                 continue
@@ -174,22 +175,28 @@ class JobStore:
             return None
         if entry.value is None:
             return None
-        return json.loads(entry.value), entry.revision
+        return decode(entry.value), entry.revision
 
     async def delete(self, job_id: str) -> None:
         await self.jobs.purge(job_id)
 
-    async def all_records(self) -> AsyncIterator[tuple[dict, int]]:
-        """Every live record with its revision: one ordered pass over the bucket's last values."""
-        watcher = await self.jobs.watchall(ignore_deletes=True)
+    async def all_records(self, batch: int = 1000) -> AsyncIterator[tuple[dict, int]]:
+        """Every live record with its revision: one ordered pass over the bucket's last values, pulled
+        a batch at a time (a KV watch is pushed as fast as the server can, and 100k records queued in
+        the client cost far more memory than the engine's whole index)."""
+        stream = f"KV_{JOBS}"
+        sub = await self.js.pull_subscribe(f"$KV.{JOBS}.>", stream=stream, config=ConsumerConfig(
+            deliver_policy=DeliverPolicy.LAST_PER_SUBJECT, ack_policy=AckPolicy.NONE, inactive_threshold=60,
+            mem_storage=True))
         try:
-            async for entry in watcher:
-                if entry is None:  # the initial values are all delivered
-                    return
-                if entry.value:
-                    yield json.loads(entry.value), entry.revision
+            pending = (await sub.consumer_info()).num_pending
+            while pending:
+                for message in await sub.fetch(batch, timeout=10):
+                    pending = message.metadata.num_pending
+                    if message.data and (message.headers or {}).get("KV-Operation") is None:
+                        yield decode(message.data), message.metadata.sequence.stream
         finally:
-            await watcher.stop()
+            await sub.unsubscribe()
 
     # ---- unique locks -------------------------------------------------------------------------
 
@@ -251,6 +258,3 @@ class JobStore:
         for stream in (f"KV_{JOBS}", f"KV_{UNIQUE}", TIMERS):
             await self.js.purge_stream(stream)
 
-
-def _encode(record: dict) -> bytes:
-    return json.dumps(record, separators=(",", ":")).encode()
