@@ -13,6 +13,7 @@ import pytest
 pytest.importorskip("pyspark")
 
 from conftest import SEAMQ  # noqa: E402
+from seamq.settings import NatsSettings  # noqa: E402
 from helpers import wait_for  # noqa: E402
 from test_pipeline_source import publish  # noqa: E402
 
@@ -62,7 +63,7 @@ async def test_replay_from_the_lake_restores_a_window_processed_once(spark, dsn,
 
     events = await publish(nc, 400)
     lake = tmp_path / "lake"
-    query = start_lake(spark, url=nats_server.url, stream="VIBESPRO_EVENTS", lake=lake,
+    query = start_lake(spark, nats=NatsSettings(url=nats_server.url), stream="VIBESPRO_EVENTS", lake=lake,
                        checkpoint=tmp_path / "checkpoint", available_now=True)
     follow(query, lambda batch, rows: None)
     await nc.jetstream().purge_stream("VIBESPRO_EVENTS")  # the stream loses its history
@@ -73,7 +74,7 @@ async def test_replay_from_the_lake_restores_a_window_processed_once(spark, dsn,
         handled.append(envelope.message_id)
 
     now = datetime.utcnow()
-    window = dict(nats_url=nats_server.url, lake=lake, since=now - timedelta(hours=1), until=now + timedelta(hours=1))
+    window = dict(nats=NatsSettings(url=nats_server.url), lake=lake, since=now - timedelta(hours=1), until=now + timedelta(hours=1))
     assert await asyncio.to_thread(replay, spark, **window) == 400
     async with consuming(dsn, nats_server.url, provisioned, registry=Registry(default=handler)):
         await wait_for(lambda: len(handled) == 400, what="replayed events handled")

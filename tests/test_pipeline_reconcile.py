@@ -9,6 +9,7 @@ import pytest
 pytest.importorskip("pyspark")
 
 from seamq.registry import Registry  # noqa: E402
+from seamq.settings import NatsSettings  # noqa: E402
 
 from helpers import scalar, wait_for  # noqa: E402
 from test_consumer import consuming  # noqa: E402
@@ -35,21 +36,21 @@ async def test_reconcile_finds_deleted_messages_and_repair_processes_them_once(s
 
     async with consuming(dsn, nats_server.url, provisioned, registry=Registry(default=handler)):
         await wait_for(lambda: len(handled) == 300 - len(lost), what="the rest handled")
-        report = await asyncio.to_thread(reconcile, spark, dsn=dsn, nats_url=nats_server.url,
+        report = await asyncio.to_thread(reconcile, spark, dsn=dsn, nats=NatsSettings(url=nats_server.url),
                                          topology=provisioned, grace=0)
         lost_ids = {str(r[0]) for r in _ids_at(dsn, lost)}
         assert set(report.missing_from_stream["VIBESPRO_EVENTS"]) == lost_ids
         assert report.missing_from_stream["SEA_EVENTS"] == []
         assert report.unprocessed["sea__from_vibespro"] == []
 
-        repaired = await asyncio.to_thread(reconcile, spark, dsn=dsn, nats_url=nats_server.url,
+        repaired = await asyncio.to_thread(reconcile, spark, dsn=dsn, nats=NatsSettings(url=nats_server.url),
                                            topology=provisioned, grace=0, repair=True)
         assert repaired.repaired == len(lost)
         await wait_for(lambda: len(handled) == 300, what="repaired events handled")
         await asyncio.sleep(1.0)
     assert len(handled) == len(set(handled)) == 300  # every event exactly once
     assert scalar(dsn, "SELECT count(*) FROM inbox_messages WHERE status = 'processed'") == 300
-    after = await asyncio.to_thread(reconcile, spark, dsn=dsn, nats_url=nats_server.url, topology=provisioned,
+    after = await asyncio.to_thread(reconcile, spark, dsn=dsn, nats=NatsSettings(url=nats_server.url), topology=provisioned,
                                     grace=0)
     assert after.unprocessed["sea__from_vibespro"] == []
 

@@ -81,3 +81,34 @@ async def test_streaming_read_with_admission_control_and_available_now(spark, na
     run_available_now()  # restarts from the checkpoint: only the new messages
     rows = spark.read.parquet(str(out)).select("seq").collect()
     assert sorted(r.seq for r in rows) == list(range(1, 3_201))
+
+
+async def test_the_source_and_the_drivers_connect_with_the_settings_credentials(spark, tmp_path):
+    """On any cluster the executors connect as the workers do: with the user, password, TLS of the
+    settings (before, the pipeline dialled the bare URL and failed on a server that wants them)."""
+    import nats
+
+    from seamq.dev.embedded import NatsServer
+    from seamq.nats.provision import apply
+    from seamq.pipeline.reconcile import _first_seq
+    from seamq.pipeline.source import source_options
+    from seamq.settings import NatsSettings
+    from seamq.topology import load_topology
+
+    server = NatsServer(tmp_path / "nats", user="spark", password="s3cret-pw")
+    server.start()
+    try:
+        nc = await nats.connect(server.url, user="spark", password="s3cret-pw")
+        await apply(nc.jetstream(), load_topology())
+        await publish(nc, 40)
+        await nc.close()
+        settings = NatsSettings(url=server.url, user="spark", password="s3cret-pw")
+        options = source_options(settings)
+        assert options == {"url": server.url, "user": "spark", "password": "s3cret-pw"}
+        df = spark.read.format("jetstream").options(**options).option("stream", "VIBESPRO_EVENTS").load()
+        assert df.count() == 40
+        assert await _first_seq(settings, "VIBESPRO_EVENTS") == 1
+        with pytest.raises(Exception, match="no servers available"):  # after "Authorization Violation"
+            read(spark, server.url, "VIBESPRO_EVENTS").count()  # no credentials: refused, not a silent empty read
+    finally:
+        server.kill()

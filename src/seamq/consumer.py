@@ -6,8 +6,8 @@ another while other aggregates run concurrently, and nothing waits for an
 unrelated batch to finish. A lane takes what has queued up and handles it in
 one PostgreSQL transaction:
 
-    record in inbox -> handlers -> dead letters -> marks -> COMMIT
-    then ACK what is done, NAK (with backoff) what must be retried.
+    admit (inbox) -> call (handler) -> decide (verdict) -> dead letters -> marks -> COMMIT
+    then ACK or NAK each message as its verdict says.
 
 New messages are recorded already marked processed, and the few that were
 not are put back before the commit: one write per message instead of two,
@@ -19,11 +19,9 @@ in-process handler's writes commit atomically with the "processed" mark:
 exactly-once side effects. A crash before the commit rolls everything back
 and JetStream redelivers.
 
-ACK rules (POL-047-005..007): done (200/409) -> mark processed, ACK; poison
-(422) -> DLQ, mark dead_lettered, ACK; retry (5xx, timeout) -> record the
-error, NAK with exponential backoff + jitter, and at max_deliver route to the
-DLQ instead of letting JetStream stop delivering in silence. Malformed
-messages go to the DLQ with a precise reason and are ACKed.
+What happens to each message (ACK, skip as a duplicate, NAK with a delay,
+dead-letter with a reason: POL-047-005..007) is decided in seamq.verdict, one
+value per message; the lane only gathers the facts and carries the value out.
 
 Nothing about one message may end the process or touch another message:
 parsing never raises (hostile input is a dead letter with a reason), an
@@ -37,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import random
 import time
 import uuid
 from dataclasses import dataclass
@@ -57,6 +54,7 @@ from seamq.observability import (
 )
 from seamq.ports import Claim, InboxItem, InboxRepository, JetStreamPublisher, OutMessage
 from seamq.topology import ConsumerSpec
+from seamq.verdict import Ack, Backoff, DeadLetter, Duplicate, Nak, Verdict, dead_letter_failed, decide, lane_failed
 
 
 class Handler(Protocol):
@@ -82,21 +80,19 @@ class ConsumerConfig:
 
 @dataclass
 class _Work:
-    """One fetched message and, as the lane goes, what to do with it."""
+    """One fetched message and, once the lane has decided, its verdict (seamq.verdict)."""
 
     msg: Msg
     envelope: Envelope | None  # parsed fine (it may still have no handler)
     rejected: Rejected | None  # why it can never be handled
     handler: Handler | None = None
-    ack: bool = False
-    nak_delay: float | None = None
-    dead_letter: tuple[Reason, str] | None = None
-    error: str | None = None
+    verdict: Verdict | None = None
     attempts: int = 0
     http_result: HandlerResult | None = None  # kept across a lane's redo: never call HTTP twice
 
-    def reset(self) -> None:
-        self.ack, self.nak_delay, self.dead_letter, self.error, self.attempts = False, None, None, None, 0
+    @property
+    def ack(self) -> bool:
+        return isinstance(self.verdict, (Ack, Duplicate, DeadLetter))  # a dead letter once it is published
 
     @property
     def seq(self) -> int:
@@ -140,6 +136,7 @@ class InboxConsumer:
         self.inbox = inbox
         self._metrics = ConsumerMetrics(spec.name)
         self._holds = Holds()  # ordered mode: aggregates waiting behind a failed message
+        self.backoff = Backoff(self.config.nak_base, self.config.nak_max)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Fetch and dispatch until `stop`; then stop asking for more, let the lanes
@@ -246,20 +243,19 @@ class InboxConsumer:
                     message_ids=[str(i.message_id) for i in items[:20]])
         pending = Pending()
         for item in items:
-            item.reset()
-            if len(items) == 1 and item.delivered >= self.spec.max_deliver and not self.inbox.unavailable(exc):
-                item.dead_letter = (Reason.CONSUMER_ERROR, f"its transaction failed on every delivery: {error}")
-                await self._dead_letter(None, [item], [], record=False)
-                if item.ack:
-                    continue
-            item.nak_delay = pending.send_back(item.aggregate, item.seq, self._backoff(item.msg))
+            item.verdict = lane_failed(error=error, alone=len(items) == 1, delivered=item.delivered,
+                                       max_deliver=self.spec.max_deliver, database_away=self.inbox.unavailable(exc),
+                                       backoff=self.backoff)
+        await self._dead_letter(None, [i for i in items if isinstance(i.verdict, DeadLetter)], record=False)
+        for item in items:
+            self._follow(item, pending)
         if self.config.ordered:
             self._holds.record(pending)
         await self._settle(items)
 
     async def _attempt(self, items: list[_Work], careful: bool, pending: Pending) -> None:
         for item in items:
-            item.reset()
+            item.verdict = None
         if self.pool is None:
             await self._handle_lane(None, items, careful=False, pending=pending)
             return
@@ -267,8 +263,10 @@ class InboxConsumer:
             await self._handle_lane(conn, items, careful, pending)
 
     async def _handle_lane(self, conn, items: list[_Work], careful: bool, pending: Pending) -> None:
-        claims = await self.inbox.claim(conn, _inbox_items(items))
-        done, failed, first_copy, copies = [], [], {}, []
+        """admit -> call -> decide, per message in order; then dead letters, inbox records."""
+        admissions = await self.inbox.claim(conn, _inbox_items(items))
+        first_copy: dict[uuid.UUID, _Work] = {}
+        copies: list[tuple[_Work, _Work]] = []
         for item in items:
             message_id = item.message_id
             if message_id is not None and message_id in first_copy:
@@ -276,53 +274,44 @@ class InboxConsumer:
                 continue
             if message_id is not None:
                 first_copy[message_id] = item
-            claim, item.attempts = claims.get(message_id, (Claim.NEW, 1))
-            if claim == Claim.DUPLICATE:
-                item.ack = True
-                CONSUMER_DUPLICATES.labels(self.spec.name).inc()
-                continue
-            if item.rejected:
-                item.dead_letter = (item.rejected.reason, item.rejected.detail)
-                continue
-            if self.config.ordered:  # behind an earlier message of its aggregate that was sent back?
-                hold = self._holds.delay(item.aggregate, item.seq, item.delivered >= self.spec.max_deliver, pending)
-                if hold is not None:
-                    item.nak_delay = pending.send_back(item.aggregate, item.seq, hold)
-                    continue
-            result = await self._call(conn, item, careful)
-            if result.done:
-                item.ack = True
-                done.append(message_id)
-                pending.done(item.aggregate, item.seq)  # frees what waits behind it, in this lane too
-            elif result.outcome == Outcome.POISON:
-                item.dead_letter = (result.reason or Reason.HANDLER_REJECTED, result.detail or "handler rejected it")
-            elif item.msg.metadata.num_delivered >= self.spec.max_deliver:
-                item.dead_letter = (Reason.MAX_DELIVER, f"{item.msg.metadata.num_delivered} deliveries; last: "
-                                                        f"{result.detail}")
-            else:
-                item.error = result.detail or "retry"
-                item.nak_delay = pending.send_back(item.aggregate, item.seq, self._backoff(item.msg))
-                failed.append(item)
-                CONSUMER_RETRIES.labels(self.spec.name).inc()
-        # New rows were recorded as processed (see PgInbox.claim); put back those that were not.
-        done_ids = set(done)
-        new = {message_id for message_id, (claim, _) in claims.items() if claim == Claim.NEW}
-        await self.inbox.not_processed(conn, [message_id for message_id in new if message_id not in done_ids])
-        await self._dead_letter(conn, [i for i in items if i.dead_letter and not i.ack], failed, pending)
-        duplicates = []
+            admission, item.attempts = admissions.get(message_id, (Claim.NEW, 1))
+            duplicate = admission == Claim.DUPLICATE
+            hold = result = None
+            if not duplicate and not item.rejected:
+                if self.config.ordered:  # behind an earlier message of its aggregate that was sent back?
+                    hold = self._holds.delay(item.aggregate, item.seq, item.delivered >= self.spec.max_deliver,
+                                             pending)
+                if hold is None:
+                    result = await self._call(conn, item, careful)
+            item.verdict = decide(duplicate=duplicate, rejected=item.rejected, hold=hold, result=result,
+                                  delivered=item.delivered, max_deliver=self.spec.max_deliver, backoff=self.backoff)
+            self._follow(item, pending)  # a handled message frees what waits behind it, in this lane too
+        # New rows went in marked processed (PgInbox.claim): put back those that were not handled.
+        new = {message_id for message_id, (admission, _) in admissions.items() if admission == Claim.NEW}
+        done = {i.message_id for i in first_copy.values() if isinstance(i.verdict, Ack)}
+        await self.inbox.not_processed(conn, [message_id for message_id in new if message_id not in done])
+        await self._dead_letter(conn, [i for i in items if isinstance(i.verdict, DeadLetter)], pending)
         for item, first in copies:
-            item.ack, item.nak_delay = first.ack, first.nak_delay
-            if first.ack and not first.dead_letter:
-                duplicates.append(item.message_id)
-                CONSUMER_DUPLICATES.labels(self.spec.name).inc()
-        for item in items:
-            if item.ack:
-                pending.done(item.aggregate, item.seq)
-            elif item.nak_delay is not None and item.seq not in pending.get(item.aggregate, {}):
-                item.nak_delay = pending.send_back(item.aggregate, item.seq, item.nak_delay)
+            item.verdict = Duplicate() if isinstance(first.verdict, (Ack, Duplicate)) else first.verdict
+            self._follow(item, pending, copy=True)
         await self.inbox.processed(conn, [message_id for message_id in done if message_id not in new])
-        await self.inbox.duplicate(conn, duplicates)
-        await self.inbox.failed(conn, [i.message_id for i in failed], [i.error for i in failed])
+        await self.inbox.duplicate(conn, [item.message_id for item, _ in copies if isinstance(item.verdict, Duplicate)])
+        failed = [i for i in first_copy.values() if isinstance(i.verdict, Nak) and i.verdict.error is not None]
+        await self.inbox.failed(conn, [i.message_id for i in failed], [i.verdict.error for i in failed])
+
+    def _follow(self, item: _Work, pending: Pending, *, copy: bool = False) -> None:
+        """What the verdict means for its aggregate's order: done frees it, a NAK waits in line
+        (stretched to come back after its aggregate's earlier ones); and the counters."""
+        verdict = item.verdict
+        if isinstance(verdict, Nak):
+            item.verdict = dataclasses.replace(verdict, delay=pending.send_back(item.aggregate, item.seq,
+                                                                                 verdict.delay))
+            if verdict.error is not None and not copy:
+                CONSUMER_RETRIES.labels(self.spec.name).inc()
+        elif item.ack:
+            pending.done(item.aggregate, item.seq)
+            if isinstance(verdict, Duplicate):
+                CONSUMER_DUPLICATES.labels(self.spec.name).inc()
 
     async def _call(self, conn, item: _Work, careful: bool) -> HandlerResult:
         envelope = item.envelope
@@ -377,34 +366,30 @@ class InboxConsumer:
         log.error("consumer_handler_raised", consumer=self.spec.name, message_id=str(item.message_id), error=detail)
         return HandlerResult(Outcome.RETRY, detail)
 
-    async def _dead_letter(self, conn, items: list[_Work], failed: list[_Work], pending: Pending | None = None,
-                           *, record: bool = True) -> None:
+    async def _dead_letter(self, conn, items: list[_Work], pending: Pending | None = None, *,
+                           record: bool = True) -> None:
         """Publish EVT-047-002 for each, then mark the inbox; a failed publish becomes a retry."""
         if not items:
             return
         results = await self.dlq.publish_many([self._dlq_message(i) for i in items])
         marked = []
         for item, result in zip(items, results):
-            reason, detail = item.dead_letter
+            verdict = item.verdict
             if result.ok:
-                item.ack = True
                 marked.append((item, result.seq))
-                CONSUMER_DEAD_LETTERED.labels(self.spec.name, reason.value).inc()
+                CONSUMER_DEAD_LETTERED.labels(self.spec.name, verdict.reason.value).inc()
                 log.warning("message_dead_lettered", consumer=self.spec.name, message_id=str(item.message_id),
-                            subject=item.msg.subject, reason=reason.value, detail=detail[:300])
+                            subject=item.msg.subject, reason=verdict.reason.value, detail=verdict.detail[:300])
             else:
-                item.dead_letter, item.error = None, f"DLQ publish failed ({result.error}); was: {reason.value}"
-                item.nak_delay = self._backoff(item.msg)
+                item.verdict = dead_letter_failed(verdict, result.error, delivered=item.delivered, backoff=self.backoff)
                 if pending is not None:
-                    item.nak_delay = pending.send_back(item.aggregate, item.seq, item.nak_delay)
-                if item.message_id:
-                    failed.append(item)
+                    self._follow(item, pending)
         if not record:
             return
         with_ids = [(i, seq) for i, seq in marked if i.message_id is not None]
         await self.inbox.dead_lettered(
-            conn, [i.message_id for i, _ in with_ids], [i.dead_letter[0].value for i, _ in with_ids],
-            [i.dead_letter[1] for i, _ in with_ids], [self._dlq_subject(i) for i, _ in with_ids],
+            conn, [i.message_id for i, _ in with_ids], [i.verdict.reason.value for i, _ in with_ids],
+            [i.verdict.detail for i, _ in with_ids], [self._dlq_subject(i) for i, _ in with_ids],
             [seq for _, seq in with_ids],
         )
 
@@ -418,7 +403,7 @@ class InboxConsumer:
         return f"{prefix}.{subject.name}.v{subject.version}"
 
     def _dlq_message(self, item: _Work) -> OutMessage:
-        reason, detail = item.dead_letter
+        reason, detail = item.verdict.reason, item.verdict.detail
         meta = item.msg.metadata
         replay = (item.msg.headers or {}).get(REPLAY_ATTEMPT, "0")
         key = str(item.message_id) if item.message_id else f"{meta.stream}:{meta.sequence.stream}"
@@ -432,19 +417,13 @@ class InboxConsumer:
         headers = {Header.MSG_ID: f"dlq:{self.spec.name}:{key}:{replay}", "Seamq-Dlq-Reason": reason.value}
         return OutMessage(self._dlq_subject(item), body, headers)
 
-    def _backoff(self, msg: Msg) -> float:
-        """Exponential in the delivery count, with equal jitter."""
-        n = max(1, msg.metadata.num_delivered)
-        delay = min(self.config.nak_max, self.config.nak_base * 2 ** (n - 1))
-        return delay / 2 + random.uniform(0, delay / 2)
-
     async def _settle(self, items: list[_Work]) -> None:
         for item in items:
             try:
                 if item.ack:
                     await item.msg.ack()
                 else:
-                    await item.msg.nak(delay=item.nak_delay)
+                    await item.msg.nak(delay=item.verdict.delay)
             except Exception as exc:  # lost ack: redelivered, then skipped as a duplicate
                 log.info("consumer_ack_failed", consumer=self.spec.name, error=str(exc))
 

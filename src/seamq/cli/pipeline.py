@@ -29,7 +29,7 @@ def lake(
 
     current = settings()
     with spark_session(master, app=f"seamq-lake-{stream}") as spark:
-        query = start_lake(spark, url=current.nats.url, stream=stream, lake=path,
+        query = start_lake(spark, nats=current.nats, stream=stream, lake=path,
                            checkpoint=checkpoint or path / "_checkpoints" / stream,
                            max_records=max_records, available_now=available_now)
         stopping = []
@@ -59,7 +59,7 @@ def reconcile(
     current = settings()
     topo = topology(None, current)
     with spark_session(master, app="seamq-reconcile") as spark:
-        report = run_reconcile(spark, dsn=current.database_dsn(), nats_url=current.nats.url, topology=topo,
+        report = run_reconcile(spark, dsn=current.database_dsn(), nats=current.nats, topology=topo,
                                grace=grace, repair=repair)
     table = Table("where", "finding", "count", title="reconcile")
     for stream, ids in report.missing_from_stream.items():
@@ -117,7 +117,7 @@ def replay(
     current = settings()
     with spark_session(master, app="seamq-lake-replay") as spark, Progress(console=console) as bar:
         task = bar.add_task("replaying", total=None)
-        stored = run_replay(spark, nats_url=current.nats.url, lake=path, since=since, until=until,
+        stored = run_replay(spark, nats=current.nats, lake=path, since=since, until=until,
                             event_type=event_type,
                             progress=lambda done, total: bar.update(task, completed=done, total=total))
     console.print(f"re-published {stored} events from {path}")

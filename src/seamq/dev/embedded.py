@@ -133,10 +133,12 @@ class NatsServer(_Process):
 
     name = "nats-server"
 
-    def __init__(self, data_dir: Path, port: int | None = None, *, sync: str = "default") -> None:
+    def __init__(self, data_dir: Path, port: int | None = None, *, sync: str = "default",
+                 user: str | None = None, password: str | None = None) -> None:
         self.data_dir = Path(data_dir)
         self.port = port or free_port()
         self.sync = sync
+        self.user, self.password = user, password  # clients must authenticate (the tests of credentials)
 
     @property
     def url(self) -> str:
@@ -147,10 +149,12 @@ class NatsServer(_Process):
         store.mkdir(parents=True, exist_ok=True)
         sync = 'sync_interval: "always"' if self.sync == "always" else ""
         config = self.data_dir / "nats-server.conf"
+        auth = (f'authorization {{\n  user: "{self.user}"\n  password: "{self.password}"\n}}\n'
+                if self.user else "")
         config.write_text(
             f'listen: "127.0.0.1:{self.port}"\n'
             f'server_name: "seamq_{self.port}"\n'
-            f'jetstream {{\n  store_dir: "{store}"\n  {sync}\n}}\n'
+            f'jetstream {{\n  store_dir: "{store}"\n  {sync}\n}}\n' + auth
         )
         return config
 

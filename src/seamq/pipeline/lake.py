@@ -18,11 +18,14 @@ from typing import Callable
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
+from seamq.pipeline.source import source_options
+from seamq.settings import NatsSettings
 
-def start_lake(spark: SparkSession, *, url: str, stream: str, lake: Path, checkpoint: Path,
+
+def start_lake(spark: SparkSession, *, nats: NatsSettings, stream: str, lake: Path, checkpoint: Path,
                max_records: int = 50_000, available_now: bool = False, every: str = "2 seconds"):
     """Start the streaming query; returns it running."""
-    source = (spark.readStream.format("jetstream").option("url", url).option("stream", stream)
+    source = (spark.readStream.format("jetstream").options(**source_options(nats)).option("stream", stream)
               .option("maxRecordsPerBatch", str(max_records)).load())
     events = source.withColumn("date", F.to_date("timestamp")).withColumn(
         "event_type", F.coalesce("event_type", F.lit("_invalid")))

@@ -27,7 +27,10 @@ from pyspark.sql import SparkSession
 
 from seamq.envelope import republish_headers
 from seamq.model import Event, message_headers
+from seamq.nats.connect import connect
+from seamq.pipeline.source import source_options
 from seamq.pipeline.spark import pg_frame
+from seamq.settings import NatsSettings
 from seamq.topology import Topology
 
 _OUTBOX = """
@@ -52,17 +55,15 @@ class Report:
                 "repaired": self.repaired}
 
 
-async def _first_seq(url: str, stream: str) -> int:
-    import nats
-
-    nc = await nats.connect(url)
+async def _first_seq(nats: NatsSettings, stream: str) -> int:
+    nc = await connect(nats, name="seamq-reconcile", persistent=False)
     try:
         return (await nc.jetstream().stream_info(stream)).state.first_seq
     finally:
         await nc.close()
 
 
-def reconcile(spark: SparkSession, *, dsn: str, nats_url: str, topology: Topology, grace: float = 60.0,
+def reconcile(spark: SparkSession, *, dsn: str, nats: NatsSettings, topology: Topology, grace: float = 60.0,
               repair: bool = False) -> Report:
     from pyspark.sql import functions as F
 
@@ -72,9 +73,9 @@ def reconcile(spark: SparkSession, *, dsn: str, nats_url: str, topology: Topolog
     missing_rows = []
     for context, spec in sorted(topology.contexts.items()):
         name = spec.stream.name
-        stream = spark.read.format("jetstream").option("url", nats_url).option("stream", name).load() \
+        stream = spark.read.format("jetstream").options(**source_options(nats)).option("stream", name).load() \
             .select("message_id", "timestamp").cache()
-        first_seq = asyncio.run(_first_seq(nats_url, name))
+        first_seq = asyncio.run(_first_seq(nats, name))
         published = outbox.where((F.col("context") == context) & (F.col("stream_seq") >= first_seq))
         missing = published.join(stream, "message_id", "left_anti")
         rows = missing.orderBy("stream_seq").collect()
@@ -88,19 +89,17 @@ def reconcile(spark: SparkSession, *, dsn: str, nats_url: str, topology: Topolog
                 r.message_id for r in settled.join(seen, "message_id", "left_anti").collect())
         stream.unpersist()
     if repair and missing_rows:
-        report.repaired = asyncio.run(_republish(nats_url, missing_rows))
+        report.repaired = asyncio.run(_republish(nats, missing_rows))
     return report
 
 
-async def _republish(nats_url: str, rows) -> int:
+async def _republish(nats: NatsSettings, rows) -> int:
     import uuid
-
-    import nats
 
     from seamq.nats.publisher import PipelinedPublisher
     from seamq.ports import OutMessage
 
-    nc = await nats.connect(nats_url)
+    nc = await connect(nats, name="seamq-reconcile", persistent=False)
     publisher = await PipelinedPublisher(nc, timeout=30).start()
     try:
         messages = []

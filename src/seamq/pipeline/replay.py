@@ -21,6 +21,8 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from seamq.envelope import republish_headers
+from seamq.nats.connect import connect
+from seamq.settings import NatsSettings
 
 CHUNK = 2000
 
@@ -32,22 +34,20 @@ def select(spark: SparkSession, lake: Path, since: datetime, until: datetime, ev
     return rows.where(F.col("message_id").isNotNull()).orderBy("seq")
 
 
-def replay(spark: SparkSession, *, nats_url: str, lake: Path, since: datetime, until: datetime,
+def replay(spark: SparkSession, *, nats: NatsSettings, lake: Path, since: datetime, until: datetime,
            event_type: str | None = None, progress: Callable[[int, int], None] = lambda done, total: None) -> int:
     """Re-publish the selected lake events; returns how many JetStream stored."""
     frame = select(spark, lake, since, until, event_type).select("subject", "headers", "payload", "message_id")
     total = frame.count()
     run = uuid.uuid4().hex[:8]
-    return asyncio.run(_publish(nats_url, frame.toLocalIterator(), total, run, progress))
+    return asyncio.run(_publish(nats, frame.toLocalIterator(), total, run, progress))
 
 
-async def _publish(nats_url: str, rows, total: int, run: str, progress) -> int:
-    import nats
-
+async def _publish(nats: NatsSettings, rows, total: int, run: str, progress) -> int:
     from seamq.nats.publisher import PipelinedPublisher
     from seamq.ports import OutMessage
 
-    nc = await nats.connect(nats_url)
+    nc = await connect(nats, name="seamq-lake-replay", persistent=False)
     publisher = await PipelinedPublisher(nc, timeout=30).start()
     stored = done = 0
     try:

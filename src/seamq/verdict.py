@@ -1,0 +1,96 @@
+"""The consumer's rules for one delivery, in one place: what is known about it in, one value out.
+
+POL-047-005..007 and CMD-052 decide, for each message a lane takes, between
+four things: ACK it (handled, or a copy of one handled), skip it as a duplicate
+(ACK without calling anything), NAK it to come back after a delay, or
+dead-letter it with a reason (then ACK). Everything that bears on it (the
+inbox's admission, why it cannot be parsed, whether its aggregate holds it
+back, the handler's result, the delivery count against max_deliver) is an
+argument, and the answer is a value the lane carries out: no I/O here, and a
+unit test per rule beside it (tests/test_verdict.py).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from seamq.envelope import HandlerResult, Outcome, Reason, Rejected
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """Handled: record it done, ACK."""
+
+
+@dataclass(frozen=True, slots=True)
+class Duplicate:
+    """The inbox has it processed (or dead-lettered) already: ACK, call nothing (POL-047-005)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Nak:
+    """Come back after `delay` seconds; `error` is recorded on the inbox row, unless it is only held."""
+
+    delay: float
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """Publish EVT-047-002 with this reason, record it, ACK (POL-047-006/007)."""
+
+    reason: Reason
+    detail: str
+
+
+Verdict = Ack | Duplicate | Nak | DeadLetter
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Exponential in the delivery count, capped, with equal jitter: the one retry-delay formula."""
+
+    base: float = 1.0
+    cap: float = 60.0
+
+    def delay(self, attempt: int, rng: random.Random | None = None) -> float:
+        full = min(self.cap, self.base * 2 ** (max(1, attempt) - 1))
+        return full / 2 + (rng or random).uniform(0, full / 2)
+
+
+def decide(*, duplicate: bool, rejected: Rejected | None, hold: float | None, result: HandlerResult | None,
+           delivered: int, max_deliver: int, backoff: Backoff, rng: random.Random | None = None) -> Verdict:
+    """The rules, in the order they apply. `hold` is how long the message's aggregate holds it back
+    (seamq.holds), None when it may run; `result` is the handler's, None when it was not called."""
+    if duplicate:
+        return Duplicate()
+    if rejected is not None:  # it can never be handled: retrying would only delay the dead letter
+        return DeadLetter(rejected.reason, rejected.detail)
+    if hold is not None:  # an earlier message of its aggregate was sent back: wait behind it
+        return Nak(hold)
+    if result is None:
+        raise ValueError("a message that may run needs its handler's result")
+    if result.done:
+        return Ack()
+    if result.outcome == Outcome.POISON:
+        return DeadLetter(result.reason or Reason.HANDLER_REJECTED, result.detail or "handler rejected it")
+    if delivered >= max_deliver:  # JetStream would stop delivering it in silence: dead-letter instead
+        return DeadLetter(Reason.MAX_DELIVER, f"{delivered} deliveries; last: {result.detail}")
+    return Nak(backoff.delay(delivered, rng), result.detail or "retry")
+
+
+def lane_failed(*, error: str, alone: bool, delivered: int, max_deliver: int, database_away: bool,
+                backoff: Backoff, rng: random.Random | None = None) -> Verdict:
+    """The lane's transaction failed, so nothing of it committed: every message comes back, except one
+    that failed alone on its last delivery for a reason other than the database being away, which
+    is a bug of ours shown by that message (`consumer_error`)."""
+    if alone and delivered >= max_deliver and not database_away:
+        return DeadLetter(Reason.CONSUMER_ERROR, f"its transaction failed on every delivery: {error}")
+    return Nak(backoff.delay(delivered, rng), error)
+
+
+def dead_letter_failed(verdict: DeadLetter, error: str, *, delivered: int, backoff: Backoff,
+                       rng: random.Random | None = None) -> Nak:
+    """The DLQ publish failed: the message must not be ACKed; it comes back and is decided again."""
+    return Nak(backoff.delay(delivered, rng), f"DLQ publish failed ({error}); was: {verdict.reason.value}")
