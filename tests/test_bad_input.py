@@ -16,7 +16,7 @@ from seamq.consumer import ConsumerConfig, InboxConsumer
 from seamq.envelope import original_message
 from seamq.model import message_headers
 from seamq.nats.publisher import PipelinedPublisher
-from seamq.nats.pull import PullSource
+from seamq.nats.pull import Deliveries, PullSource
 from seamq.pg.inbox_repo import PgInbox, consumer_session
 from seamq.registry import Registry, Route
 from seamq.run import build_handlers, pg_pool
@@ -110,7 +110,7 @@ async def test_a_bug_shown_by_one_message_costs_only_that_message(dsn, nats_serv
     source = await PullSource(nc, spec.stream, spec.name, buffer=100).start()
     stop = asyncio.Event()
     async with pg_pool(dsn, configure=consumer_session) as pool:
-        consumer = InboxConsumer(spec, source, pool, PgInbox(spec.name), dlq, lookup,
+        consumer = InboxConsumer(spec, Deliveries(source), PgInbox(spec.name, pool), dlq, lookup,
                                  ConsumerConfig(nak_base=0.05, nak_max=0.2, batch_size=50))
         task = asyncio.create_task(consumer.run(stop))
         try:

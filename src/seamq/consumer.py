@@ -39,9 +39,6 @@ import time
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Callable, Protocol
-
-from nats.aio.msg import Msg
 
 from seamq.envelope import (
     REPLAY_ATTEMPT, Envelope, HandlerResult, Outcome, Reason, Rejected, dead_letter_body, parse_message,
@@ -52,18 +49,12 @@ from seamq.observability import (
     CONSUMER_DEAD_LETTERED, CONSUMER_DUPLICATES, CONSUMER_REDELIVERIES, CONSUMER_RETRIES, ConsumerMetrics,
     continue_trace, log,
 )
-from seamq.ports import Claim, InboxItem, InboxRepository, JetStreamPublisher, OutMessage
+from seamq.ports import (
+    Admission, DeadLettered, Delivery, DeliverySource, Handler, HandlerLookup, InboxItem, InboxOutcome,
+    InboxRepository, JetStreamPublisher, OutMessage,
+)
 from seamq.topology import ConsumerSpec
 from seamq.verdict import Ack, Backoff, DeadLetter, Duplicate, Nak, Verdict, dead_letter_failed, decide, lane_failed
-
-
-class Handler(Protocol):
-    transactional: bool
-
-    async def __call__(self, envelope: Envelope, conn: Any, traceparent: str | None = None) -> HandlerResult: ...
-
-
-HandlerLookup = Callable[[str, int], "Handler | None"]
 
 
 @dataclass
@@ -82,12 +73,13 @@ class ConsumerConfig:
 class _Work:
     """One fetched message and, once the lane has decided, its verdict (seamq.verdict)."""
 
-    msg: Msg
+    msg: Delivery
     envelope: Envelope | None  # parsed fine (it may still have no handler)
     rejected: Rejected | None  # why it can never be handled
     handler: Handler | None = None
     verdict: Verdict | None = None
     attempts: int = 0
+    dlq_seq: int | None = None  # where its dead letter was stored
     http_result: HandlerResult | None = None  # kept across a lane's redo: never call HTTP twice
 
     @property
@@ -96,11 +88,11 @@ class _Work:
 
     @property
     def seq(self) -> int:
-        return self.msg.metadata.sequence.stream
+        return self.msg.seq
 
     @property
     def delivered(self) -> int:
-        return self.msg.metadata.num_delivered
+        return self.msg.delivered
 
     @property
     def message_id(self) -> uuid.UUID | None:
@@ -123,13 +115,11 @@ class _Redo(Exception):
 
 class InboxConsumer:
     def __init__(
-        self, spec: ConsumerSpec, source, pool, inbox: InboxRepository, dlq: JetStreamPublisher,
+        self, spec: ConsumerSpec, source: DeliverySource, inbox: InboxRepository, dlq: JetStreamPublisher,
         handlers: HandlerLookup, config: ConsumerConfig | None = None,
     ) -> None:
-        """`pool` None means no database: the at-least-once mode, with a NoInbox."""
         self.spec = spec
         self.source = source
-        self.pool = pool
         self.dlq = dlq
         self.handlers = handlers
         self.config = config or ConsumerConfig()
@@ -164,7 +154,7 @@ class InboxConsumer:
                 queue.put_nowait(None)  # after what is queued: finish it, then stop
             await asyncio.gather(*lanes)
 
-    def _prepare(self, msg: Msg) -> _Work:
+    def _prepare(self, msg: Delivery) -> _Work:
         """Never raises: a message that cannot be prepared is a dead letter, not a dead consumer."""
         try:
             return self._parse(msg)
@@ -175,8 +165,8 @@ class InboxConsumer:
             return _Work(msg, None, Rejected(Reason.CONSUMER_ERROR, f"preparing it failed: {type(exc).__name__}: "
                                              f"{exc}", message_id))
 
-    def _parse(self, msg: Msg) -> _Work:
-        delivered = msg.metadata.num_delivered
+    def _parse(self, msg: Delivery) -> _Work:
+        delivered = msg.delivered
         if delivered > 1:
             CONSUMER_REDELIVERIES.labels(self.spec.name).inc()
         parsed = parse_message(msg.subject, msg.headers, msg.data, delivered)
@@ -246,7 +236,7 @@ class InboxConsumer:
             item.verdict = lane_failed(error=error, alone=len(items) == 1, delivered=item.delivered,
                                        max_deliver=self.spec.max_deliver, database_away=self.inbox.unavailable(exc),
                                        backoff=self.backoff)
-        await self._dead_letter(None, [i for i in items if isinstance(i.verdict, DeadLetter)], record=False)
+        await self._dead_letter([i for i in items if isinstance(i.verdict, DeadLetter)])  # nothing to record it in
         for item in items:
             self._follow(item, pending)
         if self.config.ordered:
@@ -256,15 +246,12 @@ class InboxConsumer:
     async def _attempt(self, items: list[_Work], careful: bool, pending: Pending) -> None:
         for item in items:
             item.verdict = None
-        if self.pool is None:
-            await self._handle_lane(None, items, careful=False, pending=pending)
-            return
-        async with self.pool.connection() as conn, conn.transaction():
-            await self._handle_lane(conn, items, careful, pending)
+        async with self.inbox.transaction() as tx:
+            await self._handle_lane(tx, items, careful, pending)
 
-    async def _handle_lane(self, conn, items: list[_Work], careful: bool, pending: Pending) -> None:
-        """admit -> call -> decide, per message in order; then dead letters, inbox records."""
-        admissions = await self.inbox.claim(conn, _inbox_items(items))
+    async def _handle_lane(self, tx, items: list[_Work], careful: bool, pending: Pending) -> None:
+        """admit -> call -> decide, per message in order; then dead letters, then record."""
+        admissions = await self.inbox.admit(tx, _inbox_items(items))
         first_copy: dict[uuid.UUID, _Work] = {}
         copies: list[tuple[_Work, _Work]] = []
         for item in items:
@@ -274,30 +261,36 @@ class InboxConsumer:
                 continue
             if message_id is not None:
                 first_copy[message_id] = item
-            admission, item.attempts = admissions.get(message_id, (Claim.NEW, 1))
-            duplicate = admission == Claim.DUPLICATE
+            admission, item.attempts = admissions.get(message_id, (Admission.NEW, 1))
+            duplicate = admission == Admission.DUPLICATE
             hold = result = None
             if not duplicate and not item.rejected:
                 if self.config.ordered:  # behind an earlier message of its aggregate that was sent back?
                     hold = self._holds.delay(item.aggregate, item.seq, item.delivered >= self.spec.max_deliver,
                                              pending)
                 if hold is None:
-                    result = await self._call(conn, item, careful)
+                    result = await self._call(tx, item, careful)
             item.verdict = decide(duplicate=duplicate, rejected=item.rejected, hold=hold, result=result,
                                   delivered=item.delivered, max_deliver=self.spec.max_deliver, backoff=self.backoff)
             self._follow(item, pending)  # a handled message frees what waits behind it, in this lane too
-        # New rows went in marked processed (PgInbox.claim): put back those that were not handled.
-        new = {message_id for message_id, (admission, _) in admissions.items() if admission == Claim.NEW}
-        done = {i.message_id for i in first_copy.values() if isinstance(i.verdict, Ack)}
-        await self.inbox.not_processed(conn, [message_id for message_id in new if message_id not in done])
-        await self._dead_letter(conn, [i for i in items if isinstance(i.verdict, DeadLetter)], pending)
+        await self._dead_letter([i for i in items if isinstance(i.verdict, DeadLetter)], pending)
+        skipped: dict[uuid.UUID, int] = {}
         for item, first in copies:
             item.verdict = Duplicate() if isinstance(first.verdict, (Ack, Duplicate)) else first.verdict
             self._follow(item, pending, copy=True)
-        await self.inbox.processed(conn, [message_id for message_id in done if message_id not in new])
-        await self.inbox.duplicate(conn, [item.message_id for item, _ in copies if isinstance(item.verdict, Duplicate)])
-        failed = [i for i in first_copy.values() if isinstance(i.verdict, Nak) and i.verdict.error is not None]
-        await self.inbox.failed(conn, [i.message_id for i in failed], [i.verdict.error for i in failed])
+            if isinstance(item.verdict, Duplicate):
+                skipped[item.message_id] = skipped.get(item.message_id, 0) + 1
+        await self.inbox.record(tx, [self._outcome(item, admissions, skipped.get(message_id, 0))
+                                     for message_id, item in first_copy.items()])
+
+    def _outcome(self, item: _Work, admissions: dict, copies: int) -> InboxOutcome:
+        verdict = item.verdict
+        dead = None
+        if isinstance(verdict, DeadLetter):
+            dead = DeadLettered(verdict.reason.value, verdict.detail, self._dlq_subject(item), item.dlq_seq)
+        return InboxOutcome(item.message_id, admissions.get(item.message_id, (Admission.NEW, 1))[0],
+                            done=isinstance(verdict, Ack), error=verdict.error if isinstance(verdict, Nak) else None,
+                            dead_letter=dead, copies=copies)
 
     def _follow(self, item: _Work, pending: Pending, *, copy: bool = False) -> None:
         """What the verdict means for its aggregate's order: done frees it, a NAK waits in line
@@ -314,10 +307,11 @@ class InboxConsumer:
                 CONSUMER_DUPLICATES.labels(self.spec.name).inc()
 
     async def _call(self, conn, item: _Work, careful: bool) -> HandlerResult:
+        """`conn` is the inbox's unit of work (None without an inbox): in-process handlers write through it."""
         envelope = item.envelope
         if careful and item.handler.transactional:
             envelope = dataclasses.replace(envelope, rerun=True)  # its fast-path call was rolled back
-        headers = item.msg.headers or {}
+        headers = item.msg.headers
         started = time.perf_counter()
         with continue_trace(envelope.subject, headers) as traceparent:
             if not item.handler.transactional:
@@ -366,32 +360,23 @@ class InboxConsumer:
         log.error("consumer_handler_raised", consumer=self.spec.name, message_id=str(item.message_id), error=detail)
         return HandlerResult(Outcome.RETRY, detail)
 
-    async def _dead_letter(self, conn, items: list[_Work], pending: Pending | None = None, *,
-                           record: bool = True) -> None:
-        """Publish EVT-047-002 for each, then mark the inbox; a failed publish becomes a retry."""
+    async def _dead_letter(self, items: list[_Work], pending: Pending | None = None) -> None:
+        """Publish EVT-047-002 for each; a failed publish turns its verdict into a retry."""
         if not items:
             return
         results = await self.dlq.publish_many([self._dlq_message(i) for i in items])
-        marked = []
         for item, result in zip(items, results):
             verdict = item.verdict
             if result.ok:
-                marked.append((item, result.seq))
+                item.dlq_seq = result.seq
                 CONSUMER_DEAD_LETTERED.labels(self.spec.name, verdict.reason.value).inc()
                 log.warning("message_dead_lettered", consumer=self.spec.name, message_id=str(item.message_id),
                             subject=item.msg.subject, reason=verdict.reason.value, detail=verdict.detail[:300])
             else:
-                item.verdict = dead_letter_failed(verdict, result.error, delivered=item.delivered, backoff=self.backoff)
+                item.verdict = dead_letter_failed(verdict, result.error, delivered=item.delivered,
+                                                  backoff=self.backoff)
                 if pending is not None:
                     self._follow(item, pending)
-        if not record:
-            return
-        with_ids = [(i, seq) for i, seq in marked if i.message_id is not None]
-        await self.inbox.dead_lettered(
-            conn, [i.message_id for i, _ in with_ids], [i.verdict.reason.value for i, _ in with_ids],
-            [i.verdict.detail for i, _ in with_ids], [self._dlq_subject(i) for i, _ in with_ids],
-            [seq for _, seq in with_ids],
-        )
 
     def _dlq_subject(self, item: _Work) -> str:
         """`{target}.dlq.{source}.{event}.v{n}`: the consumer's context owns its failures."""
@@ -404,13 +389,13 @@ class InboxConsumer:
 
     def _dlq_message(self, item: _Work) -> OutMessage:
         reason, detail = item.verdict.reason, item.verdict.detail
-        meta = item.msg.metadata
-        replay = (item.msg.headers or {}).get(REPLAY_ATTEMPT, "0")
-        key = str(item.message_id) if item.message_id else f"{meta.stream}:{meta.sequence.stream}"
+        msg = item.msg
+        replay = msg.headers.get(REPLAY_ATTEMPT, "0")
+        key = str(item.message_id) if item.message_id else f"{msg.stream}:{msg.seq}"
         body = dead_letter_body(
-            message_id=item.message_id, original_subject=item.msg.subject, reason=reason, detail=detail,
-            attempts=max(item.attempts, meta.num_delivered), consumer=self.spec.name,
-            headers=item.msg.headers, data=item.msg.data, stream=meta.stream, stream_seq=meta.sequence.stream,
+            message_id=item.message_id, original_subject=msg.subject, reason=reason, detail=detail,
+            attempts=max(item.attempts, msg.delivered), consumer=self.spec.name,
+            headers=msg.headers, data=msg.data, stream=msg.stream, stream_seq=msg.seq,
             limit=self.config.max_payload - DLQ_HEADROOM,
         )
         # One dead letter per message and replay round, even if we crash and redo this (CMD-052).
@@ -431,9 +416,9 @@ class InboxConsumer:
 DLQ_HEADROOM = 1024  # bytes kept for the dead letter's own headers and the protocol
 
 
-def _header_uuid(msg: Msg) -> uuid.UUID | None:
+def _header_uuid(msg: Delivery) -> uuid.UUID | None:
     try:
-        return uuid.UUID((msg.headers or {}).get(Header.MSG_ID, ""))
+        return uuid.UUID(msg.headers.get(Header.MSG_ID, ""))
     except (ValueError, TypeError, AttributeError):
         return None
 

@@ -12,8 +12,7 @@ from contextlib import AbstractAsyncContextManager
 from datetime import datetime
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, NamedTuple, Protocol
-
+from typing import Any, Callable, NamedTuple, Protocol
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,8 +75,36 @@ class JetStreamPublisher(Protocol):
     async def publish_many(self, messages: list[OutMessage]) -> list[PubResult]: ...
 
 
-class Claim(str, Enum):
-    NEW = "new"  # first time seen; recorded as processed unless `not_processed` says otherwise
+class Delivery(Protocol):
+    """One message as the broker delivered it to a consumer, wrapped once at the edge (seamq.nats.pull):
+    no broker type reaches a worker."""
+
+    subject: str
+    headers: dict[str, str]
+    data: bytes
+    delivered: int  # 1 on the first delivery
+    stream: str
+    seq: int  # stream sequence
+
+    async def ack(self) -> None: ...
+
+    async def nak(self, delay: float | None = None) -> None: ...
+
+
+class DeliverySource(Protocol):
+    """A durable consumer's deliveries; `stop_requesting()` then fetch until `drained` to stop cleanly."""
+
+    drained: bool
+
+    async def fetch(self, batch: int, timeout: float) -> list[Delivery]: ...
+
+    def stop_requesting(self) -> None: ...
+
+
+class Admission(str, Enum):
+    """What the inbox says of a delivery it is shown (REQ-051, POL-047-005)."""
+
+    NEW = "new"  # first time seen
     RETRY = "retry"  # seen, never processed: an earlier attempt failed or crashed
     REPLAY = "replay"  # dead-lettered, now replayed from the DLQ
     DUPLICATE = "duplicate"  # already processed (or dead-lettered and not a replay)
@@ -93,26 +120,54 @@ class InboxItem:
     replay: bool = False
 
 
-class InboxRepository(Protocol):
-    """PORT-047-002: insert (as a claim), markProcessed, recordError; on the caller's transaction.
+@dataclass(frozen=True, slots=True)
+class DeadLettered:
+    reason: str
+    detail: str
+    dlq_subject: str
+    dlq_seq: int | None
 
-    New messages are recorded as processed when claimed, since nearly all will
-    be by the commit; the caller reverts those that were not (`not_processed`)
-    in the same transaction. `processed` is for retries and replays.
+
+@dataclass(frozen=True, slots=True)
+class InboxOutcome:
+    """What became of one admitted message in the lane: handled, failed with an error, dead-lettered,
+    or none of these (held back); plus how many further copies of it the lane skipped."""
+
+    message_id: uuid.UUID
+    admission: Admission
+    done: bool = False
+    error: str | None = None
+    dead_letter: DeadLettered | None = None
+    copies: int = 0
+
+
+class InboxRepository(Protocol):
+    """PORT-047-002: insert (admit), markProcessed and recordError (record), in one transaction.
+
+    `transaction()` is the unit of work of one lane: an in-process handler
+    writes through what it yields, so its writes and the inbox's commit
+    together (None where there is no database). How the rows are written is
+    the repository's business.
     """
 
     def unavailable(self, exc: BaseException) -> bool:
         """True when `exc` says the database is away, not that something is wrong with the messages."""
 
-    async def claim(self, conn: Any, items: list[InboxItem]) -> dict[uuid.UUID, tuple[Claim, int]]: ...
+    def transaction(self) -> AbstractAsyncContextManager[Any]: ...
 
-    async def processed(self, conn: Any, ids: list[uuid.UUID]) -> None: ...
+    async def admit(self, tx: Any, items: list[InboxItem]) -> dict[uuid.UUID, tuple[Admission, int]]:
+        """Per message id: its admission and attempt number; rows stay locked until the commit."""
 
-    async def not_processed(self, conn: Any, ids: list[uuid.UUID]) -> None: ...
+    async def record(self, tx: Any, outcomes: list[InboxOutcome]) -> None: ...
 
-    async def duplicate(self, conn: Any, ids: list[uuid.UUID]) -> None: ...
 
-    async def failed(self, conn: Any, ids: list[uuid.UUID], errors: list[str]) -> None: ...
+class Handler(Protocol):
+    """SDS-047 §12: one event version's handler (HTTP or in-process); `transactional` ones write
+    through the inbox's transaction, so they run under its savepoints."""
 
-    async def dead_lettered(self, conn: Any, ids: list[uuid.UUID], reasons: list[str], details: list[str],
-                            dlq_subjects: list[str], dlq_seqs: list[int | None]) -> None: ...
+    transactional: bool
+
+    async def __call__(self, envelope: Any, conn: Any, traceparent: str | None = None) -> Any: ...
+
+
+HandlerLookup = Callable[[str, int], "Handler | None"]

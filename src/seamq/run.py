@@ -18,7 +18,7 @@ from seamq.http.client import HttpHandler, http_client
 from seamq.model import ErrorCode, SeamqError
 from seamq.nats.connect import connect
 from seamq.nats.publisher import PipelinedPublisher
-from seamq.nats.pull import PullSource
+from seamq.nats.pull import Deliveries, PullSource
 from seamq.observability import log
 from seamq.pg import migrate
 from seamq.pg.inbox_repo import NoInbox, PgInbox, consumer_session
@@ -130,8 +130,8 @@ async def run_consumer(
         batch = min(cfg.batch_size, spec.max_ack_pending)
         source = await PullSource(nc, spec.stream, spec.name, buffer=min(2 * batch, spec.max_ack_pending)).start()
         async with _maybe_pool(settings, cfg) as pool:
-            inbox = PgInbox(spec.name) if pool is not None else NoInbox()
-            consumer = InboxConsumer(spec, source, pool, inbox, dlq, handlers, ConsumerConfig(
+            inbox = PgInbox(spec.name, pool) if pool is not None else NoInbox()
+            consumer = InboxConsumer(spec, Deliveries(source), inbox, dlq, handlers, ConsumerConfig(
                 batch_size=cfg.batch_size, fetch_timeout=cfg.fetch_timeout, concurrency=cfg.concurrency,
                 ordered=cfg.ordered, nak_base=cfg.nak_base, nak_max=cfg.nak_max,
                 max_payload=_largest_dead_letter(nc.max_payload, topology.contexts[spec.target].dlq.max_msg_size),

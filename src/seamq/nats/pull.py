@@ -114,3 +114,38 @@ class PullSource:
                 await self._ready.popleft().nak()
             except Exception:
                 pass
+
+
+class JsDelivery:
+    """A JetStream message as the consumer port's Delivery: its metadata parsed once, here."""
+
+    __slots__ = ("subject", "headers", "data", "delivered", "stream", "seq", "_msg")
+
+    def __init__(self, msg: Msg) -> None:
+        meta = msg.metadata
+        self.subject, self.headers, self.data = msg.subject, msg.headers or {}, msg.data
+        self.delivered, self.stream, self.seq = meta.num_delivered, meta.stream, meta.sequence.stream
+        self._msg = msg
+
+    async def ack(self) -> None:
+        await self._msg.ack()
+
+    async def nak(self, delay: float | None = None) -> None:
+        await self._msg.nak(delay=delay)
+
+
+class Deliveries:
+    """A PullSource for the consumer: what it fetches comes out as Deliveries."""
+
+    def __init__(self, pull: PullSource) -> None:
+        self.pull = pull
+
+    async def fetch(self, batch: int, timeout: float) -> list[JsDelivery]:
+        return [JsDelivery(msg) for msg in await self.pull.fetch(batch, timeout)]
+
+    def stop_requesting(self) -> None:
+        self.pull.stop_requesting()
+
+    @property
+    def drained(self) -> bool:
+        return self.pull.drained

@@ -1,21 +1,25 @@
 """PostgreSQL implementation of the InboxRepository port (PORT-047-002).
 
-Every method runs on the caller's connection, inside the consumer's
-transaction, so an in-process handler's writes and the inbox marks commit
-together.
+A lane's unit of work is one transaction from `transaction()`: the inbox
+rows, an in-process handler's writes (through the same connection) and the
+marks commit together. Round trips per lane: the insert, the lock of rows
+seen before (when there are any), and one record statement (when anything
+differs from "handled").
 """
 
 from __future__ import annotations
 
 import json
 import uuid
+from contextlib import asynccontextmanager
+from typing import AsyncIterator
 
 import psycopg
 from psycopg import AsyncConnection
-from psycopg_pool import PoolTimeout
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from seamq.pg.sql import query
-from seamq.ports import Claim, InboxItem
+from seamq.ports import Admission, InboxItem, InboxOutcome
 
 
 async def consumer_session(conn: AsyncConnection) -> None:
@@ -32,8 +36,14 @@ async def consumer_session(conn: AsyncConnection) -> None:
 
 
 class PgInbox:
-    def __init__(self, consumer: str) -> None:
+    """The inbox of one consumer. New rows are inserted already marked processed, since nearly all
+    will be by the commit and nobody sees the mark before it (inbox_insert: one write per message
+    instead of two); `record` puts back the few that were not, in the same single statement that
+    marks everything else."""
+
+    def __init__(self, consumer: str, pool: AsyncConnectionPool) -> None:
         self.consumer = consumer
+        self.pool = pool
 
     @staticmethod
     def unavailable(exc: BaseException) -> bool:
@@ -41,12 +51,12 @@ class PgInbox:
         something about the messages at hand?"""
         return isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout))
 
-    async def claim(self, conn: AsyncConnection, items: list[InboxItem]) -> dict[uuid.UUID, tuple[Claim, int]]:
-        """Record the items; returns, per message id, what to do with it and its attempt number.
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[AsyncConnection]:
+        async with self.pool.connection() as conn, conn.transaction():
+            yield conn
 
-        New rows go in marked processed (see inbox_insert): the caller reverts
-        those that were not with `not_processed`, before its commit.
-        """
+    async def admit(self, conn: AsyncConnection, items: list[InboxItem]) -> dict[uuid.UUID, tuple[Admission, int]]:
         if not items:
             return {}
         texts = [str(i.message_id) for i in items]
@@ -56,20 +66,21 @@ class PgInbox:
             for text, i in zip(texts, items)
         ])
         cur = await conn.execute(query("inbox_insert"), dict(consumer=self.consumer, items=rows))
-        claims = {by_text[text]: (Claim.NEW, 1) for (text,) in await cur.fetchall()}
-        existing = [i for i in items if i.message_id not in claims]
+        admitted = {by_text[text]: (Admission.NEW, 1) for (text,) in await cur.fetchall()}
+        existing = [i for i in items if i.message_id not in admitted]
         if not existing:
-            return claims
+            return admitted
         replays = {i.message_id for i in existing if i.replay}
-        cur = await conn.execute(query("inbox_lock"), dict(consumer=self.consumer, ids=[i.message_id for i in existing]))
+        ids = [i.message_id for i in existing]
+        cur = await conn.execute(query("inbox_lock"), dict(consumer=self.consumer, ids=ids))
         again, duplicates = [], []
         for message_id, status, attempts in await cur.fetchall():
             if status == "received":
-                claims[message_id] = (Claim.RETRY, attempts + 1)
+                admitted[message_id] = (Admission.RETRY, attempts + 1)
             elif status in ("dead_lettered", "exhausted") and message_id in replays:
-                claims[message_id] = (Claim.REPLAY, attempts + 1)
+                admitted[message_id] = (Admission.REPLAY, attempts + 1)
             else:
-                claims[message_id] = (Claim.DUPLICATE, attempts)
+                admitted[message_id] = (Admission.DUPLICATE, attempts)
                 if message_id not in replays:  # a replay reaching a consumer that had succeeded is no failure
                     duplicates.append(message_id)
                 continue
@@ -78,38 +89,34 @@ class PgInbox:
             await conn.execute(query("inbox_retry"), dict(consumer=self.consumer, ids=again))
         if duplicates:
             await conn.execute(query("inbox_duplicate"), dict(consumer=self.consumer, ids=duplicates))
-        return claims
+        return admitted
 
-    async def processed(self, conn: AsyncConnection, ids: list[uuid.UUID]) -> None:
-        if ids:
-            await conn.execute(query("inbox_processed"), dict(consumer=self.consumer, ids=ids))
-
-    async def not_processed(self, conn: AsyncConnection, ids: list[uuid.UUID]) -> None:
-        if ids:
-            await conn.execute(query("inbox_not_processed"), dict(consumer=self.consumer, ids=ids))
-
-    async def duplicate(self, conn: AsyncConnection, ids: list[uuid.UUID]) -> None:
-        if ids:
-            await conn.execute(query("inbox_duplicate"), dict(consumer=self.consumer, ids=ids))
-
-    async def failed(self, conn: AsyncConnection, ids: list[uuid.UUID], errors: list[str]) -> None:
-        if ids:
-            await conn.execute(query("inbox_failed"), dict(consumer=self.consumer, ids=ids, errors=_texts(errors)))
-
-    async def dead_lettered(
-        self, conn: AsyncConnection, ids: list[uuid.UUID], reasons: list[str], details: list[str],
-        dlq_subjects: list[str], dlq_seqs: list[int | None],
-    ) -> None:
-        if ids:
-            await conn.execute(query("inbox_dead_lettered"), dict(
-                consumer=self.consumer, ids=ids, reasons=reasons, details=_texts(details),
-                dlq_subjects=dlq_subjects, dlq_seqs=dlq_seqs,
-            ))
+    async def record(self, conn: AsyncConnection, outcomes: list[InboxOutcome]) -> None:
+        """One statement for the rows that change; none on the fast path (every new row handled)."""
+        rows = []
+        for o in outcomes:
+            dead = o.dead_letter
+            if dead is not None:
+                rows.append({"id": str(o.message_id), "state": "dead_lettered", "reason": dead.reason,
+                             "detail": _text(dead.detail), "dlq_subject": dead.dlq_subject, "dlq_seq": dead.dlq_seq,
+                             "copies": o.copies})
+                continue
+            if o.done:
+                state = "keep" if o.admission == Admission.NEW else "processed"
+            elif o.error is not None or o.admission == Admission.NEW:
+                state = "received"  # failed (with its error), or a new row held back
+            else:
+                state = "keep"  # a duplicate, or a row already received held back
+            if state != "keep" or o.copies:
+                rows.append({"id": str(o.message_id), "state": state, "copies": o.copies,
+                             "error": _text(o.error) if o.error else None})
+        if rows:
+            await conn.execute(query("inbox_record"), dict(consumer=self.consumer, rows=json.dumps(rows)))
 
 
-def _texts(values: list[str]) -> list[str]:
+def _text(value: str) -> str:
     """PostgreSQL text cannot hold NUL; an error text quoting a hostile message or response may."""
-    return [v.replace("\x00", "\\0") if "\x00" in v else v for v in values]
+    return value.replace("\x00", "\\0") if "\x00" in value else value
 
 
 async def purge_inbox(conn: AsyncConnection, older_than_seconds: float, batch: int = 5000) -> int:
@@ -133,15 +140,11 @@ class NoInbox:
     def unavailable(exc: BaseException) -> bool:
         return False
 
-    async def claim(self, conn, items: list[InboxItem]) -> dict[uuid.UUID, tuple[Claim, int]]:
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[None]:
+        yield None
+
+    async def admit(self, tx, items: list[InboxItem]) -> dict[uuid.UUID, tuple[Admission, int]]:
         return {}
 
-    async def processed(self, conn, ids) -> None: ...
-
-    async def not_processed(self, conn, ids) -> None: ...
-
-    async def duplicate(self, conn, ids) -> None: ...
-
-    async def failed(self, conn, ids, errors) -> None: ...
-
-    async def dead_lettered(self, conn, ids, reasons, details, dlq_subjects, dlq_seqs) -> None: ...
+    async def record(self, tx, outcomes: list[InboxOutcome]) -> None: ...

@@ -153,12 +153,6 @@ ORDER BY 2
 ON CONFLICT (consumer, message_id) DO NOTHING
 RETURNING message_id::text
 
--- name: inbox_not_processed
--- New rows whose handling failed, was held back or was dead-lettered: not
--- processed after all (see inbox_insert).
-UPDATE inbox_messages SET status = 'received', processed_at = NULL
-WHERE consumer = %(consumer)s AND message_id = ANY(CAST(%(ids)s AS uuid[]))
-
 -- name: inbox_lock
 -- Existing rows, locked until this transaction ends: a concurrent redelivery
 -- of the same message waits here, then sees it processed.
@@ -177,24 +171,26 @@ WHERE consumer = %(consumer)s AND message_id = ANY(CAST(%(ids)s AS uuid[]))
 UPDATE inbox_messages SET duplicates = duplicates + 1
 WHERE consumer = %(consumer)s AND message_id = ANY(CAST(%(ids)s AS uuid[]))
 
--- name: inbox_processed
-UPDATE inbox_messages SET status = 'processed', processed_at = clock_timestamp(), last_error = NULL
-WHERE consumer = %(consumer)s AND message_id = ANY(CAST(%(ids)s AS uuid[]))
-
--- name: inbox_failed
-UPDATE inbox_messages i SET last_error = left(u.error, 2000)
-FROM unnest(CAST(%(ids)s AS uuid[]), CAST(%(errors)s AS text[])) AS u(id, error)
-WHERE i.consumer = %(consumer)s AND i.message_id = u.id
-
--- name: inbox_dead_lettered
+-- name: inbox_record
+-- What became of a lane's messages, in one statement, only for rows that
+-- change: `processed` (a retry or replay handled), `received` (a new row,
+-- inserted as processed by inbox_insert, that was not handled after all; or
+-- a failed attempt, with its error), `dead_lettered` (with the DLQ copy's
+-- place), `keep` (only the count of copies skipped as duplicates).
 UPDATE inbox_messages i
-SET status = 'dead_lettered', last_error = left(u.reason || ': ' || u.detail, 2000),
-    dlq_metadata = coalesce(i.dlq_metadata, '{}'::jsonb) || jsonb_build_object(
+SET status = CASE u.state WHEN 'keep' THEN i.status ELSE u.state END,
+    processed_at = CASE u.state WHEN 'processed' THEN clock_timestamp() WHEN 'keep' THEN i.processed_at END,
+    last_error = CASE u.state
+      WHEN 'processed' THEN NULL
+      WHEN 'dead_lettered' THEN left(u.reason || ': ' || u.detail, 2000)
+      ELSE coalesce(left(u.error, 2000), i.last_error) END,
+    duplicates = i.duplicates + u.copies,
+    dlq_metadata = CASE WHEN u.state = 'dead_lettered' THEN coalesce(i.dlq_metadata, '{}'::jsonb) || jsonb_build_object(
       'reason', u.reason, 'detail', left(u.detail, 2000), 'dlq_subject', u.dlq_subject,
       'dlq_seq', u.dlq_seq, 'dead_lettered_at', clock_timestamp(), 'next_replay_at', NULL)
-FROM unnest(CAST(%(ids)s AS uuid[]), CAST(%(reasons)s AS text[]), CAST(%(details)s AS text[]),
-            CAST(%(dlq_subjects)s AS text[]), CAST(%(dlq_seqs)s AS bigint[]))
-  AS u(id, reason, detail, dlq_subject, dlq_seq)
+      ELSE i.dlq_metadata END
+FROM jsonb_to_recordset(CAST(%(rows)s AS jsonb))
+  AS u(id uuid, state text, error text, reason text, detail text, dlq_subject text, dlq_seq bigint, copies int)
 WHERE i.consumer = %(consumer)s AND i.message_id = u.id
 
 -- name: purge_inbox

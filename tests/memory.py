@@ -1,0 +1,132 @@
+"""In-memory stand-ins for the consumer's ports, for the unit tier (tests/test_consumer_unit.py).
+
+They keep each port's contract, not the adapters' tricks: the inbox records
+states plainly and rolls back with its transaction; deliveries come back after
+a NAK's delay with their delivery count up, as JetStream redelivers. The
+end-to-end tests run the real adapters against real servers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import uuid
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+from seamq.ports import Admission, InboxItem, InboxOutcome, OutMessage, PubResult
+
+
+@dataclass
+class Row:
+    status: str = "received"
+    attempts: int = 1
+    duplicates: int = 0
+    last_error: str | None = None
+    dead_letter: tuple | None = None
+
+
+class MemoryInbox:
+    def __init__(self) -> None:
+        self.rows: dict[uuid.UUID, Row] = {}
+
+    @staticmethod
+    def unavailable(exc: BaseException) -> bool:
+        return False
+
+    @asynccontextmanager
+    async def transaction(self):
+        before = copy.deepcopy(self.rows)
+        try:
+            yield self
+        except BaseException:
+            self.rows = before  # rolled back
+            raise
+
+    async def admit(self, tx, items: list[InboxItem]) -> dict[uuid.UUID, tuple[Admission, int]]:
+        out = {}
+        for item in items:
+            row = self.rows.get(item.message_id)
+            if row is None:
+                self.rows[item.message_id] = Row()
+                out[item.message_id] = (Admission.NEW, 1)
+            elif row.status == "received":
+                row.attempts += 1
+                out[item.message_id] = (Admission.RETRY, row.attempts)
+            elif row.status == "dead_lettered" and item.replay:
+                row.attempts, row.status = row.attempts + 1, "received"
+                out[item.message_id] = (Admission.REPLAY, row.attempts)
+            else:
+                row.duplicates += 0 if item.replay else 1
+                out[item.message_id] = (Admission.DUPLICATE, row.attempts)
+        return out
+
+    async def record(self, tx, outcomes: list[InboxOutcome]) -> None:
+        for o in outcomes:
+            row = self.rows[o.message_id]
+            row.duplicates += o.copies
+            if o.dead_letter is not None:
+                row.status, row.dead_letter = "dead_lettered", o.dead_letter
+            elif o.done:
+                row.status, row.last_error = "processed", None
+            elif o.error is not None:
+                row.last_error = o.error
+
+
+@dataclass
+class MemoryDelivery:
+    subject: str
+    headers: dict[str, str]
+    data: bytes
+    seq: int
+    source: "MemoryDeliveries"
+    delivered: int = 1
+    stream: str = "TEST_EVENTS"
+
+    async def ack(self) -> None:
+        self.source.acked.append(self)
+
+    async def nak(self, delay: float | None = None) -> None:
+        self.source.naks.append((self.seq, delay))
+        again = MemoryDelivery(self.subject, self.headers, self.data, self.seq, self.source, self.delivered + 1)
+        asyncio.get_running_loop().call_later(delay or 0, lambda: self.source.ready.append(again))
+
+
+class MemoryDeliveries:
+    """A stream of messages and its one consumer: fetch hands out what is ready, in order."""
+
+    def __init__(self) -> None:
+        self.ready: list[MemoryDelivery] = []
+        self.acked: list[MemoryDelivery] = []
+        self.naks: list[tuple[int, float | None]] = []
+        self.seq = 0
+        self._stopping = False
+
+    def publish(self, subject: str, headers: dict[str, str], data: bytes) -> None:
+        self.seq += 1
+        self.ready.append(MemoryDelivery(subject, headers, data, self.seq, self))
+
+    async def fetch(self, batch: int, timeout: float) -> list[MemoryDelivery]:
+        if not self.ready:
+            await asyncio.sleep(min(timeout, 0.005))
+        out, self.ready = self.ready[:batch], self.ready[batch:]
+        return out
+
+    def stop_requesting(self) -> None:
+        self._stopping = True
+
+    @property
+    def drained(self) -> bool:
+        return self._stopping and not self.ready
+
+
+@dataclass
+class MemoryPublisher:
+    published: list[OutMessage] = field(default_factory=list)
+    fail: bool = False
+
+    async def publish_many(self, messages: list[OutMessage]) -> list[PubResult]:
+        if self.fail:
+            return [PubResult(False, error="no responders") for _ in messages]
+        self.published += messages
+        return [PubResult(True, "TEST_DLQ", len(self.published) - len(messages) + i + 1) for i in range(len(messages))]

@@ -1,0 +1,128 @@
+"""The consumer's lane through its ports alone: in-memory inbox, deliveries and DLQ (tests/memory.py).
+
+What the end-to-end tests show against real servers, shown here in milliseconds and without them,
+which is only possible because no driver type reaches the worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from seamq.consumer import ConsumerConfig, InboxConsumer
+from seamq.envelope import HandlerResult, Outcome
+from seamq.model import Event, message_headers
+from seamq.topology import ConsumerSpec
+
+from memory import MemoryDeliveries, MemoryInbox, MemoryPublisher
+
+SPEC = ConsumerSpec(name="sea__from_vibespro", target="sea", source="vibespro", stream="VIBESPRO_EVENTS",
+                    filter_subject="vibespro.event.>", max_deliver=3)
+
+
+class Script:
+    """A handler that answers from a script per (aggregate, n) and attempt, and notes each call."""
+
+    transactional = False
+
+    def __init__(self, answers: dict | None = None) -> None:
+        self.answers = answers or {}
+        self.calls: list[tuple[str, int]] = []
+
+    async def __call__(self, envelope, conn, traceparent=None) -> HandlerResult:
+        key = (envelope.aggregate_id, envelope.payload["n"])
+        self.calls.append(key)
+        script = self.answers.get(key, [])
+        attempt = sum(1 for c in self.calls if c == key)
+        return script[attempt - 1] if attempt <= len(script) else HandlerResult(Outcome.OK)
+
+
+def event(aggregate: str, n: int) -> Event:
+    return Event(context="vibespro", aggregate_type="vibe", aggregate_id=aggregate, event_type="vibe_created",
+                 payload={"n": n})
+
+
+def publish(source: MemoryDeliveries, e: Event) -> None:
+    source.publish(str(e.subject), message_headers(e), json.dumps(e.payload).encode())
+
+
+async def run(source, inbox, dlq, handler, until, **config) -> None:
+    consumer = InboxConsumer(SPEC, source, inbox, dlq, lambda t, v: handler,
+                             ConsumerConfig(nak_base=0.01, nak_max=0.02, concurrency=2, **config))
+    stop = asyncio.Event()
+    task = asyncio.create_task(consumer.run(stop))
+    for _ in range(400):
+        if until():
+            break
+        await asyncio.sleep(0.01)
+    stop.set()
+    await asyncio.wait_for(task, 5)
+
+
+async def test_handled_once_acked_and_recorded_processed():
+    source, inbox, dlq, handler = MemoryDeliveries(), MemoryInbox(), MemoryPublisher(), Script()
+    events = [event("a", n) for n in range(5)]
+    for e in events:
+        publish(source, e)
+    await run(source, inbox, dlq, handler, lambda: len(source.acked) == 5)
+    assert handler.calls == [("a", n) for n in range(5)]
+    assert {row.status for row in inbox.rows.values()} == {"processed"} and len(inbox.rows) == 5
+    assert not dlq.published and not source.naks
+
+
+async def test_a_retry_comes_back_and_is_handled_on_its_second_delivery():
+    source, inbox, dlq = MemoryDeliveries(), MemoryInbox(), MemoryPublisher()
+    handler = Script({("a", 0): [HandlerResult(Outcome.RETRY, "503")]})
+    e = event("a", 0)
+    publish(source, e)
+    await run(source, inbox, dlq, handler, lambda: len(source.acked) == 1)
+    row = inbox.rows[e.id]
+    assert (row.status, row.attempts, row.last_error) == ("processed", 2, None)
+    assert source.acked[0].delivered == 2 and len(source.naks) == 1
+
+
+async def test_poison_and_max_deliver_go_to_the_dlq_with_their_reasons():
+    source, inbox, dlq = MemoryDeliveries(), MemoryInbox(), MemoryPublisher()
+    retry = HandlerResult(Outcome.RETRY, "timeout")
+    handler = Script({("a", 0): [HandlerResult(Outcome.POISON, "negative")], ("b", 0): [retry] * 5})
+    poison, tired = event("a", 0), event("b", 0)
+    publish(source, poison)
+    publish(source, tired)
+    await run(source, inbox, dlq, handler, lambda: len(source.acked) == 2)
+    assert inbox.rows[poison.id].dead_letter.reason == "handler_rejected"
+    assert inbox.rows[tired.id].dead_letter.reason == "max_deliver"
+    assert inbox.rows[tired.id].attempts == SPEC.max_deliver
+    assert sorted(m.headers["Seamq-Dlq-Reason"] for m in dlq.published) == ["handler_rejected", "max_deliver"]
+
+
+async def test_a_redelivered_processed_message_is_a_duplicate_and_not_handled_again():
+    source, inbox, dlq, handler = MemoryDeliveries(), MemoryInbox(), MemoryPublisher(), Script()
+    e = event("a", 0)
+    publish(source, e)
+    publish(source, e)  # the same message id again (a publisher's retry, or a redelivery)
+    await run(source, inbox, dlq, handler, lambda: len(source.acked) == 2)
+    assert handler.calls == [("a", 0)]
+    assert inbox.rows[e.id].status == "processed" and inbox.rows[e.id].duplicates == 1
+
+
+async def test_an_aggregates_later_messages_wait_behind_its_failed_one():
+    source, inbox, dlq = MemoryDeliveries(), MemoryInbox(), MemoryPublisher()
+    handler = Script({("a", 0): [HandlerResult(Outcome.RETRY, "503")]})
+    for n in range(4):
+        publish(source, event("a", n))
+        publish(source, event("b", n))
+    await run(source, inbox, dlq, handler, lambda: len(source.acked) == 8, lane_batch=1)
+    handled_a = [n for aggregate, n in handler.calls if aggregate == "a"]
+    assert handled_a == [0, 0, 1, 2, 3], "a's messages in stream order, the failed one first"
+    assert [n for aggregate, n in handler.calls if aggregate == "b"] == [0, 1, 2, 3]
+
+
+async def test_a_dead_letter_that_cannot_be_published_is_not_acked():
+    source, inbox, dlq = MemoryDeliveries(), MemoryInbox(), MemoryPublisher(fail=True)
+    handler = Script({("a", 0): [HandlerResult(Outcome.POISON, "bad")] * 50})
+    e = event("a", 0)
+    publish(source, e)
+    await run(source, inbox, dlq, handler, lambda: len(source.naks) >= 2)
+    assert not source.acked
+    assert inbox.rows[e.id].status == "received"
+    assert inbox.rows[e.id].last_error.startswith("DLQ publish failed (no responders)")
