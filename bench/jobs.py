@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import statistics
 import time
 from datetime import datetime, timedelta, timezone

@@ -53,6 +53,7 @@ from seamq.ports import (
     Admission, DeadLettered, Delivery, DeliverySource, Handler, HandlerLookup, InboxItem, InboxOutcome,
     InboxRepository, JetStreamPublisher, OutMessage,
 )
+from seamq.stopping import sleep_unless_stopped
 from seamq.topology import ConsumerSpec
 from seamq.verdict import Ack, Backoff, DeadLetter, Duplicate, Nak, Verdict, dead_letter_failed, decide, lane_failed
 
@@ -144,7 +145,7 @@ class InboxConsumer:
                     messages = await self.source.fetch(batch, self.config.fetch_timeout)
                 except Exception as exc:  # broker away: the client reconnects, we wait
                     log.warning("consumer_fetch_failed", consumer=self.spec.name, error=str(exc))
-                    await _sleep_unless(stop, 1.0)
+                    await sleep_unless_stopped(stop, 1.0)
                     continue
                 for i, msg in enumerate(messages):
                     item = self._prepare(msg)
@@ -437,10 +438,3 @@ def _inbox_items(items: list[_Work]) -> list[InboxItem]:
             occurred_at=env.occurred_at if env else None, replay=bool(env and env.replay_attempt),
         ))
     return out
-
-
-async def _sleep_unless(stop: asyncio.Event, seconds: float) -> None:
-    try:
-        await asyncio.wait_for(stop.wait(), seconds)
-    except asyncio.TimeoutError:
-        pass

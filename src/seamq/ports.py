@@ -29,6 +29,7 @@ class PubResult:
     seq: int | None = None
     duplicate: bool = False
     error: str | None = None
+    transport: bool = False  # the broker was unreachable or did not answer: not the message's fault
 
 
 class OutboxRow(NamedTuple):
@@ -61,6 +62,9 @@ class ClaimedBatch(Protocol):
 
 class OutboxRepository(Protocol):
     """PORT-047-001: findUnpublished (as a claim), markPublished, incrementAttempts."""
+
+    def unavailable(self, exc: BaseException) -> bool:
+        """True when `exc` says the database is away (the relay waits), not that a batch is bad."""
 
     def claim(self, limit: int) -> AbstractAsyncContextManager[ClaimedBatch]: ...
 
@@ -171,3 +175,31 @@ class Handler(Protocol):
 
 
 HandlerLookup = Callable[[str, int], "Handler | None"]
+
+
+@dataclass(frozen=True, slots=True)
+class StoredMessage:
+    subject: str
+    headers: dict[str, str]
+    data: bytes
+
+
+class MessageStore(Protocol):
+    """Messages read back from a stream by sequence: dead-letter copies, originals too big for them."""
+
+    async def get(self, stream: str, seq: int) -> StoredMessage | None:
+        """None when the message is gone (expired, purged, deleted)."""
+
+
+class DeadLetterRepository(Protocol):
+    """The inbox's dead-lettered rows as the DLQ replay worker (REQ-059) needs them."""
+
+    def transaction(self) -> AbstractAsyncContextManager[Any]: ...
+
+    async def schedule(self, tx: Any, policy: Any) -> None:
+        """Mark exhausted what is out of replays; give a replay time to what is not."""
+
+    async def due(self, tx: Any, limit: int = 100) -> list[dict[str, Any]]:
+        """Rows whose replay time has come (consumer, message_id, dlq_metadata), locked for `tx`."""
+
+    async def mark_replayed(self, tx: Any, consumer: str, message_id: uuid.UUID, watchdog: float) -> None: ...

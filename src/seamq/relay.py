@@ -22,18 +22,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-import psycopg
-
 from seamq.model import EventSubject, SeamqError, message_headers
 from seamq.observability import (
     OUTBOX_BACKLOG, OUTBOX_OLDEST_SECONDS, RELAY_BATCH_SECONDS, RELAY_FAILED, RELAY_PUBLISHED, log,
 )
 from seamq.ports import JetStreamPublisher, OutboxRepository, OutboxRow, OutMessage, PubResult
+from seamq.stopping import sleep_unless_stopped
 from seamq.topology import Topology
-
-# Errors that mean "the broker is unreachable", not "this message is bad".
-_TRANSPORT = ("timeout", "ConnectionClosed", "Disconnected", "NoServers", "OutboundBufferLimit")
-
 
 @dataclass
 class RelayConfig:
@@ -124,13 +119,13 @@ class Relay:
                 continue
             try:
                 done = await self.run_once()
-            except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-                log.warning("relay_database_error", error=str(exc))
-                backoff = await self._sleep(stop, backoff, "database_unavailable")
-                continue
-            except Exception as exc:  # unexpected: log, back off, keep the worker alive
-                log.exception("relay_batch_failed", error=str(exc))
-                backoff = await self._sleep(stop, backoff, "unexpected_error")
+            except Exception as exc:  # keep the worker alive: back off and try again
+                if self.outbox.unavailable(exc):
+                    log.warning("relay_database_error", error=str(exc))
+                    backoff = await self._sleep(stop, backoff, "database_unavailable")
+                else:
+                    log.exception("relay_batch_failed", error=str(exc))
+                    backoff = await self._sleep(stop, backoff, "unexpected_error")
                 continue
             if done.transport_failed:
                 backoff = await self._sleep(stop, backoff, "nats_publish_failed")
@@ -149,10 +144,7 @@ class Relay:
     async def _sleep(self, stop: asyncio.Event, backoff: float, why: str) -> float:
         backoff = min(self.config.max_backoff, max(0.1, backoff * 2))
         log.info("relay_backing_off", reason=why, seconds=backoff)
-        try:
-            await asyncio.wait_for(stop.wait(), backoff)
-        except asyncio.TimeoutError:
-            pass
+        await sleep_unless_stopped(stop, backoff)
         return backoff
 
     async def _wait_for_work(self, stop: asyncio.Event, timeout: float) -> None:
@@ -178,7 +170,8 @@ class Relay:
     async def _report_backlog(self) -> None:
         try:
             rows = await self.outbox.backlog()
-        except psycopg.Error:
+        except Exception as exc:  # a gauge can wait for the next round
+            log.info("relay_backlog_unavailable", error=f"{type(exc).__name__}: {exc}")
             return
         now = time.time()
         for ctx in self.topology.contexts:
@@ -213,7 +206,7 @@ class _Marks:
             self.ok_seqs.append(result.seq)
             self.per_context[row.context] += 1
             return
-        transport = any(marker in (result.error or "") for marker in _TRANSPORT)
+        transport = result.transport
         self.transport_failed |= transport
         # A broker outage is not the row's fault: no per-row backoff, the relay waits.
         self._fail(row, result.error or "unknown error", retry_later=not transport)
@@ -228,24 +221,3 @@ class _Marks:
         self.fail_ids.append(row.id)
         self.fail_errors.append(error)
         self.fail_retry.append(retry_later)
-
-
-async def listen_for_outbox(dsn: str, wake: asyncio.Event, stop: asyncio.Event) -> None:
-    """LISTEN on its own connection; every NOTIFY wakes the relay. Reconnects forever."""
-    backoff = 0.1
-    while not stop.is_set():
-        try:
-            async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-                await conn.execute("LISTEN seamq_outbox")
-                backoff = 0.1
-                wake.set()  # rows may have arrived while we were away
-                while not stop.is_set():
-                    async for _ in conn.notifies(timeout=1.0):
-                        wake.set()
-        except psycopg.Error as exc:
-            log.info("relay_listen_reconnecting", error=str(exc))
-            try:
-                await asyncio.wait_for(stop.wait(), backoff)
-            except asyncio.TimeoutError:
-                pass
-            backoff = min(5.0, backoff * 2)

@@ -17,21 +17,19 @@ from __future__ import annotations
 import asyncio
 import json
 
-from nats.js import JetStreamContext
-from nats.js.errors import NotFoundError
-
 from seamq.envelope import REPLAY_ATTEMPT, Original, original_message, republish_headers
 from seamq.model import ReplayPolicy
 from seamq.observability import log
-from seamq.pg import dlq_repo
-from seamq.ports import JetStreamPublisher, OutMessage
+from seamq.ports import DeadLetterRepository, JetStreamPublisher, MessageStore, OutMessage
+from seamq.stopping import sleep_unless_stopped
 from seamq.topology import Topology
 
 
 class Replayer:
-    def __init__(self, pool, js: JetStreamContext, publisher: JetStreamPublisher, topology: Topology,
-                 policy: ReplayPolicy | None = None, *, nak_max: float = 60.0, interval: float = 1.0) -> None:
-        self.pool, self.js, self.publisher, self.topology = pool, js, publisher, topology
+    def __init__(self, dead_letters: DeadLetterRepository, messages: MessageStore, publisher: JetStreamPublisher,
+                 topology: Topology, policy: ReplayPolicy | None = None, *, nak_max: float = 60.0,
+                 interval: float = 1.0) -> None:
+        self.dead_letters, self.messages, self.publisher, self.topology = dead_letters, messages, publisher, topology
         self.policy = policy or ReplayPolicy()
         self.interval = interval
         # A replay that never comes back (lost, or its consumer is down) is
@@ -45,19 +43,15 @@ class Replayer:
                 await self.run_once()
             except Exception as exc:  # database or broker away: try again next round
                 log.warning("replay_round_failed", error=f"{type(exc).__name__}: {exc}")
-            try:
-                await asyncio.wait_for(stop.wait(), self.interval)
-            except asyncio.TimeoutError:
-                pass
+            await sleep_unless_stopped(stop, self.interval)
 
     async def run_once(self) -> int:
-        async with self.pool.connection() as conn, conn.transaction():
-            await dlq_repo.schedule(conn, self.policy)
-        async with self.pool.connection() as conn, conn.transaction():
-            rows = await dlq_repo.due(conn)
-            return await self.replay(conn, rows)
+        async with self.dead_letters.transaction() as tx:
+            await self.dead_letters.schedule(tx, self.policy)
+        async with self.dead_letters.transaction() as tx:
+            return await self.replay(tx, await self.dead_letters.due(tx))
 
-    async def replay(self, conn, rows: list[dict]) -> int:
+    async def replay(self, tx, rows: list[dict]) -> int:
         """Re-publish each row's original message now; returns how many went out."""
         ready = []
         for row in rows:
@@ -70,7 +64,7 @@ class Replayer:
             if not result.ok:
                 log.warning("replay_publish_failed", message_id=str(row["message_id"]), error=result.error)
                 continue
-            await dlq_repo.mark_replayed(conn, row["consumer"], row["message_id"], self.watchdog)
+            await self.dead_letters.mark_replayed(tx, row["consumer"], row["message_id"], self.watchdog)
             replayed += 1
             log.info("message_replayed", consumer=row["consumer"], message_id=str(row["message_id"]),
                      subject=message.subject, attempt=message.headers[REPLAY_ATTEMPT])
@@ -82,29 +76,28 @@ class Replayer:
         if spec is None or meta.get("dlq_seq") is None:
             log.warning("replay_skipped", message_id=str(row["message_id"]), why="unknown consumer or DLQ copy")
             return None
-        try:
-            raw = await self.js.get_msg(self.topology.contexts[spec.target].dlq.name, int(meta["dlq_seq"]))
-        except NotFoundError:
+        copy = await self.messages.get(self.topology.contexts[spec.target].dlq.name, int(meta["dlq_seq"]))
+        if copy is None:
             log.warning("replay_skipped", message_id=str(row["message_id"]), why="DLQ copy expired or purged")
             return None
-        original = original_message(json.loads(raw.data))
-        if not original.complete:  # too big to travel inside the dead letter: read it where it is
-            try:
-                original = await read_original(self.js, original)
-            except NotFoundError:
-                log.warning("replay_skipped", message_id=str(row["message_id"]),
-                            why=f"original gone from stream {original.stream} (seq {original.seq})")
-                return None
+        original = await read_original(self.messages, original_message(json.loads(copy.data)))
+        if not original.complete:  # too big to travel inside the dead letter, and gone from its stream
+            log.warning("replay_skipped", message_id=str(row["message_id"]),
+                        why=f"original gone from stream {original.stream} (seq {original.seq})")
+            return None
         attempt = int(meta.get("replay_attempts") or 0) + 1
         headers = republish_headers(original.headers, msg_id=f"replay:{row['message_id']}:{attempt}",
                                     message_id=str(row["message_id"]), replay_attempt=attempt)
         return OutMessage(original.subject, original.data, headers)
 
 
-async def read_original(js: JetStreamContext, original: Original) -> Original:
-    """Fill in what a dead letter left in the original's stream (raises NotFoundError when it is gone)."""
-    if original.stream is None or original.seq is None:
-        raise NotFoundError
-    raw = await js.get_msg(original.stream, int(original.seq))
-    return Original(original.subject, original.headers if original.headers is not None else dict(raw.headers or {}),
-                    raw.data or b"", original.stream, original.seq)
+async def read_original(messages: MessageStore, original: Original) -> Original:
+    """The original with what a dead letter left in its own stream filled in; still incomplete when
+    it is gone from there too."""
+    if original.complete or original.stream is None or original.seq is None:
+        return original
+    stored = await messages.get(original.stream, int(original.seq))
+    if stored is None:
+        return original
+    headers = original.headers if original.headers is not None else stored.headers
+    return Original(original.subject, headers, stored.data, original.stream, original.seq)

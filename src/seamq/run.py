@@ -18,15 +18,19 @@ from seamq.http.client import HttpHandler, http_client
 from seamq.model import ErrorCode, SeamqError
 from seamq.nats.connect import connect
 from seamq.nats.publisher import PipelinedPublisher
+from seamq.nats.messages import JsMessageStore
 from seamq.nats.pull import Deliveries, PullSource
 from seamq.observability import log
 from seamq.pg import migrate
+from seamq.pg.dlq_repo import PgDeadLetters
 from seamq.pg.inbox_repo import NoInbox, PgInbox, consumer_session
+from seamq.pg.notify import listen_for_outbox
 from seamq.pg.outbox_repo import PgOutbox, relay_session
 from seamq.registry import Registry, import_object, load_registry
-from seamq.relay import Relay, RelayConfig, listen_for_outbox
+from seamq.relay import Relay, RelayConfig
 from seamq.replay import Replayer
 from seamq.settings import Settings
+from seamq.stopping import sleep_unless_stopped
 from seamq.topology import Topology, parse_duration
 
 
@@ -102,10 +106,7 @@ async def purge_periodically(outbox: PgOutbox, older_than: float, stop: asyncio.
                 log.info("outbox_purged", deleted=deleted, older_than_seconds=older_than)
         except Exception as exc:  # the next round will try again
             log.warning("outbox_purge_failed", error=str(exc))
-        try:
-            await asyncio.wait_for(stop.wait(), every)
-        except asyncio.TimeoutError:
-            pass
+        await sleep_unless_stopped(stop, every)
 
 
 async def run_consumer(
@@ -170,8 +171,9 @@ async def replay_tools(settings: Settings, topology: Topology, *, persistent: bo
     try:
         async with pg_pool(settings.database_dsn(), max_size=2,
                            timeout=30.0 if persistent else ONE_SHOT_TIMEOUT) as pool:
-            yield Replayer(pool, nc.jetstream(), publisher, topology, settings.replay.policy(),
-                           nak_max=settings.consumer.nak_max, interval=settings.replay.interval)
+            yield Replayer(PgDeadLetters(pool), JsMessageStore(nc.jetstream()), publisher, topology,
+                           settings.replay.policy(), nak_max=settings.consumer.nak_max,
+                           interval=settings.replay.interval)
     finally:
         await publisher.close()
         await _close(nc)

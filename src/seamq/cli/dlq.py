@@ -131,8 +131,8 @@ def replay(
                 task = progress.add_task("replaying", total=len(rows))
                 for start in range(0, len(rows), 100):
                     chunk = rows[start:start + 100]
-                    async with replayer.pool.connection() as conn, conn.transaction():
-                        replayed += await replayer.replay(conn, chunk)
+                    async with replayer.dead_letters.transaction() as tx:
+                        replayed += await replayer.replay(tx, chunk)
                     progress.advance(task, len(chunk))
         return len(rows), replayed
 
@@ -189,23 +189,22 @@ SHOWN_PAYLOAD = 64 * 1024  # a larger original is cut in the terminal (replay se
 
 async def _dlq_copy(js, stream: str, seq) -> dict:
     """The DLQ copy's body; an original too big for it is read from its own stream."""
-    from nats.js.errors import NotFoundError
-
     from seamq.envelope import original_message
+    from seamq.nats.messages import JsMessageStore
     from seamq.replay import read_original
 
     if seq is None:
         return {"error": "no DLQ copy recorded"}
-    try:
-        copy = json.loads((await js.get_msg(stream, int(seq))).data)
-    except NotFoundError:
+    messages = JsMessageStore(js)
+    stored = await messages.get(stream, int(seq))
+    if stored is None:
         return {"error": f"DLQ copy gone from {stream} (seq {seq}): expired or purged"}
+    copy = json.loads(stored.data)
     original = original_message(copy)
     if original.complete:
         return copy
-    try:
-        original = await read_original(js, original)
-    except NotFoundError:
+    original = await read_original(messages, original)
+    if not original.complete:
         copy["original_payload"] = f"(not in the dead letter, and gone from {original.stream} seq {original.seq})"
         return copy
     text = original.data.decode(errors="replace")

@@ -24,6 +24,7 @@ from seamq.envelope import Envelope, Poison
 from seamq.http.server import handler_app
 from seamq.model import Event
 from seamq.pg.sql import query
+from seamq.stopping import sleep_unless_stopped
 
 # What each context emits; the other context consumes it.
 DEMO_EVENTS = {"sea": ("order", "order_placed"), "vibespro": ("vibe", "vibe_created")}
@@ -77,10 +78,7 @@ async def workload(dsn: str, stop: asyncio.Event, rate: float = 50.0, poison_sha
                 n += 1
             async with conn.transaction():
                 await outbox.add_many(conn, events)
-            try:
-                await asyncio.wait_for(stop.wait(), len(events) / rate)
-            except asyncio.TimeoutError:
-                pass
+            await sleep_unless_stopped(stop, len(events) / rate)
 
 
 async def stats(dsn: str) -> tuple[list, list]:
@@ -111,16 +109,10 @@ async def dashboard(dsn: str, stop: asyncio.Event, console: Console, interval: f
     started = time.monotonic()
     if not console.is_terminal:  # logs or CI: a line now and then instead of a live table
         while not stop.is_set():
-            try:
-                await asyncio.wait_for(stop.wait(), 5)
-            except asyncio.TimeoutError:
-                pass
+            await sleep_unless_stopped(stop, 5)
             console.print(render(*await stats(dsn), _title(started)))
         return
     with Live(render([], [], _title(started)), console=console, refresh_per_second=2) as live:
         while not stop.is_set():
             live.update(render(*await stats(dsn), _title(started)))
-            try:
-                await asyncio.wait_for(stop.wait(), interval)
-            except asyncio.TimeoutError:
-                pass
+            await sleep_unless_stopped(stop, interval)

@@ -24,6 +24,7 @@ from seamq.dev.demo import HandlerServices, dashboard, render, stats, workload
 from seamq.observability import configure_logging
 from seamq.run import run_consumer, run_relay, run_replay, stop_on_signals
 from seamq.settings import NatsSettings, Settings, redact_url
+from seamq.stopping import sleep_unless_stopped
 from seamq.topology import Topology
 
 
@@ -123,9 +124,7 @@ async def run_workers(settings: Settings, topology: Topology, stop: asyncio.Even
                   f"{', demo workload' if demo else ''}; logs in {log_path}; Ctrl-C to stop")
     try:
         if run_for:
-            try:
-                await asyncio.wait_for(stop.wait(), run_for)
-            except asyncio.TimeoutError:
+            if not await sleep_unless_stopped(stop, run_for):
                 stop.set()
         else:
             await stop.wait()

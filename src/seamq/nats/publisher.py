@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
@@ -77,7 +78,8 @@ class PipelinedPublisher:
                     await publish(message.subject, message.payload, reply=f"{prefix}{base + i}",
                                   headers=message.headers)
                 except Exception as exc:  # connection closed, payload too big, bad subject
-                    batch.settle(i, PubResult(ok=False, error=f"{type(exc).__name__}: {exc}"))
+                    batch.settle(i, PubResult(ok=False, error=f"{type(exc).__name__}: {exc}",
+                                              transport=isinstance(exc, UNREACHABLE)))
             # No nc.flush(): each publish already kicks nats-py's flusher task,
             # and flush() is a PING/PONG round trip per batch (measured: 6.5%
             # of the relay's CPU at 2k events/s). The acks are the barrier.
@@ -87,9 +89,16 @@ class PipelinedPublisher:
                 pass
         finally:
             self._batches.remove(batch)
-        timeout = PubResult(ok=False, error="timeout waiting for JetStream ack")
+        timeout = PubResult(ok=False, error="timeout waiting for JetStream ack", transport=True)
         return [r if r is not None else timeout for r in batch.results]
 
+
+# Exceptions of a publish that say the broker is unreachable, not that the message is wrong.
+UNREACHABLE = (
+    nats.errors.ConnectionClosedError, nats.errors.ConnectionReconnectingError, nats.errors.NoServersError,
+    nats.errors.OutboundBufferLimitError, nats.errors.StaleConnectionError, nats.errors.TimeoutError,
+    nats.errors.FlushTimeoutError, asyncio.TimeoutError, ConnectionError,
+)
 
 _OK_PREFIX = b'{"stream":"'
 

@@ -9,7 +9,9 @@ the DLQ stream when it is replayed.
 from __future__ import annotations
 
 import uuid
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import AsyncIterator
 
 from psycopg import AsyncConnection
 from psycopg.rows import dict_row
@@ -62,3 +64,19 @@ async def select(conn: AsyncConnection, selection: DlqFilter) -> list[dict]:
 
 async def mark_purged(conn: AsyncConnection, consumer: str, message_id: uuid.UUID) -> None:
     await conn.execute(query("dlq_purged"), dict(consumer=consumer, message_id=message_id))
+
+
+class PgDeadLetters:
+    """The DeadLetterRepository port on a pool: one transaction per step of a replay round."""
+
+    def __init__(self, pool) -> None:
+        self.pool = pool
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[AsyncConnection]:
+        async with self.pool.connection() as conn, conn.transaction():
+            yield conn
+
+    schedule = staticmethod(schedule)
+    due = staticmethod(due)
+    mark_replayed = staticmethod(mark_replayed)

@@ -14,10 +14,10 @@ import uuid
 from contextlib import asynccontextmanager
 from typing import AsyncIterator
 
-import psycopg
 from psycopg import AsyncConnection
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
+from psycopg_pool import AsyncConnectionPool
 
+from seamq.pg.errors import database_away
 from seamq.pg.sql import query
 from seamq.ports import Admission, InboxItem, InboxOutcome
 
@@ -47,9 +47,7 @@ class PgInbox:
 
     @staticmethod
     def unavailable(exc: BaseException) -> bool:
-        """Does this failure say the database is away (every message waits), rather than
-        something about the messages at hand?"""
-        return isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError, PoolTimeout))
+        return database_away(exc)
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[AsyncConnection]:

@@ -27,6 +27,7 @@ from psycopg import AsyncClientCursor, AsyncConnection
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
+from seamq.pg.errors import database_away
 from seamq.pg.sql import query, to_positional
 from seamq.ports import OutboxRow
 
@@ -109,6 +110,10 @@ class PgOutbox:
         self.buckets_per_claim = buckets_per_claim
         self.base_backoff = base_backoff
         self.max_backoff = max_backoff
+
+    @staticmethod
+    def unavailable(exc: BaseException) -> bool:
+        return database_away(exc)
 
     @asynccontextmanager
     async def claim(self, limit: int) -> AsyncIterator[PgClaimedBatch]:
