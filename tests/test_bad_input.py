@@ -12,12 +12,13 @@ import uuid
 
 import psycopg
 
-from seamq.consumer import ConsumerConfig, InboxConsumer
+from seamq.consumer import InboxConsumer
 from seamq.envelope import original_message
 from seamq.model import message_headers
 from seamq.nats.publisher import PipelinedPublisher
 from seamq.nats.pull import Deliveries, PullSource
 from seamq.pg.inbox_repo import PgInbox, consumer_session
+from seamq.settings import ConsumerSettings
 from seamq.registry import Registry, Route
 from seamq.run import build_handlers, pg_pool
 
@@ -111,7 +112,7 @@ async def test_a_bug_shown_by_one_message_costs_only_that_message(dsn, nats_serv
     stop = asyncio.Event()
     async with pg_pool(dsn, configure=consumer_session) as pool:
         consumer = InboxConsumer(spec, Deliveries(source), PgInbox(spec.name, pool), dlq, lookup,
-                                 ConsumerConfig(nak_base=0.05, nak_max=0.2, batch_size=50))
+                                 ConsumerSettings(nak_base=0.05, nak_max=0.2, batch_size=50))
         task = asyncio.create_task(consumer.run(stop))
         try:
             await wait_for(lambda: settled(js), what="everything settled")

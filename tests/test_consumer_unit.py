@@ -9,9 +9,10 @@ from __future__ import annotations
 import asyncio
 import json
 
-from seamq.consumer import ConsumerConfig, InboxConsumer
+from seamq.consumer import InboxConsumer
 from seamq.envelope import HandlerResult, Outcome
 from seamq.model import Event, message_headers
+from seamq.settings import ConsumerSettings
 from seamq.topology import ConsumerSpec
 
 from memory import MemoryDeliveries, MemoryInbox, MemoryPublisher
@@ -48,7 +49,7 @@ def publish(source: MemoryDeliveries, e: Event) -> None:
 
 async def run(source, inbox, dlq, handler, until, **config) -> None:
     consumer = InboxConsumer(SPEC, source, inbox, dlq, lambda t, v: handler,
-                             ConsumerConfig(nak_base=0.01, nak_max=0.02, concurrency=2, **config))
+                             ConsumerSettings(nak_base=0.01, nak_max=0.02, concurrency=2, **config))
     stop = asyncio.Event()
     task = asyncio.create_task(consumer.run(stop))
     for _ in range(400):

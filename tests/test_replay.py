@@ -9,7 +9,6 @@ from contextlib import asynccontextmanager
 from datetime import datetime
 
 
-from seamq.pg.dlq_repo import ReplayPolicy
 from seamq.registry import Registry, Route
 from seamq.run import run_replay
 from seamq.settings import ReplaySettings
@@ -47,7 +46,7 @@ async def test_poison_once_is_replayed_within_jitter_bounds_and_processed_once(d
         await wait_for(lambda: inbox(dsn, event.id).get("status") == "processed", timeout=20, what="replayed")
     row = inbox(dsn, event.id)
     meta = row["dlq_metadata"]
-    low, high = ReplayPolicy(base=1.0, factor=2.0, max_delay=4.0, jitter=0.5).bounds(0)
+    low, high = ReplaySettings(base_delay=1.0, factor=2.0, max_delay=4.0, jitter=0.5).policy().bounds(0)
     assert low <= meta["replay_delay"] <= high
     waited = (when(meta["last_replayed_at"]) - when(meta["replay_scheduled_at"])).total_seconds()
     assert meta["replay_delay"] <= waited <= meta["replay_delay"] + 2.0  # replayed when due, not before

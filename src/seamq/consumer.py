@@ -53,21 +53,10 @@ from seamq.ports import (
     Admission, DeadLettered, Delivery, DeliverySource, Handler, HandlerLookup, InboxItem, InboxOutcome,
     InboxRepository, JetStreamPublisher, OutMessage,
 )
+from seamq.settings import ConsumerSettings
 from seamq.stopping import sleep_unless_stopped
 from seamq.topology import ConsumerSpec
 from seamq.verdict import Ack, Backoff, DeadLetter, Duplicate, Nak, Verdict, dead_letter_failed, decide, lane_failed
-
-
-@dataclass
-class ConsumerConfig:
-    batch_size: int = 50
-    fetch_timeout: float = 1.0
-    concurrency: int = 4
-    ordered: bool = True
-    nak_base: float = 1.0
-    nak_max: float = 60.0
-    max_payload: int = 1024 * 1024  # the largest dead letter the server takes (larger: by reference)
-    lane_batch: int = 100  # most messages one lane transaction takes
 
 
 @dataclass
@@ -117,13 +106,15 @@ class _Redo(Exception):
 class InboxConsumer:
     def __init__(
         self, spec: ConsumerSpec, source: DeliverySource, inbox: InboxRepository, dlq: JetStreamPublisher,
-        handlers: HandlerLookup, config: ConsumerConfig | None = None,
+        handlers: HandlerLookup, settings: ConsumerSettings | None = None, *, max_payload: int = 1024 * 1024,
     ) -> None:
+        """`max_payload`: the largest dead letter the server takes (a larger one goes by reference)."""
         self.spec = spec
         self.source = source
         self.dlq = dlq
         self.handlers = handlers
-        self.config = config or ConsumerConfig()
+        self.config = settings or ConsumerSettings()
+        self.max_payload = max_payload
         self.inbox = inbox
         self._metrics = ConsumerMetrics(spec.name)
         self._holds = Holds()  # ordered mode: aggregates waiting behind a failed message
@@ -132,7 +123,7 @@ class InboxConsumer:
     async def run(self, stop: asyncio.Event) -> None:
         """Fetch and dispatch until `stop`; then stop asking for more, let the lanes
         finish what was already delivered to us, ACK it, and return."""
-        batch = max(1, min(self.config.batch_size, self.spec.max_ack_pending))
+        batch = self.spec.fetch_batch(self.config.batch_size)
         queues: list[asyncio.Queue] = [asyncio.Queue() for _ in range(self.config.concurrency)]
         lanes = [asyncio.create_task(self._lane(queue)) for queue in queues]
         try:
@@ -397,7 +388,7 @@ class InboxConsumer:
             message_id=item.message_id, original_subject=msg.subject, reason=reason, detail=detail,
             attempts=max(item.attempts, msg.delivered), consumer=self.spec.name,
             headers=msg.headers, data=msg.data, stream=msg.stream, stream_seq=msg.seq,
-            limit=self.config.max_payload - DLQ_HEADROOM,
+            limit=self.max_payload - DLQ_HEADROOM,
         )
         # One dead letter per message and replay round, even if we crash and redo this (CMD-052).
         headers = {Header.MSG_ID: f"dlq:{self.spec.name}:{key}:{replay}", "Seamq-Dlq-Reason": reason.value}

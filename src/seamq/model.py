@@ -154,20 +154,19 @@ def check_outbox_policies(event: Event, now: datetime | None = None) -> Event:
 
 @dataclass(frozen=True)
 class ReplayPolicy:
-    """REQ-059: when a dead letter is replayed, and how often."""
+    """REQ-059: when a dead letter is replayed, and how often (defaults: ReplaySettings, the one place)."""
 
-    base: float = 5.0
-    factor: float = 2.0
-    max_delay: float = 300.0
-    max_attempts: int = 5
-    jitter: float = 0.5  # delay x [1 - jitter, 1]
-    reasons: tuple[str, ...] = ("max_deliver", "handler_rejected")
+    base: float
+    factor: float
+    max_delay: float
+    max_attempts: int
+    jitter: float  # delay x [1 - jitter, 1]
+    reasons: tuple[str, ...]
 
     def bounds(self, attempt: int) -> tuple[float, float]:
         """Earliest and latest delay of replay number `attempt` (0-based)."""
         delay = min(self.max_delay, self.base * self.factor ** attempt)
         return delay * (1 - self.jitter), delay
-
 
 
 # Headers the relay sets on every message; consumers read them back.

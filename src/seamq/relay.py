@@ -27,30 +27,21 @@ from seamq.observability import (
     OUTBOX_BACKLOG, OUTBOX_OLDEST_SECONDS, RELAY_BATCH_SECONDS, RELAY_FAILED, RELAY_PUBLISHED, log,
 )
 from seamq.ports import JetStreamPublisher, OutboxRepository, OutboxRow, OutMessage, PubResult
+from seamq.settings import RelaySettings
 from seamq.stopping import sleep_unless_stopped
 from seamq.topology import Topology
-
-@dataclass
-class RelayConfig:
-    batch_size: int = 500
-    poll_interval: float = 1.0
-    max_backoff: float = 30.0
-    max_payload: int = 1024 * 1024
-    backlog_interval: float = 5.0
-    # Claim loops per process. Each holds its own buckets, so while one waits
-    # on PostgreSQL another publishes: the stages overlap instead of taking turns.
-    loops: int = 2
-
 
 class Relay:
     def __init__(
         self, outbox: OutboxRepository, publisher: JetStreamPublisher, topology: Topology,
-        config: RelayConfig | None = None, *, connected=lambda: True,
+        settings: RelaySettings | None = None, *, max_payload: int = 1024 * 1024, connected=lambda: True,
     ) -> None:
+        """`max_payload`: the server's; a larger row is unpublishable, said so on the row."""
         self.outbox = outbox
         self.publisher = publisher
         self.topology = topology
-        self.config = config or RelayConfig()
+        self.config = settings or RelaySettings()
+        self.max_payload = max_payload
         self._connected = connected
         self.wake = asyncio.Event()  # NOTIFY, or a loop that found more work than it took
         self.published_total = 0
@@ -61,8 +52,8 @@ class Relay:
         if problem:
             return problem
         payload = row.payload.encode()
-        if len(payload) > self.config.max_payload:
-            return f"payload of {len(payload)} bytes exceeds the server's max_payload {self.config.max_payload}"
+        if len(payload) > self.max_payload:
+            return f"payload of {len(payload)} bytes exceeds the server's max_payload {self.max_payload}"
         return OutMessage(subject, payload, message_headers(row, row.traceparent))
 
     @functools.lru_cache(maxsize=4096)

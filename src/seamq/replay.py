@@ -22,20 +22,18 @@ from seamq.model import ReplayPolicy
 from seamq.observability import log
 from seamq.ports import DeadLetterRepository, JetStreamPublisher, MessageStore, OutMessage
 from seamq.stopping import sleep_unless_stopped
-from seamq.topology import Topology
+from seamq.topology import Topology, redelivery_window
 
 
 class Replayer:
     def __init__(self, dead_letters: DeadLetterRepository, messages: MessageStore, publisher: JetStreamPublisher,
-                 topology: Topology, policy: ReplayPolicy | None = None, *, nak_max: float = 60.0,
-                 interval: float = 1.0) -> None:
+                 topology: Topology, policy: ReplayPolicy, *, nak_max: float, interval: float) -> None:
         self.dead_letters, self.messages, self.publisher, self.topology = dead_letters, messages, publisher, topology
-        self.policy = policy or ReplayPolicy()
+        self.policy = policy
         self.interval = interval
         # A replay that never comes back (lost, or its consumer is down) is
         # replayed again after the longest time its consumer could take with it.
-        self.watchdog = self.policy.max_delay + max(
-            (c.max_deliver * max(c.ack_wait, nak_max) for c in topology.consumers.values()), default=600)
+        self.watchdog = self.policy.max_delay + (redelivery_window(topology, nak_max) or 600)
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():

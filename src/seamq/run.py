@@ -12,7 +12,7 @@ from typing import AsyncIterator
 
 from psycopg_pool import AsyncConnectionPool
 
-from seamq.consumer import ConsumerConfig, InboxConsumer
+from seamq.consumer import InboxConsumer
 from seamq.handlers import InProcessHandler, SchemaChecked
 from seamq.http.client import HttpHandler, http_client
 from seamq.model import ErrorCode, SeamqError
@@ -27,7 +27,7 @@ from seamq.pg.inbox_repo import NoInbox, PgInbox, consumer_session
 from seamq.pg.notify import listen_for_outbox
 from seamq.pg.outbox_repo import PgOutbox, relay_session
 from seamq.registry import Registry, import_object, load_registry
-from seamq.relay import Relay, RelayConfig
+from seamq.relay import Relay
 from seamq.replay import Replayer
 from seamq.settings import Settings
 from seamq.stopping import sleep_unless_stopped
@@ -72,12 +72,7 @@ async def run_relay(settings: Settings, topology: Topology, stop: asyncio.Event)
         async with pg_pool(dsn, max_size=settings.relay.loops + 2, configure=relay_session) as pool:
             relay = Relay(
                 PgOutbox(pool, max_backoff=settings.relay.max_backoff), publisher, topology,
-                RelayConfig(
-                    batch_size=settings.relay.batch_size, poll_interval=settings.relay.poll_interval,
-                    loops=settings.relay.loops,
-                    max_backoff=settings.relay.max_backoff, max_payload=nc.max_payload,
-                ),
-                connected=lambda: nc.is_connected,
+                settings.relay, max_payload=nc.max_payload, connected=lambda: nc.is_connected,
             )
             helpers = [asyncio.create_task(listen_for_outbox(dsn, relay.wake, stop))]
             if settings.relay.purge_older_than:
@@ -128,15 +123,12 @@ async def run_consumer(
         handlers = build_handlers(registry, http_client=client, secret=secret, timeout=cfg.handler_timeout,
                                   source=spec.source)
         dlq = await PipelinedPublisher(nc, timeout=settings.relay.publish_timeout).start()
-        batch = min(cfg.batch_size, spec.max_ack_pending)
-        source = await PullSource(nc, spec.stream, spec.name, buffer=min(2 * batch, spec.max_ack_pending)).start()
+        batch = spec.fetch_batch(cfg.batch_size)
+        source = await PullSource(nc, spec.stream, spec.name, buffer=spec.fetch_batch(2 * batch)).start()
         async with _maybe_pool(settings, cfg) as pool:
             inbox = PgInbox(spec.name, pool) if pool is not None else NoInbox()
-            consumer = InboxConsumer(spec, Deliveries(source), inbox, dlq, handlers, ConsumerConfig(
-                batch_size=cfg.batch_size, fetch_timeout=cfg.fetch_timeout, concurrency=cfg.concurrency,
-                ordered=cfg.ordered, nak_base=cfg.nak_base, nak_max=cfg.nak_max,
-                max_payload=_largest_dead_letter(nc.max_payload, topology.contexts[spec.target].dlq.max_msg_size),
-            ))
+            largest = _largest_dead_letter(nc.max_payload, topology.contexts[spec.target].dlq.max_msg_size)
+            consumer = InboxConsumer(spec, Deliveries(source), inbox, dlq, handlers, cfg, max_payload=largest)
             log.info("consumer_started", consumer=name, stream=spec.stream, concurrency=cfg.concurrency)
             try:
                 await consumer.run(stop)

@@ -48,6 +48,7 @@ class RelaySettings(BaseModel):
     poll_interval: float = Field(1.0, gt=0, description="seconds between polls when NOTIFY is quiet")
     publish_timeout: float = Field(5.0, gt=0)
     max_backoff: float = Field(30.0, gt=0)
+    backlog_interval: float = Field(5.0, gt=0, description="seconds between outbox backlog gauge updates")
     purge_older_than: str | None = Field(None, description="e.g. 7d: purge published rows on a timer")
 
     @field_validator("purge_older_than")
@@ -72,6 +73,7 @@ class ConsumerSettings(BaseModel):
     inbox: bool = Field(True, description="false: at-least-once, no inbox (handlers must be idempotent)")
     nak_base: float = Field(1.0, gt=0, description="first redelivery delay after a failure, seconds")
     nak_max: float = Field(60.0, gt=0)
+    lane_batch: int = Field(100, ge=1, le=10_000, description="most messages one lane transaction takes")
 
 
 class ReplaySettings(BaseModel):

@@ -77,6 +77,10 @@ class ConsumerSpec(_Strict):
     max_deliver: int = 20
     max_ack_pending: int = 50
 
+    def fetch_batch(self, wanted: int) -> int:
+        """A fetch never asks for more than the server lets one consumer hold unacknowledged."""
+        return max(1, min(wanted, self.max_ack_pending))
+
 
 class ContextSpec(_Strict):
     name: str
@@ -274,7 +278,10 @@ def inbox_retention_floor(topology: Topology, *, nak_max: float, replay_window: 
     copy be processed a second time.
     """
     window = max(s.duplicate_window for s in topology.streams())
-    redelivery = max(
-        (c.max_deliver * max(c.ack_wait, nak_max) for c in topology.consumers.values()), default=0.0
-    )
-    return window + redelivery + replay_window
+    return window + redelivery_window(topology, nak_max) + replay_window
+
+
+def redelivery_window(topology: Topology, nak_max: float) -> float:
+    """The longest JetStream may take to hand a message to a consumer for the last time: every
+    delivery may wait out ack_wait or the longest NAK delay."""
+    return max((c.max_deliver * max(c.ack_wait, nak_max) for c in topology.consumers.values()), default=0.0)
