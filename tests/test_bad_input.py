@@ -13,7 +13,7 @@ import uuid
 import psycopg
 
 from seamq.consumer import InboxConsumer
-from seamq.envelope import original_message
+from seamq.dead_letter import original_message
 from seamq.model import message_headers
 from seamq.nats.publisher import PipelinedPublisher
 from seamq.nats.pull import Deliveries, PullSource

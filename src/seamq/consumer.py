@@ -40,11 +40,12 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
+from seamq import dead_letter
 from seamq.envelope import (
-    REPLAY_ATTEMPT, Envelope, HandlerResult, Outcome, Reason, Rejected, dead_letter_body, parse_message,
+    Envelope, HandlerResult, Outcome, Reason, Rejected, parse_message,
 )
 from seamq.holds import Holds, Pending
-from seamq.model import EventSubject, Header, SeamqError
+from seamq.model import Header
 from seamq.observability import (
     CONSUMER_DEAD_LETTERED, CONSUMER_DUPLICATES, CONSUMER_REDELIVERIES, CONSUMER_RETRIES, ConsumerMetrics,
     continue_trace, log,
@@ -371,28 +372,15 @@ class InboxConsumer:
                     self._follow(item, pending)
 
     def _dlq_subject(self, item: _Work) -> str:
-        """`{target}.dlq.{source}.{event}.v{n}`: the consumer's context owns its failures."""
-        prefix = f"{self.spec.target}.dlq.{self.spec.source}"
-        try:
-            subject = EventSubject.parse(item.msg.subject)
-        except SeamqError:
-            return f"{prefix}._invalid"
-        return f"{prefix}.{subject.name}.v{subject.version}"
+        return dead_letter.subject(self.spec, item.msg.subject)
 
     def _dlq_message(self, item: _Work) -> OutMessage:
-        reason, detail = item.verdict.reason, item.verdict.detail
         msg = item.msg
-        replay = msg.headers.get(REPLAY_ATTEMPT, "0")
-        key = str(item.message_id) if item.message_id else f"{msg.stream}:{msg.seq}"
-        body = dead_letter_body(
-            message_id=item.message_id, original_subject=msg.subject, reason=reason, detail=detail,
-            attempts=max(item.attempts, msg.delivered), consumer=self.spec.name,
-            headers=msg.headers, data=msg.data, stream=msg.stream, stream_seq=msg.seq,
-            limit=self.max_payload - DLQ_HEADROOM,
+        return dead_letter.message(
+            self.spec, reason=item.verdict.reason, detail=item.verdict.detail, message_id=item.message_id,
+            original_subject=msg.subject, headers=msg.headers, data=msg.data, stream=msg.stream, seq=msg.seq,
+            attempts=max(item.attempts, msg.delivered), max_payload=self.max_payload,
         )
-        # One dead letter per message and replay round, even if we crash and redo this (CMD-052).
-        headers = {Header.MSG_ID: f"dlq:{self.spec.name}:{key}:{replay}", "Seamq-Dlq-Reason": reason.value}
-        return OutMessage(self._dlq_subject(item), body, headers)
 
     async def _settle(self, items: list[_Work]) -> None:
         for item in items:
@@ -404,8 +392,6 @@ class InboxConsumer:
             except Exception as exc:  # lost ack: redelivered, then skipped as a duplicate
                 log.info("consumer_ack_failed", consumer=self.spec.name, error=str(exc))
 
-
-DLQ_HEADROOM = 1024  # bytes kept for the dead letter's own headers and the protocol
 
 
 def _header_uuid(msg: Delivery) -> uuid.UUID | None:

@@ -1,4 +1,4 @@
-"""The handler envelope (REQ-058), handler outcomes, and dead letters (EVT-047-002).
+"""The handler envelope (REQ-058), handler outcomes, and the headers of a message published again.
 
 `parse_message` turns what arrived from JetStream into an Envelope or a
 `Rejected` with a precise reason, so a malformed message can be dead-lettered
@@ -7,7 +7,6 @@ and acknowledged instead of stalling its stream. No I/O here.
 
 from __future__ import annotations
 
-import base64
 import json
 import uuid
 from dataclasses import dataclass
@@ -231,71 +230,3 @@ class AlreadyProcessed(Exception):
     """Raise from a handler: this message's effect already happened (409)."""
 
 
-def dead_letter_body(
-    *, message_id: uuid.UUID | None, original_subject: str, reason: Reason, detail: str, attempts: int,
-    consumer: str, headers: Mapping[str, str] | None, data: bytes, stream: str | None, stream_seq: int | None,
-    limit: int | None = None,
-) -> bytes:
-    """EVT-047-002 MessageDeadLettered, carrying the original so it can be replayed.
-
-    A dead letter must be publishable whatever the original's size. Embedded
-    (escaped or base64) a large original no longer fits in one message, so
-    when the body would exceed `limit` (the largest message the server takes,
-    less room for headers) it carries where the original is instead: its
-    stream and sequence, payload first, then the headers too. `original_message`
-    says what is missing; replay and `seamq dlq show` read it from the stream.
-    """
-    try:
-        payload, encoding = data.decode(), "utf-8"
-    except UnicodeDecodeError:
-        payload, encoding = base64.b64encode(data).decode(), "base64"
-    body = {
-        "message_id": str(message_id) if message_id else None,
-        "original_subject": original_subject,
-        "reason": reason.value,
-        "detail": detail[:2000],
-        "attempts": attempts,
-        "consumer": consumer,
-        "original_stream": stream,
-        "stream_seq": stream_seq,
-        "dead_lettered_at": datetime.now(timezone.utc).isoformat(),
-        "original_headers": dict(headers or {}),
-        "original_payload": payload,
-        "original_payload_encoding": encoding,
-    }
-    encoded = json.dumps(body).encode()
-    for drop in ({"original_payload": None, "original_payload_encoding": "stream"}, {"original_headers": None}):
-        if limit is None or len(encoded) <= limit:
-            break
-        body.update(drop)
-        encoded = json.dumps(body).encode()
-    return encoded
-
-
-@dataclass(frozen=True, slots=True)
-class Original:
-    """The message a dead letter stands for; `headers` or `data` None: read it from `stream` at `seq`."""
-
-    subject: str
-    headers: dict[str, str] | None
-    data: bytes | None
-    stream: str | None
-    seq: int | None
-
-    @property
-    def complete(self) -> bool:
-        return self.headers is not None and self.data is not None
-
-
-def original_message(body: Mapping[str, Any]) -> Original:
-    """The original of a dead letter body, as far as the body carries it (see dead_letter_body)."""
-    encoding, payload = body.get("original_payload_encoding"), body.get("original_payload")
-    if encoding == "stream" or payload is None:
-        data = None
-    elif encoding == "base64":
-        data = base64.b64decode(payload)
-    else:
-        data = payload.encode()
-    headers = body.get("original_headers")
-    return Original(body["original_subject"], dict(headers) if headers is not None else None, data,
-                    body.get("original_stream"), body.get("stream_seq"))

@@ -190,6 +190,9 @@ class MessageStore(Protocol):
     async def get(self, stream: str, seq: int) -> StoredMessage | None:
         """None when the message is gone (expired, purged, deleted)."""
 
+    async def delete(self, stream: str, seq: int) -> bool:
+        """False when it was gone already."""
+
 
 class DeadLetterRepository(Protocol):
     """The inbox's dead-lettered rows as the DLQ replay worker (REQ-059) needs them."""

@@ -15,9 +15,10 @@ skipped.
 from __future__ import annotations
 
 import asyncio
-import json
 
-from seamq.envelope import REPLAY_ATTEMPT, Original, original_message, republish_headers
+from seamq import dead_letter
+from seamq.dead_letter import Original
+from seamq.envelope import REPLAY_ATTEMPT, republish_headers
 from seamq.model import ReplayPolicy
 from seamq.observability import log
 from seamq.ports import DeadLetterRepository, JetStreamPublisher, MessageStore, OutMessage
@@ -70,15 +71,14 @@ class Replayer:
 
     async def _original(self, row: dict) -> OutMessage | None:
         meta = row["dlq_metadata"] or {}
-        spec = self.topology.consumers.get(row["consumer"])
-        if spec is None or meta.get("dlq_seq") is None:
+        if row["consumer"] not in self.topology.consumers or meta.get("dlq_seq") is None:
             log.warning("replay_skipped", message_id=str(row["message_id"]), why="unknown consumer or DLQ copy")
             return None
-        copy = await self.messages.get(self.topology.contexts[spec.target].dlq.name, int(meta["dlq_seq"]))
+        copy = await self.messages.get(dead_letter.stream_of(self.topology, row["consumer"]), int(meta["dlq_seq"]))
         if copy is None:
             log.warning("replay_skipped", message_id=str(row["message_id"]), why="DLQ copy expired or purged")
             return None
-        original = await read_original(self.messages, original_message(json.loads(copy.data)))
+        original = await read_original(self.messages, dead_letter.read(copy.data))
         if not original.complete:  # too big to travel inside the dead letter, and gone from its stream
             log.warning("replay_skipped", message_id=str(row["message_id"]),
                         why=f"original gone from stream {original.stream} (seq {original.seq})")

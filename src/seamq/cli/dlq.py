@@ -12,6 +12,7 @@ from rich.progress import Progress
 from rich.syntax import Syntax
 from rich.table import Table
 
+from seamq import dead_letter
 from seamq.cli.common import TopologyOption, console, exit_with, run, settings, topology
 from seamq.model import ErrorCode, SeamqError
 from seamq.topology import parse_duration
@@ -84,7 +85,7 @@ def show(message_id: str = typer.Argument(..., help="The message id."),
             copies = []
             for row in rows:
                 meta = row["dlq_metadata"] or {}
-                stream = topo.contexts[topo.consumer(row["consumer"]).target].dlq.name
+                stream = dead_letter.stream_of(topo, row["consumer"])
                 copies.append(await _dlq_copy(nc.jetstream(), stream, meta.get("dlq_seq")))
             return rows, copies
         finally:
@@ -163,19 +164,17 @@ def purge(
         import psycopg
 
         from seamq.nats.connect import connect
+        from seamq.nats.messages import JsMessageStore
         from seamq.pg import dlq_repo
 
         nc = await connect(current.nats, name="seamq-dlq", persistent=False)
+        messages = JsMessageStore(nc.jetstream())
         try:
             async with await psycopg.AsyncConnection.connect(current.database_dsn(), autocommit=True) as conn:
                 for row in rows:
                     meta = row["dlq_metadata"] or {}
-                    stream = topo.contexts[topo.consumer(row["consumer"]).target].dlq.name
-                    if meta.get("dlq_seq") is not None:
-                        try:
-                            await nc.jetstream().delete_msg(stream, int(meta["dlq_seq"]))
-                        except Exception:
-                            pass  # already gone (max_age, or an earlier purge)
+                    if meta.get("dlq_seq") is not None:  # gone already (max_age, an earlier purge) is fine
+                        await messages.delete(dead_letter.stream_of(topo, row["consumer"]), int(meta["dlq_seq"]))
                     await dlq_repo.mark_purged(conn, row["consumer"], row["message_id"])
         finally:
             await nc.close()
@@ -189,7 +188,6 @@ SHOWN_PAYLOAD = 64 * 1024  # a larger original is cut in the terminal (replay se
 
 async def _dlq_copy(js, stream: str, seq) -> dict:
     """The DLQ copy's body; an original too big for it is read from its own stream."""
-    from seamq.envelope import original_message
     from seamq.nats.messages import JsMessageStore
     from seamq.replay import read_original
 
@@ -200,7 +198,7 @@ async def _dlq_copy(js, stream: str, seq) -> dict:
     if stored is None:
         return {"error": f"DLQ copy gone from {stream} (seq {seq}): expired or purged"}
     copy = json.loads(stored.data)
-    original = original_message(copy)
+    original = dead_letter.original_message(copy)
     if original.complete:
         return copy
     original = await read_original(messages, original)

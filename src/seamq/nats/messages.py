@@ -19,3 +19,10 @@ class JsMessageStore:
         except NotFoundError:
             return None
         return StoredMessage(raw.subject or "", dict(raw.headers or {}), raw.data or b"")
+
+    async def delete(self, stream: str, seq: int) -> bool:
+        """Remove it; False when it was gone already (max_age, or an earlier purge)."""
+        try:
+            return bool(await self.js.delete_msg(stream, int(seq)))
+        except NotFoundError:
+            return False

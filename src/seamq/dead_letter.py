@@ -1,0 +1,132 @@
+"""Dead letters (EVT-047-002, CMD-052) in one home: where they go, what they are called, what they carry,
+and how their original is read back. No I/O: the consumer publishes them, the replay worker and
+`seamq dlq` read them, through their ports.
+
+- subject: `{target}.dlq.{source}.{event}.v{n}` in the target context's DLQ stream (the consumer's
+  context owns its failures); `._invalid` when the original subject is not an event subject;
+- Nats-Msg-Id `dlq:{consumer}:{message id or stream:seq}:{replay round}`: one dead letter per
+  message and replay round, even when a crash makes the consumer route it twice;
+- header `Seamq-Dlq-Reason`: the reason, for filters that do not parse bodies;
+- body: the reason, the detail, the original (embedded, or where to find it when too big).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Mapping
+
+from seamq.envelope import REPLAY_ATTEMPT, Reason
+from seamq.model import EventSubject, Header, SeamqError
+from seamq.ports import OutMessage
+from seamq.topology import ConsumerSpec, Topology
+
+REASON_HEADER = "Seamq-Dlq-Reason"
+HEADROOM = 1024  # bytes of a dead letter's size limit kept for its own headers and the protocol
+
+
+def subject(spec: ConsumerSpec, original_subject: str) -> str:
+    prefix = f"{spec.target}.dlq.{spec.source}"
+    try:
+        event = EventSubject.parse(original_subject)
+    except SeamqError:
+        return f"{prefix}._invalid"
+    return f"{prefix}.{event.name}.v{event.version}"
+
+
+def stream_of(topology: Topology, consumer: str) -> str:
+    """The stream that holds this consumer's dead letters."""
+    return topology.contexts[topology.consumer(consumer).target].dlq.name
+
+
+def message(spec: ConsumerSpec, *, reason: Reason, detail: str, message_id: uuid.UUID | None,
+            original_subject: str, headers: Mapping[str, str], data: bytes, stream: str, seq: int,
+            attempts: int, max_payload: int) -> OutMessage:
+    """The dead letter of one delivery, ready to publish."""
+    key = str(message_id) if message_id else f"{stream}:{seq}"
+    replay = headers.get(REPLAY_ATTEMPT, "0")
+    body = dead_letter_body(
+        message_id=message_id, original_subject=original_subject, reason=reason, detail=detail, attempts=attempts,
+        consumer=spec.name, headers=headers, data=data, stream=stream, stream_seq=seq,
+        limit=max_payload - HEADROOM,
+    )
+    return OutMessage(subject(spec, original_subject), body,
+                      {Header.MSG_ID: f"dlq:{spec.name}:{key}:{replay}", REASON_HEADER: reason.value})
+
+
+def read(data: bytes) -> "Original":
+    """The original a published dead letter stands for (as far as its body carries it)."""
+    return original_message(json.loads(data))
+
+
+def dead_letter_body(
+    *, message_id: uuid.UUID | None, original_subject: str, reason: Reason, detail: str, attempts: int,
+    consumer: str, headers: Mapping[str, str] | None, data: bytes, stream: str | None, stream_seq: int | None,
+    limit: int | None = None,
+) -> bytes:
+    """EVT-047-002 MessageDeadLettered, carrying the original so it can be replayed.
+
+    A dead letter must be publishable whatever the original's size. Embedded
+    (escaped or base64) a large original no longer fits in one message, so
+    when the body would exceed `limit` (the largest message the server takes,
+    less room for headers) it carries where the original is instead: its
+    stream and sequence, payload first, then the headers too. `original_message`
+    says what is missing; replay and `seamq dlq show` read it from the stream.
+    """
+    try:
+        payload, encoding = data.decode(), "utf-8"
+    except UnicodeDecodeError:
+        payload, encoding = base64.b64encode(data).decode(), "base64"
+    body = {
+        "message_id": str(message_id) if message_id else None,
+        "original_subject": original_subject,
+        "reason": reason.value,
+        "detail": detail[:2000],
+        "attempts": attempts,
+        "consumer": consumer,
+        "original_stream": stream,
+        "stream_seq": stream_seq,
+        "dead_lettered_at": datetime.now(timezone.utc).isoformat(),
+        "original_headers": dict(headers or {}),
+        "original_payload": payload,
+        "original_payload_encoding": encoding,
+    }
+    encoded = json.dumps(body).encode()
+    for drop in ({"original_payload": None, "original_payload_encoding": "stream"}, {"original_headers": None}):
+        if limit is None or len(encoded) <= limit:
+            break
+        body.update(drop)
+        encoded = json.dumps(body).encode()
+    return encoded
+
+
+@dataclass(frozen=True, slots=True)
+class Original:
+    """The message a dead letter stands for; `headers` or `data` None: read it from `stream` at `seq`."""
+
+    subject: str
+    headers: dict[str, str] | None
+    data: bytes | None
+    stream: str | None
+    seq: int | None
+
+    @property
+    def complete(self) -> bool:
+        return self.headers is not None and self.data is not None
+
+
+def original_message(body: Mapping[str, Any]) -> Original:
+    """The original of a dead letter body, as far as the body carries it (see dead_letter_body)."""
+    encoding, payload = body.get("original_payload_encoding"), body.get("original_payload")
+    if encoding == "stream" or payload is None:
+        data = None
+    elif encoding == "base64":
+        data = base64.b64decode(payload)
+    else:
+        data = payload.encode()
+    headers = body.get("original_headers")
+    return Original(body["original_subject"], dict(headers) if headers is not None else None, data,
+                    body.get("original_stream"), body.get("stream_seq"))
