@@ -1,4 +1,4 @@
-"""The handler envelope (REQ-058), handler outcomes, and the headers of a message published again.
+"""The handler envelope (REQ-058) and handler outcomes.
 
 `parse_message` turns what arrived from JetStream into an Envelope or a
 `Rejected` with a precise reason, so a malformed message can be dead-lettered
@@ -16,29 +16,10 @@ from typing import Any, Mapping
 
 from seamq.model import EventSubject, Header, SeamqError
 
-# Headers a replay adds: the new Nats-Msg-Id defeats JetStream's duplicate
-# window, while Seamq-Message-Id keeps the inbox key of the original.
+# Headers of a message published again (seamq.republish): Seamq-Message-Id keeps
+# the original's id, the inbox key; a DLQ replay's round is Seamq-Replay-Attempt.
 REPLAY_MESSAGE_ID = "Seamq-Message-Id"
 REPLAY_ATTEMPT = "Seamq-Replay-Attempt"
-
-
-def republish_headers(headers: Mapping[str, str], *, msg_id: str, message_id: str,
-                      replay_attempt: int | None = None) -> dict[str, str]:
-    """Headers for publishing a message again: DLQ replay, reconcile repair, lake replay.
-
-    JetStream may still hold the original Nats-Msg-Id in its duplicate window
-    and would drop the copy, so the copy gets `msg_id`; Seamq-Message-Id keeps
-    the original id, which stays the inbox key, so consumers still handle it
-    once. Only a DLQ replay carries Seamq-Replay-Attempt, which lets it through
-    a dead-lettered inbox row.
-    """
-    out = dict(headers)
-    out.pop(REPLAY_ATTEMPT, None)
-    out[Header.MSG_ID] = msg_id
-    out[REPLAY_MESSAGE_ID] = message_id
-    if replay_attempt is not None:
-        out[REPLAY_ATTEMPT] = str(replay_attempt)
-    return out
 
 
 class Reason(str, Enum):

@@ -5,11 +5,9 @@ with an exponential delay and jitter, re-published when due, and counted in
 `dlq_metadata.replay_attempts`; at the cap it is marked `exhausted` and stays
 in the DLQ for a person (`seamq dlq ...`).
 
-A replay must really be processed again, so it gets a Nats-Msg-Id of its own
-(`replay:{id}:{n}`: JetStream's duplicate window would swallow the original
-id), while `Seamq-Message-Id` keeps the inbox key, and `Seamq-Replay-Attempt`
-tells the consumer that the dead-lettered inbox row is to be processed, not
-skipped.
+A replay goes out through seamq.republish with the Nats-Msg-Id
+`replay:{id}:{n}` and `Seamq-Replay-Attempt: n`, which tells the consumer
+that the dead-lettered inbox row is to be processed, not skipped.
 """
 
 from __future__ import annotations
@@ -18,10 +16,10 @@ import asyncio
 
 from seamq import dead_letter
 from seamq.dead_letter import Original
-from seamq.envelope import REPLAY_ATTEMPT, republish_headers
 from seamq.model import ReplayPolicy
 from seamq.observability import log
-from seamq.ports import DeadLetterRepository, JetStreamPublisher, MessageStore, OutMessage
+from seamq.ports import DeadLetterRepository, JetStreamPublisher, MessageStore
+from seamq.republish import Copy, republish
 from seamq.stopping import sleep_unless_stopped
 from seamq.topology import Topology, redelivery_window
 
@@ -54,22 +52,22 @@ class Replayer:
         """Re-publish each row's original message now; returns how many went out."""
         ready = []
         for row in rows:
-            message = await self._original(row)
-            if message is not None:
-                ready.append((row, message))
-        results = await self.publisher.publish_many([m for _, m in ready])
+            copy = await self._copy(row)
+            if copy is not None:
+                ready.append((row, copy))
+        results = await republish(self.publisher, (copy for _, copy in ready))
         replayed = 0
-        for (row, message), result in zip(ready, results):
+        for (row, copy), result in zip(ready, results):
             if not result.ok:
                 log.warning("replay_publish_failed", message_id=str(row["message_id"]), error=result.error)
                 continue
             await self.dead_letters.mark_replayed(tx, row["consumer"], row["message_id"], self.watchdog)
             replayed += 1
             log.info("message_replayed", consumer=row["consumer"], message_id=str(row["message_id"]),
-                     subject=message.subject, attempt=message.headers[REPLAY_ATTEMPT])
+                     subject=copy.subject, attempt=copy.replay_attempt)
         return replayed
 
-    async def _original(self, row: dict) -> OutMessage | None:
+    async def _copy(self, row: dict) -> Copy | None:
         meta = row["dlq_metadata"] or {}
         if row["consumer"] not in self.topology.consumers or meta.get("dlq_seq") is None:
             log.warning("replay_skipped", message_id=str(row["message_id"]), why="unknown consumer or DLQ copy")
@@ -84,9 +82,8 @@ class Replayer:
                         why=f"original gone from stream {original.stream} (seq {original.seq})")
             return None
         attempt = int(meta.get("replay_attempts") or 0) + 1
-        headers = republish_headers(original.headers, msg_id=f"replay:{row['message_id']}:{attempt}",
-                                    message_id=str(row["message_id"]), replay_attempt=attempt)
-        return OutMessage(original.subject, original.data, headers)
+        return Copy(original.subject, original.headers, original.data, str(row["message_id"]),
+                    msg_id=f"replay:{row['message_id']}:{attempt}", replay_attempt=attempt)
 
 
 async def read_original(messages: MessageStore, original: Original) -> Original:

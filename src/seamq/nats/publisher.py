@@ -118,3 +118,18 @@ def _parse_ack(msg: Msg) -> PubResult:
         err = body["error"]
         return PubResult(ok=False, error=f"JetStream error {err.get('code')}: {err.get('description')}")
     return PubResult(ok=True, stream=body.get("stream"), seq=body.get("seq"), duplicate=bool(body.get("duplicate")))
+
+
+async def publish_copies(nats, copies, *, name: str, progress=lambda done: None) -> int:
+    """One-shot republishing (reconcile repair, lake replay) on a connection of its own, with the
+    settings' credentials; returns how many JetStream stored."""
+    from seamq.nats.connect import connect
+    from seamq.republish import republish
+
+    nc = await connect(nats, name=name, persistent=False)
+    publisher = await PipelinedPublisher(nc, timeout=30).start()
+    try:
+        return sum(result.ok for result in await republish(publisher, copies, progress=progress))
+    finally:
+        await publisher.close()
+        await nc.close()

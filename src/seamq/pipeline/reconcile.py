@@ -21,15 +21,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from dataclasses import dataclass, field
 
 from pyspark.sql import SparkSession
 
-from seamq.envelope import republish_headers
-from seamq.model import Event, message_headers
+from seamq.model import EventSubject, message_headers
 from seamq.nats.connect import connect
+from seamq.nats.publisher import publish_copies
 from seamq.pipeline.source import source_options
 from seamq.pipeline.spark import pg_frame
+from seamq.republish import Copy
 from seamq.settings import NatsSettings
 from seamq.topology import Topology
 
@@ -94,31 +96,21 @@ def reconcile(spark: SparkSession, *, dsn: str, nats: NatsSettings, topology: To
 
 
 async def _republish(nats: NatsSettings, rows) -> int:
-    import uuid
+    """Outbox rows missing from their stream, published again as the relay would have (`repair:{id}`)."""
+    copies = (Copy(str(EventSubject(r.context, r.event_type, r.event_version)),
+                   message_headers(_Published(r), r.traceparent), r.payload.encode(), r.message_id,
+                   msg_id=f"repair:{r.message_id}") for r in rows)
+    return await publish_copies(nats, copies, name="seamq-reconcile")
 
-    from seamq.nats.publisher import PipelinedPublisher
-    from seamq.ports import OutMessage
 
-    nc = await connect(nats, name="seamq-reconcile", persistent=False)
-    publisher = await PipelinedPublisher(nc, timeout=30).start()
-    try:
-        messages = []
-        for r in rows:
-            event = Event(
-                context=r.context, aggregate_type=r.aggregate_type, aggregate_id=r.aggregate_id,
-                event_type=r.event_type, payload={}, event_version=r.event_version, id=uuid.UUID(r.message_id),
-                occurred_at=r.occurred_at,
-                correlation_id=uuid.UUID(r.correlation_id) if r.correlation_id else None,
-                causation_id=uuid.UUID(r.causation_id) if r.causation_id else None,
-            )
-            headers = republish_headers(message_headers(event, r.traceparent), msg_id=f"repair:{r.message_id}",
-                                        message_id=r.message_id)
-            messages.append(OutMessage(str(event.subject), r.payload.encode(), headers))
-        results = await publisher.publish_many(messages)
-        return sum(1 for result in results if result.ok)
-    finally:
-        await publisher.close()
-        await nc.close()
+class _Published:
+    """An outbox row as read by Spark, with the fields message_headers reads (ids as UUIDs)."""
+
+    def __init__(self, row) -> None:
+        self.id = uuid.UUID(row.message_id)
+        self.aggregate_type, self.aggregate_id, self.occurred_at = row.aggregate_type, row.aggregate_id, row.occurred_at
+        self.correlation_id = uuid.UUID(row.correlation_id) if row.correlation_id else None
+        self.causation_id = uuid.UUID(row.causation_id) if row.causation_id else None
 
 
 def report_text(report: Report) -> str:

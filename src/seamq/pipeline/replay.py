@@ -20,12 +20,9 @@ from typing import Callable
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from seamq.envelope import republish_headers
-from seamq.nats.connect import connect
+from seamq.nats.publisher import publish_copies
+from seamq.republish import Copy
 from seamq.settings import NatsSettings
-
-CHUNK = 2000
-
 
 def select(spark: SparkSession, lake: Path, since: datetime, until: datetime, event_type: str | None = None):
     rows = spark.read.parquet(str(lake)).where((F.col("timestamp") >= since) & (F.col("timestamp") < until))
@@ -44,27 +41,6 @@ def replay(spark: SparkSession, *, nats: NatsSettings, lake: Path, since: dateti
 
 
 async def _publish(nats: NatsSettings, rows, total: int, run: str, progress) -> int:
-    from seamq.nats.publisher import PipelinedPublisher
-    from seamq.ports import OutMessage
-
-    nc = await connect(nats, name="seamq-lake-replay", persistent=False)
-    publisher = await PipelinedPublisher(nc, timeout=30).start()
-    stored = done = 0
-    try:
-        chunk = []
-        for row in rows:
-            headers = republish_headers(dict(row.headers or {}), msg_id=f"lake:{row.message_id}:{run}",
-                                        message_id=row.message_id)
-            chunk.append(OutMessage(row.subject, row.payload.encode(), headers))
-            if len(chunk) == CHUNK:
-                stored += sum(r.ok for r in await publisher.publish_many(chunk))
-                done += len(chunk)
-                progress(done, total)
-                chunk = []
-        if chunk:
-            stored += sum(r.ok for r in await publisher.publish_many(chunk))
-            progress(done + len(chunk), total)
-        return stored
-    finally:
-        await publisher.close()
-        await nc.close()
+    copies = (Copy(row.subject, dict(row.headers or {}), row.payload.encode(), row.message_id,
+                   msg_id=f"lake:{row.message_id}:{run}") for row in rows)
+    return await publish_copies(nats, copies, name="seamq-lake-replay", progress=lambda done: progress(done, total))

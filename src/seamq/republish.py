@@ -1,0 +1,56 @@
+"""Publishing a message again, one path for DLQ replay, reconcile repair and lake replay.
+
+A copy must really be handled again, so it gets a Nats-Msg-Id of its own
+(`{why}:{message id}[:{round}]`: JetStream's duplicate window would drop the
+original id), while Seamq-Message-Id keeps the original id, which stays the
+inbox key, so a consumer that handled the original skips the copy. Only a
+DLQ replay carries Seamq-Replay-Attempt, which lets it through a dead-lettered
+inbox row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable, Mapping
+
+from seamq.envelope import REPLAY_ATTEMPT, REPLAY_MESSAGE_ID
+from seamq.model import Header
+from seamq.ports import JetStreamPublisher, OutMessage, PubResult
+
+CHUNK = 1000  # copies per publish_many: bounded memory for any number of copies
+
+
+@dataclass(frozen=True, slots=True)
+class Copy:
+    subject: str
+    headers: Mapping[str, str]
+    data: bytes
+    message_id: str  # the original's id
+    msg_id: str  # the copy's own Nats-Msg-Id
+    replay_attempt: int | None = None  # DLQ replays only
+
+    def message(self) -> OutMessage:
+        headers = dict(self.headers)
+        headers.pop(REPLAY_ATTEMPT, None)
+        headers[Header.MSG_ID] = self.msg_id
+        headers[REPLAY_MESSAGE_ID] = self.message_id
+        if self.replay_attempt is not None:
+            headers[REPLAY_ATTEMPT] = str(self.replay_attempt)
+        return OutMessage(self.subject, self.data, headers)
+
+
+async def republish(publisher: JetStreamPublisher, copies: Iterable[Copy], *,
+                    progress: Callable[[int], None] = lambda done: None) -> list[PubResult]:
+    """Publish every copy, CHUNK at a time; the results in order."""
+    results: list[PubResult] = []
+    chunk: list[OutMessage] = []
+    for copy in copies:
+        chunk.append(copy.message())
+        if len(chunk) == CHUNK:
+            results += await publisher.publish_many(chunk)
+            progress(len(results))
+            chunk = []
+    if chunk:
+        results += await publisher.publish_many(chunk)
+        progress(len(results))
+    return results
