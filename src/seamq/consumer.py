@@ -46,10 +46,7 @@ from seamq.envelope import (
 )
 from seamq.holds import Holds, Pending
 from seamq.model import Header
-from seamq.observability import (
-    CONSUMER_DEAD_LETTERED, CONSUMER_DUPLICATES, CONSUMER_REDELIVERIES, CONSUMER_RETRIES, ConsumerMetrics,
-    continue_trace, log,
-)
+from seamq.observability import ConsumerMetrics, continue_trace, log
 from seamq.ports import (
     Admission, DeadLettered, Delivery, DeliverySource, Handler, HandlerLookup, InboxItem, InboxOutcome,
     InboxRepository, JetStreamPublisher, OutMessage,
@@ -161,7 +158,7 @@ class InboxConsumer:
     def _parse(self, msg: Delivery) -> _Work:
         delivered = msg.delivered
         if delivered > 1:
-            CONSUMER_REDELIVERIES.labels(self.spec.name).inc()
+            self._metrics.redeliveries.inc()
         parsed = parse_message(msg.subject, msg.headers, msg.data, delivered)
         if isinstance(parsed, Rejected):
             return _Work(msg, None, parsed)
@@ -293,11 +290,11 @@ class InboxConsumer:
             item.verdict = dataclasses.replace(verdict, delay=pending.send_back(item.aggregate, item.seq,
                                                                                  verdict.delay))
             if verdict.error is not None and not copy:
-                CONSUMER_RETRIES.labels(self.spec.name).inc()
+                self._metrics.retries.inc()
         elif item.ack:
             pending.done(item.aggregate, item.seq)
             if isinstance(verdict, Duplicate):
-                CONSUMER_DUPLICATES.labels(self.spec.name).inc()
+                self._metrics.duplicates.inc()
 
     async def _call(self, conn, item: _Work, careful: bool) -> HandlerResult:
         """`conn` is the inbox's unit of work (None without an inbox): in-process handlers write through it."""
@@ -362,7 +359,7 @@ class InboxConsumer:
             verdict = item.verdict
             if result.ok:
                 item.dlq_seq = result.seq
-                CONSUMER_DEAD_LETTERED.labels(self.spec.name, verdict.reason.value).inc()
+                self._metrics.dead_lettered(verdict.reason.value).inc()
                 log.warning("message_dead_lettered", consumer=self.spec.name, message_id=str(item.message_id),
                             subject=item.msg.subject, reason=verdict.reason.value, detail=verdict.detail[:300])
             else:

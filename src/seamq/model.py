@@ -1,4 +1,4 @@
-"""The core model of SDS-047: events, subjects, envelopes and policies.
+"""The core model of SDS-047: events, subjects, headers, error codes and policies.
 
 This module does no I/O. Everything here can be checked before a database or
 a broker is touched, so a bad event fails in the caller's code with an error
@@ -169,7 +169,9 @@ class ReplayPolicy:
         return delay * (1 - self.jitter), delay
 
 
-# Headers the relay sets on every message; consumers read them back.
+# Headers on the wire. The relay sets MSG_ID, the aggregate's and the ids' (message_headers); type
+# and version travel in the subject, and a publisher that does send EVENT_TYPE/EVENT_VERSION must
+# agree with it (envelope.parse_message checks).
 class Header:
     MSG_ID = "Nats-Msg-Id"
     EVENT_TYPE = "Seamq-Event-Type"
@@ -201,10 +203,6 @@ def message_headers(event: Event | Any, traceparent: str | None = None) -> dict[
 
 
 def traceparent_for(event_id: uuid.UUID) -> str:
-    """A W3C traceparent derived from the outbox id.
-
-    The trace id is the event's UUID, so a trace can be found from a message
-    id alone; the span id is its first 8 bytes. Callers with a live span
-    should pass their own traceparent instead.
-    """
+    """The W3C traceparent the outbox stores with every event: the trace id is the event's UUID,
+    so a trace can be found from a message id alone; the span id is its first 8 bytes."""
     return f"00-{event_id.hex}-{event_id.hex[:16]}-01"

@@ -103,7 +103,17 @@ class ConsumerMetrics:
         self.consumer = consumer
         self.handler_seconds = CONSUMER_HANDLER_SECONDS.labels(consumer)
         self.e2e_seconds = CONSUMER_E2E_SECONDS.labels(consumer)
+        self.retries = CONSUMER_RETRIES.labels(consumer)
+        self.duplicates = CONSUMER_DUPLICATES.labels(consumer)
+        self.redeliveries = CONSUMER_REDELIVERIES.labels(consumer)
         self._processed: dict[str, Any] = {}
+        self._dead_lettered: dict[str, Any] = {}
+
+    def dead_lettered(self, reason: str):
+        child = self._dead_lettered.get(reason)
+        if child is None:
+            child = self._dead_lettered[reason] = CONSUMER_DEAD_LETTERED.labels(self.consumer, reason)
+        return child
 
     def processed(self, event_type: str):
         child = self._processed.get(event_type)

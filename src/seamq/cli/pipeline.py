@@ -1,4 +1,4 @@
-"""`seamq pipeline`: the Spark data pipeline (event lake; KPIs and reconcile to come)."""
+"""`seamq pipeline`: the Spark data pipeline (event lake, delivery KPIs, reconcile, lake replay)."""
 
 from __future__ import annotations
 

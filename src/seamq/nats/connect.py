@@ -1,7 +1,8 @@
 """One place that turns NatsSettings into a live connection.
 
-Every worker connects through here, so credentials, TLS and reconnect policy
-are the same everywhere, and secrets are read only at connect time.
+Everything connects through here (the workers, the CLI, the job server, the
+Spark pipeline's driver and executors), so credentials, TLS and reconnect
+policy are the same everywhere, and secrets are read only at connect time.
 """
 
 from __future__ import annotations

@@ -33,7 +33,6 @@ from seamq.ports import OutboxRow
 
 # Advisory lock class for relay buckets (the second key is the bucket).
 RELAY_LOCK_CLASS = 7104
-BUCKETS = 128
 
 
 # The claim statements are prepared: planning them probes the head of the
