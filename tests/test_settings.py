@@ -61,3 +61,22 @@ def test_help_lists_groups_each_with_help():
         assert group in result.stdout
         sub = subprocess.run([*SEAMQ, group, "--help"], capture_output=True, text=True)
         assert sub.returncode == 0 and "Usage" in sub.stdout, group
+
+
+def test_credential_and_tls_files_are_checked_at_start(tmp_path):
+    """A missing CA or .creds file is a configuration error naming the setting, not "cannot reach NATS"
+    and not a traceback (nats-py needs the nkeys package for .creds: a dependency)."""
+    creds = tmp_path / "user.creds"
+    creds.write_text("-----BEGIN NATS USER JWT-----\nx\n------END NATS USER JWT------\n")
+    for key, value in [("SEAMQ_NATS__TLS_CA", str(tmp_path / "missing-ca.pem")),
+                       ("SEAMQ_NATS__CREDS_FILE", str(tmp_path / "missing.creds")),
+                       ("SEAMQ_NATS__NKEY_SEED_FILE", str(tmp_path))]:  # a folder is no file either
+        env = {"SEAMQ_NATS__URL": "nats://127.0.0.1:1", key: value, "PATH": "/usr/bin:/bin"}
+        result = subprocess.run([*SEAMQ, "provision", "--dry-run"], capture_output=True, text=True, env=env)
+        setting = key.removeprefix("SEAMQ_").replace("__", ".").lower()
+        assert result.returncode != 0 and "error[INVALID_CONFIG]" in result.stderr, result.stderr
+        assert setting in result.stderr and "Traceback" not in result.stderr, result.stderr
+    env = {"SEAMQ_NATS__URL": "nats://127.0.0.1:1", "SEAMQ_NATS__CREDS_FILE": str(creds),
+           "SEAMQ_NATS__CONNECT_TIMEOUT": "1", "PATH": "/usr/bin:/bin"}
+    result = subprocess.run([*SEAMQ, "provision", "--dry-run"], capture_output=True, text=True, env=env)
+    assert "BROKER_UNAVAILABLE" in result.stderr and "Traceback" not in result.stderr, result.stderr

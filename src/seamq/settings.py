@@ -32,6 +32,15 @@ class NatsSettings(BaseModel):
     tls_key: Path | None = None
     connect_timeout: float = 5.0
 
+    @field_validator("creds_file", "nkey_seed_file", "tls_ca", "tls_cert", "tls_key")
+    @classmethod
+    def _readable(cls, value: Path | None) -> Path | None:
+        """Said at start, not as a connection failure later (a missing CA file looked like an
+        unreachable broker)."""
+        if value is not None and not (value.is_file() and os.access(value, os.R_OK)):
+            raise ValueError(f"{value} is not a readable file")
+        return value
+
     @field_validator("url")
     @classmethod
     def _url(cls, value: str) -> str:
