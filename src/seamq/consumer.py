@@ -277,7 +277,8 @@ class InboxConsumer:
         verdict = item.verdict
         dead = None
         if isinstance(verdict, DeadLetter):
-            dead = DeadLettered(verdict.reason.value, verdict.detail, self._dlq_subject(item), item.dlq_seq)
+            dead = DeadLettered(verdict.reason.value, verdict.detail, dead_letter.subject(self.spec, item.msg.subject),
+                                item.dlq_seq)
         return InboxOutcome(item.message_id, admissions.get(item.message_id, (Admission.NEW, 1))[0],
                             done=isinstance(verdict, Ack), error=verdict.error if isinstance(verdict, Nak) else None,
                             dead_letter=dead, copies=copies)
@@ -367,9 +368,6 @@ class InboxConsumer:
                                                   backoff=self.backoff)
                 if pending is not None:
                     self._follow(item, pending)
-
-    def _dlq_subject(self, item: _Work) -> str:
-        return dead_letter.subject(self.spec, item.msg.subject)
 
     def _dlq_message(self, item: _Work) -> OutMessage:
         msg = item.msg

@@ -99,13 +99,13 @@ class Engine:
 
     async def _create(self, records: list[dict], also: list[Write] = ()) -> None:
         if not await self._commit([*also, *(Write(r) for r in records)]):
-            taken = next((r["id"] for r in records if self.index.get(r["id"])), None)
+            taken = next((r["id"] for r in records if self.index.revision(r["id"]) is not None), None)
             if taken is None:
                 raise conflict("changed while jobs were created; nothing was created")
             raise OjsError(409, "duplicate", f"a job with id {taken} already exists",
                            details={"existing_job_id": taken})
         for record in records:
-            await self._admitted(record, self.index.get(record["id"])[1])
+            await self._admitted(record, self.index.revision(record["id"]))
 
     async def _admitted(self, record: dict, revision: int) -> None:
         self.index.put(record, revision)
@@ -260,8 +260,9 @@ class Engine:
                 continue
             record, revision = held
             lease = now + timedelta(milliseconds=model.visibility_ms(record, visibility))
-            if await self._write({**record, "_lease_until": iso(lease)}, revision):
-                self._arm_deadlines(self.index.get(job_id)[0])
+            extended_record = {**record, "_lease_until": iso(lease)}
+            if await self._write(extended_record, revision):
+                self._arm_deadlines(extended_record)
                 extended.append(job_id)
             hook = ((record.get("options") or {}).get("metadata") or {}).get("test_directive")
             if self.test_mode and hook in ("quiet", "terminate"):
@@ -482,7 +483,7 @@ class Engine:
                 written = await self._commit(writes)
             if written:
                 for job in started:
-                    await self._admitted(job, self.index.get(job["id"])[1])
+                    await self._admitted(job, self.index.revision(job["id"]))
                 if moved and moved["state"] != workflows.RUNNING:
                     self._event(f"workflow.{moved['state']}", moved)
         if written:

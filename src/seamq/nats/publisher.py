@@ -17,7 +17,9 @@ import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from seamq.nats.connect import connect
 from seamq.ports import OutMessage, PubResult
+from seamq.republish import republish
 
 
 class _Batch:
@@ -123,9 +125,6 @@ def _parse_ack(msg: Msg) -> PubResult:
 async def publish_copies(nats, copies, *, name: str, progress=lambda done: None) -> int:
     """One-shot republishing (reconcile repair, lake replay) on a connection of its own, with the
     settings' credentials; returns how many JetStream stored."""
-    from seamq.nats.connect import connect
-    from seamq.republish import republish
-
     nc = await connect(nats, name=name, persistent=False)
     publisher = await PipelinedPublisher(nc, timeout=30).start()
     try:
