@@ -24,3 +24,16 @@ async def record_v1(envelope, tx) -> None:
 async def record_v2(envelope, tx) -> None:
     await tx.execute("INSERT INTO handled (message_id, version, handler) VALUES (%s, %s, 'v2')",
                      (envelope.message_id, envelope.event_version))
+
+
+async def record_order(envelope, tx) -> None:
+    """Records each aggregate's messages in the order they were handled (a serial id, and this
+    process); about 1% fail their first delivery (a transient error: retried, must keep its place)."""
+    n = envelope.payload["n"]
+    if envelope.delivery_attempt == 1 and (n * 7 + int(envelope.aggregate_id[2:])) % 100 == 0:
+        raise RuntimeError("transient failure")
+    await tx.execute("INSERT INTO handled_order (message_id, aggregate_id, n, pid) VALUES (%s, %s, %s, %s)",
+                     (envelope.message_id, envelope.aggregate_id, n, os.getpid()))
+
+
+ORDER_REGISTRY = Registry(default="inprocess_handlers:record_order")

@@ -173,7 +173,7 @@ def parse_message(subject: str, headers: Mapping[str, str] | None, data: bytes,
                         f"{parsed.name}.v{parsed.version}", message_id)
     try:
         return Envelope(
-            message_id=message_id, subject=subject, event_type=parsed.name, event_version=parsed.version,
+            message_id=message_id, subject=str(parsed), event_type=parsed.name, event_version=parsed.version,
             occurred_at=_time(headers[Header.OCCURRED_AT]),
             correlation_id=_uuid(headers.get(Header.CORRELATION_ID), "correlation_id", optional=True),
             causation_id=_uuid(headers.get(Header.CAUSATION_ID), "causation_id", optional=True),

@@ -18,7 +18,12 @@ from typing import Any, Mapping
 # A subject token: lowercase snake case, starting with a letter. No dots,
 # wildcards or whitespace can pass this, which is what keeps subjects routable.
 _TOKEN = re.compile(r"^[a-z][a-z0-9_]*$")
-_SUBJECT = re.compile(r"^([a-z][a-z0-9_]*)\.event\.([a-z][a-z0-9_]*)\.v([1-9][0-9]*)$")
+# An optional last token `.b{bucket}` routes the event to a partition (topology `partitions`).
+_SUBJECT = re.compile(r"^([a-z][a-z0-9_]*)\.event\.([a-z][a-z0-9_]*)\.v([1-9][0-9]*)(?:\.b(\d{1,3}))?$")
+
+# Aggregates hash into this many buckets: outbox_events.bucket (pg/migrations/0001). The relay claims
+# by bucket, and puts the bucket in the subject of a context whose consumers are partitioned.
+BUCKETS = 128
 
 # POL-047-002 allows this much clock skew, matching the SQL CHECK of §9.
 CLOCK_SKEW = timedelta(minutes=1)
@@ -69,7 +74,10 @@ def validate_token(value: str, what: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class EventSubject:
-    """`{context}.event.{snake_case_name}.v{n}` (REQ-057)."""
+    """`{context}.event.{snake_case_name}.v{n}` (REQ-057), optionally followed by `.b{bucket}`.
+
+    The bucket is routing, not identity: str() is the event subject without it.
+    """
 
     context: str
     name: str
@@ -86,15 +94,20 @@ class EventSubject:
     @classmethod
     def parse(cls, subject: str) -> "EventSubject":
         match = _SUBJECT.match(subject or "")
-        if not match:
+        if not match or (match[4] and int(match[4]) >= BUCKETS):
             raise SeamqError(
                 ErrorCode.INVALID_SUBJECT,
-                f"subject {subject!r} is not of the form {{context}}.event.{{snake_case_name}}.v{{n}}",
+                f"subject {subject!r} is not of the form {{context}}.event.{{snake_case_name}}.v{{n}}"
+                f"[.b{{bucket < {BUCKETS}}}]",
             )
         return cls(match[1], match[2], int(match[3]))
 
     def __str__(self) -> str:
         return f"{self.context}.event.{self.name}.v{self.version}"
+
+    def routed(self, bucket: int) -> str:
+        """The subject with its aggregate's bucket, for a partitioned context."""
+        return f"{self}.b{bucket}"
 
 
 @dataclass(frozen=True, slots=True)

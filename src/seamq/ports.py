@@ -47,6 +47,7 @@ class OutboxRow(NamedTuple):
     causation_id: uuid.UUID | None
     traceparent: str | None
     publish_attempts: int
+    bucket: int  # the aggregate's (model.BUCKETS): a partitioned context puts it in the subject
 
 
 class ClaimedBatch(Protocol):

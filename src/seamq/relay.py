@@ -22,7 +22,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from seamq.model import EventSubject, SeamqError, message_headers
+from seamq.model import SeamqError, message_headers
 from seamq.observability import (
     OUTBOX_BACKLOG, OUTBOX_OLDEST_SECONDS, RELAY_BATCH_SECONDS, RELAY_FAILED, RELAY_PUBLISHED, log,
 )
@@ -48,7 +48,7 @@ class Relay:
 
     def _message(self, row: OutboxRow) -> OutMessage | str:
         """The message for a row, or why it cannot be published."""
-        subject, problem = self._subject(row.context, row.event_type, row.event_version)
+        subject, problem = self._subject(row.context, row.event_type, row.event_version, row.bucket)
         if problem:
             return problem
         payload = row.payload.encode()
@@ -56,11 +56,11 @@ class Relay:
             return f"payload of {len(payload)} bytes exceeds the server's max_payload {self.max_payload}"
         return OutMessage(subject, payload, message_headers(row, row.traceparent))
 
-    @functools.lru_cache(maxsize=4096)
-    def _subject(self, context: str, event_type: str, version: int) -> tuple[str | None, str | None]:
+    @functools.lru_cache(maxsize=16384)
+    def _subject(self, context: str, event_type: str, version: int, bucket: int) -> tuple[str | None, str | None]:
         """(subject, None) or (None, why not); cached, as there are few distinct ones."""
         try:
-            subject = str(EventSubject(context, event_type, version))
+            subject = self.topology.event_subject(context, event_type, version, bucket)
         except SeamqError as exc:
             return None, exc.message
         if context not in self.topology.contexts:

@@ -20,6 +20,7 @@ from seamq.nats.connect import connect
 from seamq.nats.publisher import PipelinedPublisher
 from seamq.nats.messages import JsMessageStore
 from seamq.nats.pull import Deliveries, PullSource
+from seamq.nats.partitions import PartitionedDeliveries
 from seamq.observability import log
 from seamq.pg import migrate
 from seamq.pg.dlq_repo import PgDeadLetters
@@ -124,12 +125,17 @@ async def run_consumer(
                                   source=spec.source)
         dlq = await PipelinedPublisher(nc, timeout=settings.relay.publish_timeout).start()
         batch = spec.fetch_batch(cfg.batch_size)
-        source = await PullSource(nc, spec.stream, spec.name, buffer=spec.fetch_batch(2 * batch)).start()
+        buffer = spec.fetch_batch(2 * batch)
+        if spec.partitions:  # one process at a time per partition: order across processes
+            source = await PartitionedDeliveries(nc, spec, buffer=buffer).start()
+        else:
+            source = Deliveries(await PullSource(nc, spec.stream, spec.name, buffer=buffer).start())
         async with _maybe_pool(settings, cfg) as pool:
             inbox = PgInbox(spec.name, pool) if pool is not None else NoInbox()
             largest = _largest_dead_letter(nc.max_payload, topology.contexts[spec.target].dlq.max_msg_size)
-            consumer = InboxConsumer(spec, Deliveries(source), inbox, dlq, handlers, cfg, max_payload=largest)
-            log.info("consumer_started", consumer=name, stream=spec.stream, concurrency=cfg.concurrency)
+            consumer = InboxConsumer(spec, source, inbox, dlq, handlers, cfg, max_payload=largest)
+            log.info("consumer_started", consumer=name, stream=spec.stream, concurrency=cfg.concurrency,
+                     partitions=spec.partitions)
             try:
                 await consumer.run(stop)
             finally:

@@ -18,7 +18,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from seamq.model import ErrorCode, SeamqError
+from seamq.model import BUCKETS, ErrorCode, EventSubject, SeamqError
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)$")
 _DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -76,10 +76,36 @@ class ConsumerSpec(_Strict):
     ack_wait: float = 120  # seconds
     max_deliver: int = 20
     max_ack_pending: int = 50
+    partitions: int = 0  # 0: one durable consumer shared by all processes; N: N pinned partitions
+    pinned_ttl: float = 10  # seconds without a pull before a partition's pin moves to another process
 
     def fetch_batch(self, wanted: int) -> int:
         """A fetch never asks for more than the server lets one consumer hold unacknowledged."""
         return max(1, min(wanted, self.max_ack_pending))
+
+    def durables(self) -> list[str]:
+        """The server's consumers behind this one: itself, or one per partition."""
+        return [f"{self.name}-p{k}" for k in range(self.partitions)] if self.partitions else [self.name]
+
+    def partition_filters(self, k: int) -> list[str]:
+        """Partition k takes the buckets b with b % partitions == k. Partition 0 also takes events
+        published without a bucket (before partitioning, or by a relay with another topology):
+        they all land in one partition, in order, rather than nowhere."""
+        events = events_pattern(self.filter_subject)
+        if self.partitions == 1:
+            return [events, f"{events}.*"]
+        return [events] * (k == 0) + [f"{events}.b{b}" for b in range(k, BUCKETS, self.partitions)]
+
+
+def events_pattern(filter_subject: str) -> str:
+    """`{src}.event.>` -> `{src}.event.*.*`: the filter as exactly the four tokens of an event subject."""
+    tokens = filter_subject.split(".")
+    if tokens[-1] == ">":
+        tokens = tokens[:-1] + ["*"] * (4 - len(tokens) + 1)
+    if len(tokens) != 4 or ">" in tokens:
+        raise ValueError(f"filter_subject {filter_subject!r} must name events ({{source}}.event.{{name}}.v{{n}}, "
+                         "wildcards allowed) to be partitioned")
+    return ".".join(tokens)
 
 
 class ContextSpec(_Strict):
@@ -92,6 +118,15 @@ class Topology(_Strict):
     contexts: dict[str, ContextSpec]
     consumers: dict[str, ConsumerSpec]
     source: str = "<memory>"
+
+    def partitioned(self, context: str) -> bool:
+        """Do the events of `context` carry their aggregate's bucket (some consumer of them is partitioned)?"""
+        return any(c.partitions and c.source == context for c in self.consumers.values())
+
+    def event_subject(self, context: str, event_type: str, version: int, bucket: int) -> str:
+        """The subject an event is published on: REQ-057's, plus `.b{bucket}` in a partitioned context."""
+        subject = EventSubject(context, event_type, version)
+        return subject.routed(bucket) if self.partitioned(context) else str(subject)
 
     def streams(self) -> list[StreamSpec]:
         return [s for ctx in self.contexts.values() for s in (ctx.stream, ctx.dlq)]
@@ -154,8 +189,10 @@ class _ConsumerFile(_Strict):
     ack_wait: float = 120
     max_deliver: int = Field(20, ge=1)
     max_ack_pending: int = Field(50, ge=1)
+    partitions: int = Field(0, ge=0, le=BUCKETS)
+    pinned_ttl: float = Field(10, ge=3)  # a pinned process renews its pull every ~2 s (nats.pull.EXPIRES)
 
-    _durations = field_validator("ack_wait", mode="before")(lambda v: parse_duration(v))
+    _durations = field_validator("ack_wait", "pinned_ttl", mode="before")(lambda v: parse_duration(v))
 
 
 class _Defaults(_Strict):
@@ -220,7 +257,13 @@ def _build(raw: _TopologyFile, source: str, replicas: int | None) -> Topology:
         consumers[name] = ConsumerSpec(
             name=name, target=target, source=src, stream=stream_name, filter_subject=filter_subject,
             ack_wait=spec.ack_wait, max_deliver=spec.max_deliver, max_ack_pending=spec.max_ack_pending,
+            partitions=spec.partitions, pinned_ttl=spec.pinned_ttl,
         )
+        if spec.partitions:
+            try:
+                events_pattern(filter_subject)
+            except ValueError as exc:
+                raise _KeyError(("consumers", name, "filter_subject"), str(exc)) from None
     names = [s.name for c in contexts.values() for s in (c.stream, c.dlq)]
     if len(set(names)) != len(names):
         raise _KeyError(("contexts",), f"stream names must be unique, got {sorted(names)}")

@@ -17,6 +17,9 @@ def provision(
     topology_file: Optional[Path] = TopologyOption,
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the diff with the server; change nothing."),
     force: bool = typer.Option(False, "--force", help="Allow destructive changes (recreating streams/consumers)."),
+    migrate_partitions: bool = typer.Option(
+        False, "--migrate-partitions",
+        help="Move consumers whose `partitions` changed, where they left off (their processes must be stopped)."),
 ) -> None:
     """Create or update streams, DLQ streams and consumers to match the topology."""
     current = settings()
@@ -29,7 +32,7 @@ def provision(
         nc = await connect(current.nats, name="seamq-provision", persistent=False)
         try:
             js = nc.jetstream()
-            return await (plan(js, topo) if dry_run else apply(js, topo, force=force))
+            return await (plan(js, topo) if dry_run else apply(js, topo, force=force, migrate=migrate_partitions))
         finally:
             await nc.close()
 
@@ -42,7 +45,7 @@ def provision(
 def print_changes(changes, *, dry_run: bool = False) -> None:
     table = Table("kind", "name", "action" if not dry_run else "would", "differences (server -> file)",
                   title="dry run: nothing changed" if dry_run else None)
-    colours = {"create": "green", "update": "yellow", "recreate": "red", "unchanged": "dim"}
+    colours = {"create": "green", "update": "yellow", "recreate": "red", "unchanged": "dim", "migrate": "red"}
     for c in changes:
         diffs = "\n".join(f"{f}: {have!r} -> {want!r}" for f, have, want in c.diffs)
         if c.destructive:

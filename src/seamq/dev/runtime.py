@@ -68,10 +68,11 @@ def describe(console: Console, settings: Settings, topology: Topology, changes) 
         streams.add_row(s.name, ", ".join(s.subjects), s.storage, f"{s.max_age / 86400:g}d", str(s.replicas),
                         actions.get(("stream", s.name), "?"))
     console.print(streams)
-    consumers = Table("consumer", "stream", "filter", "ack wait", "max deliver", "max ack pending", "provisioned")
+    consumers = Table("consumer", "stream", "filter", "partitions", "ack wait", "max deliver", "max ack pending",
+                      "provisioned")
     for c in topology.consumers.values():
-        consumers.add_row(c.name, c.stream, c.filter_subject, f"{c.ack_wait:g}s", str(c.max_deliver),
-                          str(c.max_ack_pending), actions.get(("consumer", c.name), "?"))
+        consumers.add_row(c.name, c.stream, c.filter_subject, str(c.partitions or "-"), f"{c.ack_wait:g}s",
+                          str(c.max_deliver), str(c.max_ack_pending), actions.get(("consumer", c.durables()[0]), "?"))
     console.print(consumers)
 
 

@@ -4,10 +4,18 @@
 Change per stream and consumer; `apply()` carries the plan out. Changes that
 would drop or orphan data (storage type, retention, removed subjects, a
 consumer's ack policy) are marked destructive and refused unless forced.
+
+A partitioned consumer is one server consumer per partition (seamq.nats.partitions),
+in a pinned priority group, which nats-py's ConsumerConfig cannot express: they
+are made through the JetStream API directly. Changing a consumer's partitions
+(from none, or to another number) is a migration: refused unless asked for, and
+then done only while no process pulls it (see `migrate_partitions`).
 """
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,14 +26,15 @@ from nats.js.api import (
 from nats.js.errors import NotFoundError
 
 from seamq.model import ErrorCode, SeamqError
-from seamq.topology import ConsumerSpec, StreamSpec, Topology
+from seamq.nats.partitions import GROUP
+from seamq.topology import ConsumerSpec, StreamSpec, Topology, events_pattern
 
 
 @dataclass
 class Change:
     kind: str  # "stream" | "consumer"
     name: str
-    action: str  # "create" | "update" | "recreate" | "unchanged"
+    action: str  # "create" | "update" | "recreate" | "unchanged" | "migrate" (partitions changed)
     diffs: list[tuple[str, Any, Any]] = field(default_factory=list)  # (field, server, desired)
     destructive_reasons: list[str] = field(default_factory=list)
     stream: str | None = None  # for consumers
@@ -85,6 +94,36 @@ _STREAM_FIELDS = [
 _CONSUMER_FIELDS = [
     "ack_policy", "deliver_policy", "ack_wait", "max_deliver", "max_ack_pending", "filter_subject",
 ]
+_PARTITION_FIELDS = ["ack_wait", "max_deliver", "max_ack_pending", "filter_subjects", "priority_timeout"]
+_MIGRATE = "stop every `seamq consume` of it, then run `seamq provision --migrate-partitions`"
+
+
+def partition_config(spec: ConsumerSpec, k: int) -> dict[str, Any]:
+    """Partition k of a partitioned consumer, as the JetStream API takes it."""
+    return {
+        "durable_name": spec.durables()[k], "deliver_policy": "all", "ack_policy": "explicit",
+        "ack_wait": int(spec.ack_wait * 1e9), "max_deliver": spec.max_deliver, "max_ack_pending": spec.max_ack_pending,
+        "filter_subjects": spec.partition_filters(k), "priority_groups": [GROUP], "priority_policy": "pinned_client",
+        "priority_timeout": int(spec.pinned_ttl * 1e9),
+    }
+
+
+async def _api(js: JetStreamContext, subject: str, body: dict | None = None) -> dict:
+    reply = json.loads((await js._nc.request(f"$JS.API.{subject}", json.dumps(body or {}).encode(), timeout=5)).data)
+    if "error" in reply:
+        error = reply["error"]
+        raise SeamqError(ErrorCode.BROKER_UNAVAILABLE if error.get("code", 0) >= 500 else ErrorCode.INVALID_TOPOLOGY,
+                         f"JetStream refused {subject.split('.', 2)[:2]}: {error.get('description')}")
+    return reply
+
+
+async def _durables_on_server(js: JetStreamContext, spec: ConsumerSpec) -> set[str]:
+    """The server's consumers that belong to `spec`: its own name, or its partitions."""
+    pattern = re.compile(rf"{re.escape(spec.name)}(-p\d+)?")
+    try:
+        return {c.name for c in await js.consumers_info(spec.stream) if pattern.fullmatch(c.name)}
+    except NotFoundError:
+        return set()
 
 
 async def plan(js: JetStreamContext, topology: Topology) -> list[Change]:
@@ -106,6 +145,16 @@ async def plan(js: JetStreamContext, topology: Topology) -> list[Change]:
         action = "unchanged" if not diffs else ("recreate" if any("recreated" in r for r in reasons) else "update")
         changes.append(Change("stream", spec.name, action, diffs, reasons))
     for spec in topology.consumers.values():
+        on_server = await _durables_on_server(js, spec)
+        if on_server and on_server != set(spec.durables()):
+            have = len([d for d in on_server if d != spec.name]) or "no"
+            changes.append(Change("consumer", spec.name, "migrate", [("partitions", sorted(on_server), spec.durables())],
+                                  [f"it has {have} partitions on the server, the topology says {spec.partitions or 'none'}:"
+                                   f" {_MIGRATE}"], stream=spec.stream))
+            continue
+        if spec.partitions:
+            changes += [await _plan_partition(js, spec, k) for k in range(spec.partitions)]
+            continue
         desired = consumer_config(spec)
         try:
             info = await js.consumer_info(spec.stream, spec.name)
@@ -122,13 +171,72 @@ async def plan(js: JetStreamContext, topology: Topology) -> list[Change]:
     return changes
 
 
-async def apply(js: JetStreamContext, topology: Topology, *, force: bool = False) -> list[Change]:
-    """Plan, refuse destructive changes unless forced, then carry the plan out."""
+async def _plan_partition(js: JetStreamContext, spec: ConsumerSpec, k: int) -> Change:
+    desired = partition_config(spec, k)
+    name = desired["durable_name"]
+    try:
+        have = (await _api(js, f"CONSUMER.INFO.{spec.stream}.{name}"))["config"]
+    except SeamqError:
+        return Change("consumer", name, "create", stream=spec.stream)
+    diffs = []
+    for key in _PARTITION_FIELDS:
+        mine, theirs = desired.get(key), have.get(key)
+        if isinstance(mine, list):
+            mine, theirs = sorted(mine), sorted(theirs or [])
+        if mine != theirs:
+            diffs.append((key, theirs, mine))
+    return Change("consumer", name, "update" if diffs else "unchanged", diffs, stream=spec.stream)
+
+
+async def migrate_partitions(js: JetStreamContext, spec: ConsumerSpec) -> None:
+    """Move `spec` to the partitions the topology declares, where the old consumers left off.
+
+    Only while nobody pulls the old ones and nothing is delivered and unacked: otherwise two
+    processes could handle one aggregate at once. The new consumers start after the lowest ack
+    floor of the old ones; messages above it that were already acked come again and the inbox
+    skips them. Events published without a bucket and not yet handled would go to partition 0
+    while later ones of the same aggregate go elsewhere, so they must be handled first."""
+    old = sorted(await _durables_on_server(js, spec))
+    infos = [await _api(js, f"CONSUMER.INFO.{spec.stream}.{name}") for name in old]
+    busy = [name for name, info in zip(old, infos) if info.get("num_waiting") or info.get("num_ack_pending")]
+    if busy:
+        raise SeamqError(ErrorCode.DESTRUCTIVE_CHANGE, f"cannot migrate {spec.name}: {', '.join(busy)} still "
+                         "pulled or with unacked messages; stop every `seamq consume` of it and wait out ack_wait")
+    start = min((info["ack_floor"]["stream_seq"] for info in infos), default=0) + 1
+    if spec.partitions and spec.name in old:
+        try:
+            unbucketed = await js.get_msg(spec.stream, seq=start, subject=events_pattern(spec.filter_subject),
+                                          next=True)
+        except NotFoundError:
+            unbucketed = None
+        if unbucketed is not None:
+            raise SeamqError(ErrorCode.DESTRUCTIVE_CHANGE, f"cannot migrate {spec.name}: stream sequence "
+                             f"{unbucketed.seq} and later were published without a partition bucket; run the relay "
+                             "with this topology and the consumer without partitions until it has handled them")
+    for k, name in enumerate(spec.durables()):
+        if name not in old:
+            config = partition_config(spec, k) if spec.partitions else consumer_config(spec).as_dict()
+            config.update(deliver_policy="by_start_sequence", opt_start_seq=start)
+            await _api(js, f"CONSUMER.CREATE.{spec.stream}.{name}", {"stream_name": spec.stream, "config": config})
+    for name in old:
+        if name not in spec.durables():
+            await js.delete_consumer(spec.stream, name)
+
+
+async def apply(js: JetStreamContext, topology: Topology, *, force: bool = False,
+                migrate: bool = False) -> list[Change]:
+    """Plan, refuse destructive changes unless forced (partition migrations unless `migrate`),
+    then carry the plan out."""
     changes = await plan(js, topology)
-    refused = [c for c in changes if c.destructive and not force]
+    if migrate:
+        for change in [c for c in changes if c.action == "migrate"]:
+            await migrate_partitions(js, topology.consumer(change.name))
+        changes = await plan(js, topology)
+    refused = [c for c in changes if c.destructive and not force or c.action == "migrate"]
     if refused:
         lines = "; ".join(f"{c.kind} {c.name}: {', '.join(c.destructive_reasons)}" for c in refused)
-        raise SeamqError(ErrorCode.DESTRUCTIVE_CHANGE, f"{lines} (rerun with --force to accept data loss)")
+        hint = "" if all(c.action == "migrate" for c in refused) else " (rerun with --force to accept data loss)"
+        raise SeamqError(ErrorCode.DESTRUCTIVE_CHANGE, lines + hint)
     streams = {s.name: s for s in topology.streams()}
     consumers = topology.consumers
     for change in changes:
@@ -141,8 +249,14 @@ async def apply(js: JetStreamContext, topology: Topology, *, force: bool = False
             elif change.action == "recreate":
                 await js.delete_stream(change.name)
                 await js.add_stream(config)
+    partitions = {name: (spec, k) for spec in consumers.values() if spec.partitions
+                  for k, name in enumerate(spec.durables())}
     for change in changes:
-        if change.kind == "consumer" and change.action != "unchanged":
+        if change.kind == "consumer" and change.name in partitions and change.action != "unchanged":
+            spec, k = partitions[change.name]
+            await _api(js, f"CONSUMER.CREATE.{spec.stream}.{change.name}",
+                       {"stream_name": spec.stream, "config": partition_config(spec, k)})
+        elif change.kind == "consumer" and change.action != "unchanged":
             spec = consumers[change.name]
             if change.action == "recreate":
                 await js.delete_consumer(spec.stream, spec.name)

@@ -25,19 +25,29 @@ EXPIRES = 2.0  # seconds a pull request stands; bounds how long a clean stop can
 
 
 class PullSource:
-    """Several processes may share one durable consumer; each keeps its own pull."""
+    """Several processes may share one durable consumer; each keeps its own pull.
 
-    def __init__(self, nc: Client, stream: str, durable: str, *, buffer: int = 1000) -> None:
+    With a priority `group` (a partition consumer, seamq.nats.partitions) the pull
+    requests carry the pin the server gave us, and `unpinned` counts the times the
+    server said our pin is no longer the one.
+    """
+
+    def __init__(self, nc: Client, stream: str, durable: str, *, buffer: int = 1000, group: str | None = None,
+                 arrived: asyncio.Event | None = None) -> None:
         self.nc, self.stream, self.durable = nc, stream, durable
         self.buffer = max(1, buffer)
+        self.group = group
+        self.pin: str | None = None
+        self.unpinned = 0
         self._subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}"
         self._ready: deque[Msg] = deque()
-        self._arrived = asyncio.Event()
+        self._arrived = arrived or asyncio.Event()  # shared by all partitions of a consumer
         self._requested = 0  # asked for, not yet arrived nor expired
         self._requested_at = 0.0
         self._sub = None
         self._inbox = ""
         self._stopping = False
+        self.paused = False  # a partition this process does not want now: no new requests
 
     async def start(self) -> "PullSource":
         self._inbox = self.nc.new_inbox()
@@ -46,12 +56,17 @@ class PullSource:
 
     async def _on_message(self, msg: Msg) -> None:
         if msg.data or not msg.headers or "Status" not in msg.headers:
+            if self.group and msg.headers:
+                self.pin = msg.headers.get("Nats-Pin-Id", self.pin)
             self._ready.append(msg)
             self._requested -= 1
             self._arrived.set()
             return
         status = msg.headers.get("Status")
-        if status in ("404", "408", "409"):  # request expired, nothing left, or the server ended it
+        if status == "423":  # Nats-Wrong-Pin-Id: another process is pinned now; pull without a pin
+            self.pin = None
+            self.unpinned += 1
+        if status in ("404", "408", "409", "423"):  # request expired, nothing left, the server ended it, unpinned
             left = msg.headers.get("Nats-Pending-Messages")
             self._requested = max(0, self._requested - int(left)) if left else 0
             self._arrived.set()  # let fetch() top the pull up again
@@ -62,21 +77,30 @@ class PullSource:
     @property
     def drained(self) -> bool:
         """Stopping, nothing buffered, and no request that could still deliver."""
+        return self._stopping and self.idle
+
+    @property
+    def idle(self) -> bool:
+        """Nothing buffered, and no request that could still deliver."""
         self._expire()
-        return self._stopping and not self._ready and self._requested <= 0
+        return not self._ready and self._requested <= 0
 
     def _expire(self) -> None:
         if time.monotonic() - self._requested_at > EXPIRES + 0.5:
             self._requested = 0  # every request has expired by now (also after a reconnect)
 
-    async def _top_up(self) -> None:
+    async def top_up(self) -> None:
         self._expire()
-        if self._stopping:
+        if self._stopping or self.paused:
             return
         now = time.monotonic()
         want = self.buffer - self._requested - len(self._ready)
         if want >= self.buffer // 2 or (want > 0 and not self._requested):
             request = {"batch": want, "expires": int(EXPIRES * 1e9)}
+            if self.group:
+                request["group"] = self.group
+                if self.pin:
+                    request["id"] = self.pin
             await self.nc.publish(self._subject, json.dumps(request).encode(), reply=self._inbox)
             self._requested += want
             self._requested_at = now
@@ -90,7 +114,7 @@ class PullSource:
             if self.drained:
                 return []
             self._arrived.clear()
-            await self._top_up()
+            await self.top_up()
             if self._ready:  # arrived while we were topping up
                 break
             remaining = deadline - time.monotonic()
@@ -102,7 +126,13 @@ class PullSource:
                 pass
         count = min(batch, len(self._ready))
         out = [self._ready.popleft() for _ in range(count)]
-        await self._top_up()
+        await self.top_up()
+        return out
+
+    def take(self) -> list[Msg]:
+        """Whatever has arrived, without waiting (the caller tops up and waits on `arrived`)."""
+        out = list(self._ready)
+        self._ready.clear()
         return out
 
     async def close(self) -> None:
@@ -119,19 +149,33 @@ class PullSource:
 class JsDelivery:
     """A JetStream message as the consumer port's Delivery: its metadata parsed once, here."""
 
-    __slots__ = ("subject", "headers", "data", "delivered", "stream", "seq", "_msg")
+    __slots__ = ("subject", "headers", "data", "delivered", "stream", "seq", "consumer_seq", "_msg", "settled")
 
-    def __init__(self, msg: Msg) -> None:
+    def __init__(self, msg: Msg, settled=None) -> None:
+        """`settled`: called once the message is acked or naked (a partition counts what it has out)."""
         meta = msg.metadata
         self.subject, self.headers, self.data = msg.subject, msg.headers or {}, msg.data
         self.delivered, self.stream, self.seq = meta.num_delivered, meta.stream, meta.sequence.stream
+        self.consumer_seq = meta.sequence.consumer
         self._msg = msg
+        self.settled = settled
 
     async def ack(self) -> None:
-        await self._msg.ack()
+        try:
+            await self._msg.ack()
+        finally:
+            if self.settled:
+                self.settled()
 
     async def nak(self, delay: float | None = None) -> None:
-        await self._msg.nak(delay=delay)
+        try:
+            await self._msg.nak(delay=delay)
+        finally:
+            if self.settled:
+                self.settled()
+
+    async def in_progress(self) -> None:
+        await self._msg.in_progress()
 
 
 class Deliveries:
@@ -149,3 +193,6 @@ class Deliveries:
     @property
     def drained(self) -> bool:
         return self.pull.drained
+
+    async def close(self) -> None:
+        await self.pull.close()

@@ -54,7 +54,7 @@ SELECT set_config('seamq.relay_buckets', coalesce((SELECT array_agg(bucket) FROM
 -- while its aggregate's later rows, unchanged, are not, and go out first.
 SELECT o.id, o.context, o.aggregate_type, o.aggregate_id, o.event_type, o.event_version,
        o.payload::text AS payload, o.occurred_at, o.correlation_id, o.causation_id,
-       o.traceparent, o.publish_attempts
+       o.traceparent, o.publish_attempts, o.bucket
 FROM outbox_events o
 WHERE o.published_at IS NULL
   -- Subqueries, so the setting is read once, not per row, and no bucket

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from pyspark.sql import SparkSession
 
-from seamq.model import EventSubject, message_headers
+from seamq.model import message_headers
 from seamq.nats.connect import connect
 from seamq.nats.publisher import publish_copies
 from seamq.pipeline.source import source_options
@@ -37,7 +37,7 @@ from seamq.topology import Topology
 
 _OUTBOX = """
 SELECT id::text AS message_id, context, aggregate_type, aggregate_id, event_type, event_version, payload::text AS payload,
-       occurred_at, correlation_id, causation_id, traceparent, stream_seq, published_at
+       occurred_at, correlation_id, causation_id, traceparent, stream_seq, published_at, bucket
 FROM outbox_events WHERE published_at IS NOT NULL
 """
 _INBOX = """
@@ -91,13 +91,13 @@ def reconcile(spark: SparkSession, *, dsn: str, nats: NatsSettings, topology: To
                 r.message_id for r in settled.join(seen, "message_id", "left_anti").collect())
         stream.unpersist()
     if repair and missing_rows:
-        report.repaired = asyncio.run(_republish(nats, missing_rows))
+        report.repaired = asyncio.run(_republish(nats, topology, missing_rows))
     return report
 
 
-async def _republish(nats: NatsSettings, rows) -> int:
+async def _republish(nats: NatsSettings, topology: Topology, rows) -> int:
     """Outbox rows missing from their stream, published again as the relay would have (`repair:{id}`)."""
-    copies = (Copy(str(EventSubject(r.context, r.event_type, r.event_version)),
+    copies = (Copy(topology.event_subject(r.context, r.event_type, r.event_version, r.bucket),
                    message_headers(_Published(r), r.traceparent), r.payload.encode(), r.message_id,
                    msg_id=f"repair:{r.message_id}") for r in rows)
     return await publish_copies(nats, copies, name="seamq-reconcile")

@@ -35,6 +35,8 @@ from typing import Iterator
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
+from seamq.model import EventSubject, SeamqError
+
 SCHEMA = (
     "seq long, subject string, context string, event_type string, event_version int, message_id string, "
     "headers map<string,string>, payload string, timestamp timestamp"
@@ -167,11 +169,14 @@ def _read_range(options: _Options, first: int, last: int) -> Iterator:
 
 def _row(msg, seq: int, timestamp) -> tuple:
     headers = dict(msg.headers or {})
-    parts = msg.subject.split(".")
-    event = len(parts) == 4 and parts[1] == "event" and parts[3][:1] == "v" and parts[3][1:].isdigit()
+    try:
+        event = EventSubject.parse(msg.subject)  # with or without a partition bucket
+    except SeamqError:
+        event = None
     stamp = timestamp if isinstance(timestamp, datetime) else None
     return (
-        seq, msg.subject, parts[0], parts[2] if event else None, int(parts[3][1:]) if event else None,
+        seq, msg.subject, event.context if event else msg.subject.split(".", 1)[0],
+        event.name if event else None, event.version if event else None,
         headers.get("Seamq-Message-Id") or headers.get("Nats-Msg-Id"), list(headers.items()),
         msg.data.decode("utf-8", errors="replace"), stamp.astimezone(timezone.utc) if stamp else None,
     )

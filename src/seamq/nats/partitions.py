@@ -1,0 +1,288 @@
+"""Partitioned consumption: one process at a time handles a partition, any number share them.
+
+With several processes on one durable consumer, JetStream hands each message
+to whichever process pulls, so one aggregate's messages are handled by two
+processes at once and out of order. A partitioned consumer is N durable
+consumers (`{name}-p{k}`, topology `partitions: N`), each filtered on the
+aggregate buckets the relay puts in the subject, and each in a JetStream
+priority group with the `pinned_client` policy: the server gives a partition's
+messages to one pinned process, and pins another when that one stops pulling
+for `pinned_ttl`. Every process pulls every partition; the ones not pinned
+wait as standbys.
+
+Pinning is not exclusivity (ADR-42 says so): when the pin moves, what the old
+owner was given and has not acked is still pending, and comes back only after
+ack_wait (or its NAK delay), when the new owner may already hold later
+messages of the same aggregates. So a process that gains a partition holds
+what it receives (sending "in progress" so it does not expire) until every
+message the server counts as pending is in its hands: the old owner's leftovers
+have come back to it, or were acked by an old owner still alive. Then it hands
+them on in stream order, and from there the consumer's own rules keep order.
+A failover costs pinned_ttl + ack_wait, never the order. A process stopping
+cleanly finishes and acks what it has, then unpins: the next one starts at once.
+
+The server pins whichever process asks first, so the first process to start
+would take every partition. The processes of one consumer count each other
+(a request on `_SEAMQ.MEMBERS.{consumer}` that each answers), and each keeps
+its share, ceil(N / processes): it asks for a partition it does not have only
+while it has fewer, and one with more than its share gives one back the clean
+way (stops asking, lets its lanes ack what they have, unpins). When a process
+dies the others' share grows and they ask again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from collections import deque
+from typing import Iterable
+
+from nats.aio.client import Client
+
+from seamq.nats.pull import JsDelivery, PullSource
+from seamq.observability import log
+from seamq.topology import ConsumerSpec
+
+GROUP = "seamq"  # the one priority group of every partition consumer
+CHECK_EVERY = 0.2  # seconds between two looks at the consumer state while a handover waits
+COUNT_EVERY = 2.0  # seconds between two counts of the consumer's processes
+COUNT_WAIT = 0.2  # seconds the count waits for answers
+
+
+def handed_over(in_hand: Iterable[int], ack_pending: int, delivered: int) -> bool:
+    """Is everything the server counts as delivered-and-unacked in our hands?
+
+    `in_hand`: the consumer sequences of the deliveries we hold; `ack_pending` and
+    `delivered` (its last consumer sequence) from one look at the consumer. Deliveries
+    that reached us after that look are not in its count, so they are left out of ours.
+    """
+    return ack_pending == sum(1 for cseq in in_hand if cseq <= delivered)
+
+
+class Partition:
+    """One partition consumer: its pinned pull, the handover gate, and what we have out."""
+
+    def __init__(self, nc: Client, stream: str, durable: str, *, buffer: int, ack_wait: float, pinned_ttl: float,
+                 arrived: asyncio.Event) -> None:
+        self.nc, self.stream, self.durable = nc, stream, durable
+        self.ack_wait, self.pinned_ttl = ack_wait, pinned_ttl
+        self.pull = PullSource(nc, stream, durable, buffer=buffer, group=GROUP, arrived=arrived)
+        self.owner: str | None = None  # the pin we handle messages under
+        self.open = False  # handover done: messages go straight on
+        self.held: dict[int, JsDelivery] = {}  # stream seq -> latest delivery, while the handover waits
+        self.ready: deque[JsDelivery] = deque()
+        self.out = 0  # handed to the consumer, not yet acked or naked
+        self.releasing = False
+        self.resting_until = 0.0  # given back: let another process take it
+        self._checked = self._touched = 0.0
+        self._lost = 0
+
+    async def start(self) -> "Partition":
+        await self.pull.start()
+        return self
+
+    def _settled(self) -> None:
+        self.out -= 1
+
+    async def take(self, limit: int) -> list[JsDelivery]:
+        """Up to `limit` deliveries this process may handle now."""
+        if self.pull.unpinned != self._lost:  # the server moved the pin away: give back what we hold
+            self._lost = self.pull.unpinned
+            await self._release("pin lost")
+        for msg in self.pull.take():
+            delivery = JsDelivery(msg, self._settled)
+            pin = delivery.headers.get("Nats-Pin-Id")
+            if pin and pin != self.owner:
+                self.owner, self.open = pin, False
+                log.info("partition_pinned", consumer=self.durable)
+            if self.open:
+                self.ready.append(delivery)
+            else:
+                self.held[delivery.seq] = delivery
+        if not self.open and self.owner is not None:
+            await self._handover()
+        out = []
+        while self.ready and len(out) < limit:
+            out.append(self.ready.popleft())
+        self.out += len(out)
+        if self.releasing and not self.ready and not self.out and self.pull.idle:
+            await self._unpin()
+        return out
+
+    async def _handover(self) -> None:
+        now = time.monotonic()
+        if now - self._touched > self.ack_wait / 3:  # what we hold must not expire while we wait
+            self._touched = now
+            for delivery in self.held.values():
+                try:
+                    await delivery.in_progress()
+                except Exception:
+                    pass
+        if now - self._checked < CHECK_EVERY:
+            return
+        self._checked = now
+        try:
+            info = json.loads((await self.nc.request(
+                f"$JS.API.CONSUMER.INFO.{self.stream}.{self.durable}", b"", timeout=2)).data)
+        except Exception as exc:  # the broker is away: look again later
+            log.warning("partition_info_failed", consumer=self.durable, error=str(exc))
+            return
+        ack_pending, delivered = info.get("num_ack_pending", 0), info.get("delivered", {}).get("consumer_seq", 0)
+        if handed_over((d.consumer_seq for d in self.held.values()), ack_pending, delivered):
+            self.ready.extend(self.held[seq] for seq in sorted(self.held))
+            log.info("partition_taken_over", consumer=self.durable, held=len(self.held))
+            self.held.clear()
+            self.open = True
+        elif now - self._touched < CHECK_EVERY:  # said once per touch, not per look
+            log.info("partition_waiting_for_previous_owner", consumer=self.durable,
+                     not_back=ack_pending - len(self.held), ack_wait=self.ack_wait)
+
+    def want(self, wanted: bool) -> None:
+        """Ask for this partition, or stop asking (a partition we own is given back cleanly)."""
+        if wanted:
+            if not self.releasing and time.monotonic() >= self.resting_until:
+                self.pull.paused = False
+        elif self.owner is not None:
+            if not self.releasing:
+                log.info("partition_giving_back", consumer=self.durable)
+            self.releasing = self.pull.paused = True
+        else:
+            self.pull.paused = True
+
+    async def _unpin(self) -> None:
+        """Everything we took is settled: unpin, so a standby takes it now, not after pinned_ttl."""
+        await self._release("given back")
+        try:
+            await self.nc.request(f"$JS.API.CONSUMER.UNPIN.{self.stream}.{self.durable}",
+                                  json.dumps({"group": GROUP}).encode(), timeout=2)
+        except Exception:
+            pass
+        self.releasing = False
+        self.resting_until = time.monotonic() + self.pinned_ttl
+
+    async def _release(self, why: str) -> None:
+        """Give back what the handover held: the current owner gets it at once."""
+        if self.held:
+            log.info("partition_released", consumer=self.durable, held=len(self.held), reason=why)
+        for delivery in self.held.values():
+            try:
+                await delivery.nak()
+            except Exception:
+                pass
+        self.held.clear()
+        self.owner, self.open = None, False
+
+    async def close(self, *, unpin: bool) -> None:
+        owned = self.open
+        await self._release("stopping")
+        await self.pull.close()
+        if unpin and owned:
+            try:
+                await self.nc.request(f"$JS.API.CONSUMER.UNPIN.{self.stream}.{self.durable}",
+                                      json.dumps({"group": GROUP}).encode(), timeout=2)
+            except Exception:
+                pass
+
+
+class PartitionedDeliveries:
+    """The consumer's DeliverySource over all partitions of one consumer, keeping this process's share."""
+
+    def __init__(self, nc: Client, spec: ConsumerSpec, *, buffer: int) -> None:
+        self.nc = nc
+        self._arrived = asyncio.Event()
+        self.partitions = [Partition(nc, spec.stream, durable, buffer=buffer, ack_wait=spec.ack_wait,
+                                     pinned_ttl=spec.pinned_ttl, arrived=self._arrived) for durable in spec.durables()]
+        self._members_subject = f"_SEAMQ.MEMBERS.{spec.name}"
+        self.members = 1
+        self._next = 0
+        self._subs: list = []
+        self._counter: asyncio.Task | None = None
+
+    async def start(self) -> "PartitionedDeliveries":
+        for partition in self.partitions:
+            await partition.start()
+
+        async def here(msg) -> None:
+            await msg.respond(b"")
+
+        self._subs.append(await self.nc.subscribe(self._members_subject, cb=here))
+        self._counter = asyncio.create_task(self._count_members())
+        return self
+
+    async def _count_members(self) -> None:
+        inbox = self.nc.new_inbox()
+        answers = 0
+
+        async def answered(_msg) -> None:
+            nonlocal answers
+            answers += 1
+
+        self._subs.append(await self.nc.subscribe(inbox, cb=answered))
+        while True:
+            answers = 0
+            try:
+                await self.nc.publish(self._members_subject, b"", reply=inbox)
+                await asyncio.sleep(COUNT_WAIT)
+                self.members = max(1, answers)
+            except Exception:  # the broker is away: keep the last count
+                pass
+            await asyncio.sleep(COUNT_EVERY)
+
+    def _balance(self) -> None:
+        share = math.ceil(len(self.partitions) / self.members)
+        owned = [p for p in self.partitions if p.owner is not None and not p.releasing]
+        if len(owned) > share:  # give one back at a time, the one with the least in hand
+            min(owned, key=lambda p: p.out + len(p.ready)).want(False)
+        for partition in self.partitions:
+            if partition.owner is None:
+                partition.want(len(owned) < share)
+            elif not partition.releasing:
+                partition.want(True)
+
+    async def fetch(self, batch: int, timeout: float) -> list[JsDelivery]:
+        deadline = time.monotonic() + timeout
+        while True:
+            self._arrived.clear()
+            self._balance()
+            out: list[JsDelivery] = []
+            count = len(self.partitions)
+            for i in range(count):  # round robin, so no partition starves the others
+                out += await self.partitions[(self._next + i) % count].take(batch - len(out))
+                if len(out) >= batch:
+                    break
+            self._next = (self._next + 1) % count
+            if out or self.drained:
+                return out
+            for partition in self.partitions:
+                await partition.pull.top_up()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return []
+            busy = any((p.owner and not p.open) or p.releasing for p in self.partitions)
+            try:
+                await asyncio.wait_for(self._arrived.wait(), min(remaining, CHECK_EVERY if busy else 1.0))
+            except asyncio.TimeoutError:
+                pass
+
+    def stop_requesting(self) -> None:
+        for partition in self.partitions:
+            partition.pull.stop_requesting()
+
+    @property
+    def drained(self) -> bool:
+        return all(p.pull.drained and not p.ready for p in self.partitions)
+
+    async def close(self) -> None:
+        """After the consumer's lanes are done (all acked): unpin what we own, when cleanly stopped."""
+        if self._counter:
+            self._counter.cancel()
+        for sub in self._subs:
+            try:
+                await sub.unsubscribe()
+            except Exception:
+                pass
+        drained = self.drained
+        for partition in self.partitions:
+            await partition.close(unpin=drained)

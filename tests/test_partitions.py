@@ -1,0 +1,186 @@
+"""Per-aggregate order across consumer processes: partitioned consumers (seamq.nats.partitions)."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import tempfile
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from seamq import outbox
+from seamq.model import Event, message_headers, traceparent_for
+from seamq.nats.partitions import handed_over
+from seamq.nats.provision import apply
+from seamq.run import run_relay
+from seamq.settings import NatsSettings, RelaySettings, Settings
+from seamq.topology import load_topology
+
+from conftest import SEAMQ
+from helpers import scalar, wait_for
+
+CONSUMER = "sea__from_vibespro"
+PARTITIONED = """
+contexts:
+  sea: {}
+  vibespro:
+    stream: {duplicate_window: 1s}
+consumers:
+  sea__from_vibespro: {ack_wait: 3s, max_deliver: 20, max_ack_pending: 50, partitions: 6, pinned_ttl: 3s}
+"""
+
+
+def test_handed_over_counts_only_what_the_server_had_delivered_when_it_looked():
+    assert handed_over([], ack_pending=0, delivered=0)  # nobody had anything
+    assert not handed_over([5, 6], ack_pending=3, delivered=6)  # one is still the old owner's
+    assert handed_over([5, 6], ack_pending=2, delivered=6)
+    assert not handed_over([5, 6, 7], ack_pending=3, delivered=6)  # 7 came after the look: 2 of 3 are ours
+    assert handed_over([5, 6, 7], ack_pending=2, delivered=6)
+
+
+def test_partition_filters_split_the_buckets_and_keep_unbucketed_events():
+    topology = load_topology_text(PARTITIONED)
+    spec = topology.consumer(CONSUMER)
+    assert spec.durables() == [f"{CONSUMER}-p{k}" for k in range(6)]
+    filters = [spec.partition_filters(k) for k in range(6)]
+    assert filters[0][0] == "vibespro.event.*.*"  # published without a bucket: partition 0, nothing lost
+    buckets = sorted(int(f.rsplit(".b", 1)[1]) for fs in filters for f in fs if ".b" in f)
+    assert buckets == list(range(128))  # each bucket in exactly one partition
+    assert topology.event_subject("vibespro", "vibe_created", 1, 17) == "vibespro.event.vibe_created.v1.b17"
+    assert topology.event_subject("sea", "order_placed", 1, 17) == "sea.event.order_placed.v1"  # not partitioned
+
+
+def load_topology_text(text: str):
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+        f.write(text)
+    try:
+        return load_topology(f.name)
+    finally:
+        Path(f.name).unlink()
+
+
+async def test_an_unpartitioned_consumer_is_not_replaced_silently(nc, tmp_path):
+    plain = tmp_path / "plain.yaml"
+    plain.write_text(PARTITIONED.replace(", partitions: 6, pinned_ttl: 3s", ""))
+    js = nc.jetstream()
+    await apply(js, load_topology(plain))
+    with pytest.raises(Exception) as refused:
+        await apply(js, load_topology_text(PARTITIONED))
+    assert "--migrate-partitions" in str(refused.value)
+    assert [c.name for c in await js.consumers_info("VIBESPRO_EVENTS")] == [CONSUMER]
+    await js.publish("vibespro.event.vibe_created.v1", b"{}")
+    with pytest.raises(Exception) as unbucketed:  # an unhandled event without a bucket: handle it first
+        await apply(js, load_topology_text(PARTITIONED), migrate=True)
+    assert "without a partition bucket" in str(unbucketed.value)
+
+    old = await js.pull_subscribe_bind(CONSUMER, "VIBESPRO_EVENTS")
+    for msg in await old.fetch(1, timeout=2):
+        await msg.ack_sync()  # handled: the migration may go on
+    for b in (3, 4, 9):
+        await js.publish(f"vibespro.event.vibe_created.v1.b{b}", b"{}")
+    changes = await apply(js, load_topology_text(PARTITIONED), migrate=True)
+    assert {c.name for c in changes} >= {f"{CONSUMER}-p{k}" for k in range(6)}
+    infos = {c.name: c for c in await js.consumers_info("VIBESPRO_EVENTS")}
+    assert CONSUMER not in infos and len(infos) == 6  # the old one is gone
+    assert {name: i.num_pending for name, i in infos.items() if i.num_pending} == {
+        f"{CONSUMER}-p3": 2, f"{CONSUMER}-p4": 1}  # b3, b9 -> p3; b4 -> p4; nothing before the old ack floor
+    again = await apply(js, load_topology_text(PARTITIONED))
+    assert {c.action for c in again if c.kind == "consumer"} == {"unchanged"}
+
+
+async def test_three_processes_keep_each_aggregates_order_through_failures_and_a_kill_9(
+        dsn, nats_server, nc, tmp_path, service_env):
+    """20,000 events over 200 aggregates, 3 `seamq consume` processes on one 6-partition consumer,
+    about 1% of first deliveries fail, one process is killed -9 mid-run."""
+    topology_file = tmp_path / "topology.yaml"
+    topology_file.write_text(PARTITIONED)
+    topology = load_topology(topology_file)
+    js = nc.jetstream()
+    await apply(js, topology)
+    with psycopg.connect(dsn) as conn:
+        conn.execute("CREATE TABLE handled_order (id bigserial PRIMARY KEY, message_id uuid, aggregate_id text, "
+                     "n int, pid int)")
+    events = [Event(context="vibespro", aggregate_type="vibe", aggregate_id=f"a-{a}", event_type="vibe_created",
+                    payload={"n": n}) for n in range(100) for a in range(200)]
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        for i in range(0, len(events), 2000):
+            await outbox.add_many(conn, events[i:i + 2000])
+            await conn.commit()
+    settings = Settings(database_url=dsn, nats=NatsSettings(url=nats_server.url), relay=RelaySettings())
+    stop = asyncio.Event()
+    relay = asyncio.create_task(run_relay(settings, topology, stop))
+    env = dict(service_env, PYTHONPATH=str(Path(__file__).parent), SEAMQ_TOPOLOGY_FILE=str(topology_file),
+               SEAMQ_CONSUMER__REGISTRY="inprocess_handlers:ORDER_REGISTRY", SEAMQ_CONSUMER__NAK_BASE="0.1",
+               SEAMQ_CONSUMER__NAK_MAX="0.5")
+    argv = [*SEAMQ, "consume", "--consumer", CONSUMER]
+    workers = [subprocess.Popen(argv, env=env, stderr=subprocess.DEVNULL) for _ in range(3)]
+    handled = "SELECT count(*) FROM handled_order"
+    killed = None
+    try:
+        await wait_for(lambda: scalar(dsn, "SELECT count(DISTINCT pid) FROM handled_order") == 3, timeout=60,
+                       what="all three processes handling")
+        await wait_for(lambda: scalar(dsn, handled) > 6000, timeout=60, what="progress")
+        victim = scalar(dsn, "SELECT pid FROM handled_order ORDER BY id DESC LIMIT 1")
+        killed = next(w for w in workers if w.pid == victim)
+        killed.send_signal(signal.SIGKILL)
+        killed.wait()
+        at_kill = scalar(dsn, handled)
+        assert at_kill < 20_000
+        await wait_for(lambda: scalar(dsn, handled) >= 20_000, timeout=240, what="everything handled")
+
+        async def settled():
+            for k in range(6):
+                info = await js.consumer_info("VIBESPRO_EVENTS", f"{CONSUMER}-p{k}")
+                if info.num_pending or info.num_ack_pending:
+                    return False
+            return True
+
+        await wait_for(settled, timeout=60, what="every partition acked")
+    finally:
+        stop.set()
+        await asyncio.wait_for(relay, 30)
+        for w in workers:
+            if w.poll() is None:
+                w.send_signal(signal.SIGTERM)
+        exits = [w.wait(30) for w in workers if w is not killed]
+    assert exits == [0, 0]
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute("SELECT aggregate_id, n, pid FROM handled_order ORDER BY id").fetchall()
+        distinct = conn.execute("SELECT count(DISTINCT message_id) FROM handled_order").fetchone()[0]
+        subjects = conn.execute("SELECT count(*) FROM outbox_events WHERE published_at IS NULL").fetchone()[0]
+    assert subjects == 0
+    assert (len(rows), distinct) == (20_000, 20_000)  # none lost, none twice
+    order: dict[str, list[int]] = {}
+    for aggregate, n, _ in rows:
+        order.setdefault(aggregate, []).append(n)
+    assert len(order) == 200
+    out_of_order = [a for a, ns in order.items() if ns != list(range(100))]
+    assert out_of_order == []
+    assert scalar(dsn, "SELECT count(*) FROM inbox_messages WHERE attempts > 1") >= 200  # the 1% and the kill
+    taken_over = {a for a, n, pid in rows if pid == victim} & {a for a, n, pid in rows[at_kill:] if pid != victim}
+    assert taken_over  # the killed process's aggregates went on elsewhere
+
+
+def test_the_bucket_is_routing_not_identity():
+    """Handlers see the event subject, DLQ subjects have no bucket, the pipeline reads type and version."""
+    from seamq import dead_letter
+    from seamq.envelope import parse_message
+    from seamq.pipeline.source import _row
+
+    spec = load_topology_text(PARTITIONED).consumer(CONSUMER)
+    event = Event(context="vibespro", aggregate_type="vibe", aggregate_id="a-1", event_type="vibe_created",
+                  event_version=2, payload={})
+    subject = "vibespro.event.vibe_created.v2.b17"
+    envelope = parse_message(subject, message_headers(event, traceparent_for(event.id)), b"{}", 1)
+    assert (envelope.subject, envelope.event_type, envelope.event_version) == (
+        "vibespro.event.vibe_created.v2", "vibe_created", 2)
+    assert dead_letter.subject(spec, subject) == "sea.dlq.vibespro.vibe_created.v2"
+
+    class Msg:
+        headers, data = {"Nats-Msg-Id": str(event.id)}, b"{}"
+
+    Msg.subject = subject
+    assert _row(Msg, 5, None)[1:5] == (subject, "vibespro", "vibe_created", 2)
