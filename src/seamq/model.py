@@ -8,6 +8,7 @@ transaction. The database CHECKs stay as the last line of defence.
 
 from __future__ import annotations
 
+import functools
 import re
 import uuid
 from dataclasses import dataclass, field
@@ -93,14 +94,7 @@ class EventSubject:
 
     @classmethod
     def parse(cls, subject: str) -> "EventSubject":
-        match = _SUBJECT.match(subject or "")
-        if not match or (match[4] and int(match[4]) >= BUCKETS):
-            raise SeamqError(
-                ErrorCode.INVALID_SUBJECT,
-                f"subject {subject!r} is not of the form {{context}}.event.{{snake_case_name}}.v{{n}}"
-                f"[.b{{bucket < {BUCKETS}}}]",
-            )
-        return cls(match[1], match[2], int(match[3]))
+        return _parse_subject(cls, subject)
 
     def __str__(self) -> str:
         return f"{self.context}.event.{self.name}.v{self.version}"
@@ -108,6 +102,18 @@ class EventSubject:
     def routed(self, bucket: int) -> str:
         """The subject with its aggregate's bucket, for a partitioned context."""
         return f"{self}.b{bucket}"
+
+
+@functools.lru_cache(maxsize=8192)  # a consumer sees few distinct subjects, parsed once per message
+def _parse_subject(cls, subject: str) -> EventSubject:
+    match = _SUBJECT.match(subject or "")
+    if not match or (match[4] and int(match[4]) >= BUCKETS):
+        raise SeamqError(
+            ErrorCode.INVALID_SUBJECT,
+            f"subject {subject!r} is not of the form {{context}}.event.{{snake_case_name}}.v{{n}}"
+            f"[.b{{bucket < {BUCKETS}}}]",
+        )
+    return cls(match[1], match[2], int(match[3]))
 
 
 @dataclass(frozen=True, slots=True)

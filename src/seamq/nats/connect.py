@@ -15,6 +15,36 @@ from nats.aio.client import Client
 from seamq.observability import log
 from seamq.settings import NatsSettings
 
+_CRLF = b"\r\n"
+
+
+def parse_header_lines(raw: bytes) -> dict[str, str]:
+    """nats-py's `Client._parse_header_lines`, giving the same dict for any bytes, faster.
+
+    nats-py checks each header name for whitespace one character at a time in a
+    generator: about 70 calls per message with seamq's headers, 14% of the
+    consumer's CPU in a profile. A name holds whitespace exactly when `split()`
+    does not give it back whole. tests/test_nats_edges.py compares both on hostile input
+    and fails if nats-py's function changes shape.
+    """
+    out: dict[str, str] = {}
+    for line in raw.split(_CRLF):
+        name, sep, value = line.partition(b":")
+        if not sep:
+            continue
+        try:
+            key = name.strip().decode("ascii")
+        except UnicodeDecodeError:
+            continue
+        if key and key.split() != [key]:  # whitespace in the name (also what bytes.strip leaves, like \x1c)
+            continue
+        out[key] = value.strip().decode("utf-8", "replace")
+    return out
+
+
+NATS_PARSE_HEADER_LINES = Client._parse_header_lines  # nats-py's own, kept for the test
+Client._parse_header_lines = staticmethod(parse_header_lines)
+
 
 def _tls_context(settings: NatsSettings) -> ssl.SSLContext | None:
     if not (settings.tls_ca or settings.tls_cert):

@@ -146,6 +146,23 @@ class PullSource:
                 pass
 
 
+def ack_fields(msg: Msg) -> tuple[str, int, int, int]:
+    """(stream, times delivered, stream seq, consumer seq) from the ack subject.
+
+    What nats-py's `msg.metadata` gives, without its dataclasses and timestamp (a tenth
+    of the time): `$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>`,
+    or with `<domain>.<account hash>` after `$JS.ACK` and a token at the end."""
+    tokens = (msg.reply or "").split(".")
+    if tokens[:2] == ["$JS", "ACK"] and len(tokens) in (9, 11, 12):
+        at = 2 if len(tokens) == 9 else 4
+        try:
+            return tokens[at], int(tokens[at + 2]), int(tokens[at + 3]), int(tokens[at + 4])
+        except ValueError:
+            pass
+    meta = msg.metadata  # anything else: nats-py's reading, or its error
+    return meta.stream, meta.num_delivered, meta.sequence.stream, meta.sequence.consumer
+
+
 class JsDelivery:
     """A JetStream message as the consumer port's Delivery: its metadata parsed once, here."""
 
@@ -153,10 +170,8 @@ class JsDelivery:
 
     def __init__(self, msg: Msg, settled=None) -> None:
         """`settled`: called once the message is acked or naked (a partition counts what it has out)."""
-        meta = msg.metadata
         self.subject, self.headers, self.data = msg.subject, msg.headers or {}, msg.data
-        self.delivered, self.stream, self.seq = meta.num_delivered, meta.stream, meta.sequence.stream
-        self.consumer_seq = meta.sequence.consumer
+        self.stream, self.delivered, self.seq, self.consumer_seq = ack_fields(msg)
         self._msg = msg
         self.settled = settled
 

@@ -1,0 +1,44 @@
+"""Where seamq reads what nats-py would read, faster: same answers, or the test fails."""
+
+from __future__ import annotations
+
+import inspect
+import random
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from seamq.nats.connect import NATS_PARSE_HEADER_LINES, parse_header_lines
+from seamq.nats.pull import JsDelivery, ack_fields
+
+
+def test_header_parsing_matches_nats_py_on_hostile_input():
+    assert Client._parse_header_lines is not NATS_PARSE_HEADER_LINES  # ours is the one in use
+    assert list(inspect.signature(NATS_PARSE_HEADER_LINES).parameters) == ["raw"]  # nats-py's shape
+    cases = [
+        b"", b"\r\n", b"A: 1\r\n", b"A:1\r\nB:\t2 \r\n", b"Nats-Msg-Id: x\r\nNats-Msg-Id: y\r\n",
+        b"a b: 1\r\nc\x1cd: 2\r\n e : 3\r\n", b": empty name\r\n", b"no colon\r\n", b"K: v: w\r\n",
+        b"\xff\xfe: bad name\r\nok: \xff bad value\r\n", b"K: \xe2\x82\xac\r\n", b"K:\r\nL:    \r\n",
+        b"A: 1\nB: 2\r\n", b"\x00: nul\r\n\tT: tab\r\n",
+    ]
+    rng = random.Random(7)
+    alphabet = b"ab :\r\n\t\x0b\x1c\xff\xc3\xa9-_"
+    cases += [bytes(rng.choice(alphabet) for _ in range(rng.randint(0, 60))) for _ in range(5000)]
+    for raw in cases:
+        assert parse_header_lines(raw) == NATS_PARSE_HEADER_LINES(raw), raw
+
+
+async def test_ack_fields_match_nats_py_metadata(nc):
+    js = nc.jetstream()
+    await js.add_stream(name="EDGES", subjects=["edges.>"])
+    for i in range(3):
+        await js.publish(f"edges.{i}", b"x")
+    sub = await js.pull_subscribe("edges.>", durable="edges")
+    msgs = await sub.fetch(3, timeout=5)
+    await msgs[1].nak()
+    msgs += await sub.fetch(1, timeout=5)  # a redelivery: delivered 2
+    v2 = Msg(nc, subject="s", reply="$JS.ACK.hub.ACCHASH.ORDERS.c1.3.41.17.1700000000000000000.5.rnd")
+    for msg in [*msgs, v2]:
+        meta = msg.metadata
+        assert ack_fields(msg) == (meta.stream, meta.num_delivered, meta.sequence.stream, meta.sequence.consumer)
+    assert JsDelivery(msgs[-1]).delivered == 2
