@@ -11,9 +11,9 @@ raise Poison (422), AlreadyProcessed (409), or anything else (retry).
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Awaitable, Callable
-
 import json
+import weakref
+from typing import Any, Awaitable, Callable
 
 from seamq.envelope import AlreadyProcessed, Envelope, HandlerResult, Outcome, Poison, Reason
 
@@ -41,15 +41,66 @@ def outcomes(fn: Fn) -> Callable[[Envelope, Any], Awaitable[HandlerResult]]:
 
 def timeout(seconds: float, fn: Callable[..., Awaitable[HandlerResult]]):
     """A handler that overruns behaves like a 5xx: retried later."""
+    watches: weakref.WeakKeyDictionary[asyncio.Task, _Watch] = weakref.WeakKeyDictionary()
 
     async def wrapped(envelope: Envelope, conn: Any) -> HandlerResult:
+        task = asyncio.current_task()
+        watch = watches.get(task)
+        if watch is None:
+            watch = watches[task] = _Watch(task, seconds)
+        cancelling = task.cancelling()
+        watch.begin()
         try:
-            async with asyncio.timeout(seconds):  # no extra task per call, unlike wait_for
-                return await fn(envelope, conn)
-        except TimeoutError:
-            return HandlerResult(Outcome.RETRY, f"handler timed out after {seconds:g}s")
+            result = await fn(envelope, conn)
+        except asyncio.CancelledError:
+            if watch.fired and task.uncancel() <= cancelling:  # ours, not a shutdown's
+                return HandlerResult(Outcome.RETRY, f"handler timed out after {seconds:g}s")
+            raise
+        finally:
+            watch.end()
+        if watch.fired:  # the handler swallowed our cancellation and returned
+            task.uncancel()
+        return result
 
     return wrapped
+
+
+class _Watch:
+    """One timer per task for its handler calls, not one per call.
+
+    `asyncio.timeout` arms and disarms a timer around every call: 6-8 us of the
+    consumer's CPU per message (measured, in-process no-op handler), for a limit
+    in seconds around calls that take microseconds. Here a call only notes when
+    it began; one timer per lane looks at the call in progress when it fires,
+    cancels it if it overran, else re-arms for that call's deadline.
+    """
+
+    __slots__ = ("task", "seconds", "loop", "started", "handle", "fired", "__weakref__")
+
+    def __init__(self, task: asyncio.Task, seconds: float) -> None:
+        self.task, self.seconds, self.loop = task, seconds, task.get_loop()
+        self.started: float | None = None
+        self.handle: asyncio.TimerHandle | None = None
+        self.fired = False
+
+    def begin(self) -> None:
+        self.started, self.fired = self.loop.time(), False
+        if self.handle is None:
+            self.handle = self.loop.call_at(self.started + self.seconds, self._check)
+
+    def end(self) -> None:
+        self.started = None
+
+    def _check(self) -> None:
+        self.handle = None
+        if self.started is None:  # between calls: the next one arms it again
+            return
+        due = self.started + self.seconds
+        if self.loop.time() >= due:
+            self.fired = True
+            self.task.cancel()  # the task is suspended inside the call: it raises there
+        else:
+            self.handle = self.loop.call_at(due, self._check)
 
 
 class InProcessHandler:

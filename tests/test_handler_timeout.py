@@ -1,0 +1,61 @@
+"""The in-process handler timeout (seamq.handlers.timeout): one timer per task, not per call."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from seamq.envelope import HandlerResult, Outcome
+from seamq.handlers import timeout
+
+OK = HandlerResult(Outcome.OK)
+
+
+def handler(delay: float, swallow: bool = False):
+    async def fn(envelope, conn):
+        try:
+            await asyncio.sleep(delay)
+        except asyncio.CancelledError:
+            if not swallow:
+                raise
+        return OK
+    return fn
+
+
+async def test_an_overrunning_call_is_a_retry_and_the_task_goes_on():
+    slow = timeout(0.05, handler(1.0))
+    result = await slow(None, None)
+    assert (result.outcome, result.detail) == (Outcome.RETRY, "handler timed out after 0.05s")
+    assert asyncio.current_task().cancelling() == 0
+    await asyncio.sleep(0.1)  # nothing left armed to cancel us later
+    assert await timeout(0.05, handler(0))(None, None) == OK
+
+
+async def test_many_fast_calls_are_never_cancelled_even_across_the_timer():
+    fast = timeout(0.05, handler(0.001))
+    for _ in range(120):  # ~0.15 s of calls: the one timer fires and re-arms in between
+        assert await fast(None, None) == OK
+    await asyncio.sleep(0.12)  # idle past a deadline: not cancelled
+    assert asyncio.current_task().cancelling() == 0
+
+
+async def test_a_call_that_begins_late_gets_its_own_full_time():
+    call = timeout(0.1, handler(0.07))
+    assert await call(None, None) == OK  # arms the timer at +0.1
+    assert await call(None, None) == OK  # began at ~0.07, runs to ~0.14: past the first deadline, inside its own
+
+
+async def test_a_handler_that_swallows_the_cancellation_returns_and_leaves_no_cancel_behind():
+    result = await timeout(0.05, handler(0.5, swallow=True))(None, None)
+    assert result == OK
+    assert asyncio.current_task().cancelling() == 0
+    await asyncio.sleep(0.01)
+
+
+async def test_a_shutdown_during_a_call_is_not_turned_into_a_timeout():
+    task = asyncio.create_task(timeout(10, handler(1.0))(None, None))
+    await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
