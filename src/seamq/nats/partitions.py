@@ -225,7 +225,8 @@ class PartitionedDeliveries:
             try:
                 await self.nc.publish(self._members_subject, b"", reply=inbox)
                 await asyncio.sleep(COUNT_WAIT)
-                self.members = max(1, answers)
+                if answers:  # none, not even our own: we are cut off from the broker; keep the last count
+                    self.members = answers
             except Exception:  # the broker is away: keep the last count
                 pass
             await asyncio.sleep(COUNT_EVERY)
@@ -233,7 +234,7 @@ class PartitionedDeliveries:
     def _balance(self) -> None:
         share = math.ceil(len(self.partitions) / self.members)
         owned = [p for p in self.partitions if p.owner is not None and not p.releasing]
-        if len(owned) > share:  # give one back at a time, the one with the least in hand
+        if len(owned) > share:  # give one back per look, the one with the least in hand
             min(owned, key=lambda p: p.out + len(p.ready)).want(False)
         for partition in self.partitions:
             if partition.owner is None:
