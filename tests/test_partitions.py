@@ -184,3 +184,45 @@ def test_the_bucket_is_routing_not_identity():
 
     Msg.subject = subject
     assert _row(Msg, 5, None)[1:5] == (subject, "vibespro", "vibe_created", 2)
+
+
+async def test_a_clean_stop_hands_its_partitions_over_at_once(dsn, nats_server, nc, tmp_path):
+    """A stopping process acks what it has and unpins: the next one starts without waiting out pinned_ttl."""
+    from seamq.registry import load_registry
+    from seamq.run import run_consumer
+    from seamq.settings import ConsumerSettings
+
+    path = tmp_path / "topology.yaml"
+    path.write_text(PARTITIONED.replace("pinned_ttl: 3s", "pinned_ttl: 60s"))
+    topology = load_topology(path)
+    js = nc.jetstream()
+    await apply(js, topology)
+    with psycopg.connect(dsn) as conn:
+        conn.execute("CREATE TABLE handled_order (id bigserial PRIMARY KEY, message_id uuid, aggregate_id text, "
+                     "n int, pid int)")
+    settings = Settings(database_url=dsn, nats=NatsSettings(url=nats_server.url),
+                        consumer=ConsumerSettings(registry="inprocess_handlers:ORDER_REGISTRY"))
+    registry = load_registry("inprocess_handlers:ORDER_REGISTRY")
+
+    async def publish(first: int) -> None:
+        for n in range(first, first + 60):
+            event = Event(context="vibespro", aggregate_type="vibe", aggregate_id=f"a-{n % 12}",
+                          event_type="vibe_created", payload={"n": n})
+            await js.publish(topology.event_subject("vibespro", "vibe_created", 1, n % 12), b'{"n": %d}' % n,
+                             headers=message_headers(event, traceparent_for(event.id)))
+
+    await publish(0)
+    stop = asyncio.Event()
+    first = asyncio.create_task(run_consumer(settings, topology, CONSUMER, stop, registry))
+    await wait_for(lambda: scalar(dsn, "SELECT count(*) FROM handled_order") == 60, timeout=30, what="first 60")
+    stop.set()
+    await asyncio.wait_for(first, 30)
+    await publish(60)
+    stop = asyncio.Event()
+    second = asyncio.create_task(run_consumer(settings, topology, CONSUMER, stop, registry))
+    try:  # well inside pinned_ttl (60 s): only an unpin lets the second process in this soon
+        await wait_for(lambda: scalar(dsn, "SELECT count(*) FROM handled_order") == 120, timeout=20,
+                       what="the second process handling, before pinned_ttl")
+    finally:
+        stop.set()
+        await asyncio.wait_for(second, 30)

@@ -153,14 +153,23 @@ class Partition:
 
     async def _unpin(self) -> None:
         """Everything we took is settled: unpin, so a standby takes it now, not after pinned_ttl."""
+        owner = self.owner
         await self._release("given back")
-        try:
-            await self.nc.request(f"$JS.API.CONSUMER.UNPIN.{self.stream}.{self.durable}",
-                                  json.dumps({"group": GROUP}).encode(), timeout=2)
-        except Exception:
-            pass
+        await self._unpin_if(owner)
         self.releasing = False
         self.resting_until = time.monotonic() + self.pinned_ttl
+
+    async def _unpin_if(self, owner: str | None) -> None:
+        """Unpin, unless the server already pinned someone else (the unpin API names no pin:
+        it would cut off the new owner)."""
+        api = f"$JS.API.CONSUMER.{{}}.{self.stream}.{self.durable}"
+        try:
+            info = json.loads((await self.nc.request(api.format("INFO"), b"", timeout=2)).data)
+            pinned = [g.get("pinned_client_id") for g in info.get("priority_groups") or [] if g.get("group") == GROUP]
+            if owner and pinned == [owner]:
+                await self.nc.request(api.format("UNPIN"), json.dumps({"group": GROUP}).encode(), timeout=2)
+        except Exception:  # the pin then moves after pinned_ttl, as after a crash
+            pass
 
     async def _release(self, why: str) -> None:
         """Give back what the handover held: the current owner gets it at once."""
@@ -175,15 +184,11 @@ class Partition:
         self.owner, self.open = None, False
 
     async def close(self, *, unpin: bool) -> None:
-        owned = self.open
+        owner = self.owner if self.open else None
         await self._release("stopping")
         await self.pull.close()
-        if unpin and owned:
-            try:
-                await self.nc.request(f"$JS.API.CONSUMER.UNPIN.{self.stream}.{self.durable}",
-                                      json.dumps({"group": GROUP}).encode(), timeout=2)
-            except Exception:
-                pass
+        if unpin and owner:
+            await self._unpin_if(owner)
 
 
 class PartitionedDeliveries:
