@@ -129,4 +129,4 @@ class MemoryPublisher:
         if self.fail:
             return [PubResult(False, error="no responders") for _ in messages]
         self.published += messages
-        return [PubResult(True, "TEST_DLQ", len(self.published) - len(messages) + i + 1) for i in range(len(messages))]
+        return [PubResult(True, len(self.published) - len(messages) + i + 1) for i in range(len(messages))]

@@ -25,9 +25,8 @@ class OutMessage:
 @dataclass(frozen=True, slots=True)
 class PubResult:
     ok: bool
-    stream: str | None = None
-    seq: int | None = None
-    duplicate: bool = False
+    seq: int | None = None  # where the stream stored it
+    duplicate: bool = False  # JetStream had it already (same Nats-Msg-Id inside the duplicate window)
     error: str | None = None
     transport: bool = False  # the broker was unreachable or did not answer: not the message's fault
 

@@ -131,14 +131,6 @@ class Topology(_Strict):
     def streams(self) -> list[StreamSpec]:
         return [s for ctx in self.contexts.values() for s in (ctx.stream, ctx.dlq)]
 
-    def stream_for_context(self, context: str) -> StreamSpec:
-        try:
-            return self.contexts[context].stream
-        except KeyError:
-            raise SeamqError(
-                ErrorCode.INVALID_TOPOLOGY, f"{self.source}: no context {context!r} in the topology"
-            ) from None
-
     def consumer(self, name: str) -> ConsumerSpec:
         try:
             return self.consumers[name]

@@ -119,7 +119,7 @@ def _parse_ack(msg: Msg) -> PubResult:
     if "error" in body:
         err = body["error"]
         return PubResult(ok=False, error=f"JetStream error {err.get('code')}: {err.get('description')}")
-    return PubResult(ok=True, stream=body.get("stream"), seq=body.get("seq"), duplicate=bool(body.get("duplicate")))
+    return PubResult(ok=True, seq=body.get("seq"), duplicate=bool(body.get("duplicate")))
 
 
 async def publish_copies(nats, copies, *, name: str, progress=lambda done: None) -> int:
