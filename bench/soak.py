@@ -42,11 +42,11 @@ ROOT = Path(__file__).resolve().parent.parent
 CONSUMER, STREAM = "sea__from_vibespro", "VIBESPRO_EVENTS"
 TOPOLOGY = """
 contexts:
-  sea: {stream: {duplicate_window: 5m}}
-  vibespro: {stream: {duplicate_window: 5m}}
+  sea: {{stream: {{duplicate_window: 5m}}}}
+  vibespro: {{stream: {{duplicate_window: 5m}}}}
 consumers:
-  sea__from_vibespro: {ack_wait: 5s, max_deliver: 20, max_ack_pending: 1000}
-  vibespro__from_sea: {ack_wait: 5s, max_deliver: 20, max_ack_pending: 1000}
+  sea__from_vibespro: {{ack_wait: 5s, max_deliver: 20, max_ack_pending: 1000{partitioned}}}
+  vibespro__from_sea: {{ack_wait: 5s, max_deliver: 20, max_ack_pending: 1000}}
 """
 
 
@@ -148,14 +148,15 @@ async def query(dsn: str, sql: str, params=None) -> list[tuple]:
     raise RuntimeError("PostgreSQL did not come back")
 
 
-async def quiet(dsn: str, nc, total: int, timeout: float) -> bool:
-    """Every row published, the consumer with nothing pending or unacked, twice in a row."""
+async def quiet(dsn: str, nc, durables: list[str], total: int, timeout: float) -> bool:
+    """Every row published, the consumer (each partition) with nothing pending or unacked, twice in a row."""
     deadline, calm = time.monotonic() + timeout, 0
     while time.monotonic() < deadline:
         [(unpublished,)] = await query(dsn, "SELECT count(*) FROM outbox_events WHERE published_at IS NULL")
         try:
-            info = await nc.jetstream().consumer_info(STREAM, CONSUMER)
-            idle = info.num_pending == 0 and info.num_ack_pending == 0 and info.delivered.stream_seq >= total
+            infos = [await nc.jetstream().consumer_info(STREAM, durable) for durable in durables]
+            idle = (all(i.num_pending == 0 and i.num_ack_pending == 0 for i in infos)
+                    and max(i.delivered.stream_seq for i in infos) >= total)
         except Exception:
             idle = False
         calm = calm + 1 if unpublished == 0 and idle else 0
@@ -191,16 +192,18 @@ def violations(sequences: dict[str, list[int]]) -> int:
 
 
 async def soak(events_total: int, aggregates: int, kill_every: float, fault_seconds: float,
-               quiet_timeout: float) -> dict:
+               quiet_timeout: float, partitions: int = 0) -> dict:
     import nats
 
     from seamq.nats.provision import apply
 
-    report: dict = {"events": events_total, "aggregates": aggregates, "faults": []}
+    report: dict = {"events": events_total, "aggregates": aggregates, "partitions": partitions, "faults": []}
     with services() as svc:
         dsn = await fresh_database(svc, "soak")
         topology_file = svc.root / "topology.yaml"
-        topology_file.write_text(TOPOLOGY)
+        topology_file.write_text(TOPOLOGY.format(
+            partitioned=f", partitions: {partitions}, pinned_ttl: 3s" if partitions else ""))
+        durables = load_topology(topology_file).consumer(CONSUMER).durables()
         async def quietly(exc):  # the driver rides out the nats-server restart; no traceback per attempt
             pass
 
@@ -257,13 +260,15 @@ async def soak(events_total: int, aggregates: int, kill_every: float, fault_seco
             written_at = time.monotonic()
             report["write_seconds"] = round(written_at - started, 1)
             report["writer_stalls"] = stalls[0]
-            calm = await quiet(dsn, nc, events_total, quiet_timeout)
+            calm = await quiet(dsn, nc, durables, events_total, quiet_timeout)
             report["quiet"] = calm
             report["time_to_quiet_s"] = round(time.monotonic() - written_at, 1) if calm else None
         finally:
             workers.stop_all()
         report["worker_kills"] = workers.kills
         report.update(await count(dsn, nc, events))
+        if partitions:  # the claim partitions make: each aggregate handled in order, whatever the faults
+            report["ok"] = report["ok"] and report["order_violations_handling"] == 0
         await nc.close()
         if not report["ok"]:
             for log in sorted(logs.iterdir()):
@@ -322,12 +327,14 @@ def main() -> None:
     parser.add_argument("--kill-every", type=float, default=4.0, help="seconds between worker kills (+-50%%)")
     parser.add_argument("--fault-seconds", type=float, default=30.0, help="inject faults at least this long")
     parser.add_argument("--quiet-timeout", type=float, default=600.0)
+    parser.add_argument("--partitions", type=int, default=0,
+                        help="partition the consumer (order across processes; 0: one shared consumer)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args()
     print(f"soak: {args.events:,} events over {args.aggregates:,} aggregates, 2 relays, 2 consumers; faults:",
           flush=True)
     report = asyncio.run(soak(args.events, args.aggregates, args.kill_every, args.fault_seconds,
-                              args.quiet_timeout))
+                              args.quiet_timeout, args.partitions))
     report["finished_at"] = datetime.now(timezone.utc).isoformat()
     width = max(map(len, report))
     for key, value in report.items():
