@@ -108,12 +108,16 @@ def partition_config(spec: ConsumerSpec, k: int) -> dict[str, Any]:
     }
 
 
-async def _api(js: JetStreamContext, subject: str, body: dict | None = None) -> dict:
-    reply = json.loads((await js._nc.request(f"$JS.API.{subject}", json.dumps(body or {}).encode(), timeout=5)).data)
-    if "error" in reply:
-        error = reply["error"]
+async def _api(js: JetStreamContext, subject: str, body: dict | None = None) -> dict | None:
+    """A JetStream API call nats-py has no method for (priority groups); None when not found."""
+    nc = js._nc  # nats-py keeps the connection there; the one private name this module uses
+    reply = json.loads((await nc.request(f"$JS.API.{subject}", json.dumps(body or {}).encode(), timeout=5)).data)
+    error = reply.get("error")
+    if error and error.get("code") == 404:
+        return None
+    if error:
         raise SeamqError(ErrorCode.BROKER_UNAVAILABLE if error.get("code", 0) >= 500 else ErrorCode.INVALID_TOPOLOGY,
-                         f"JetStream refused {subject.split('.', 2)[:2]}: {error.get('description')}")
+                         f"JetStream refused {' '.join(subject.split('.')[:2]).lower()}: {error.get('description')}")
     return reply
 
 
@@ -174,10 +178,10 @@ async def plan(js: JetStreamContext, topology: Topology) -> list[Change]:
 async def _plan_partition(js: JetStreamContext, spec: ConsumerSpec, k: int) -> Change:
     desired = partition_config(spec, k)
     name = desired["durable_name"]
-    try:
-        have = (await _api(js, f"CONSUMER.INFO.{spec.stream}.{name}"))["config"]
-    except SeamqError:
+    info = await _api(js, f"CONSUMER.INFO.{spec.stream}.{name}")
+    if info is None:
         return Change("consumer", name, "create", stream=spec.stream)
+    have = info["config"]
     diffs = []
     for key in _PARTITION_FIELDS:
         mine, theirs = desired.get(key), have.get(key)
