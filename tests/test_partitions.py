@@ -91,18 +91,24 @@ async def test_an_unpartitioned_consumer_is_not_replaced_silently(nc, tmp_path):
     assert {c.action for c in again if c.kind == "consumer"} == {"unchanged"}
 
 
+async def provisioned_with_order_table(nc, dsn, tmp_path, text: str):
+    """The topology file, provisioned, and the table inprocess_handlers.record_order writes to."""
+    path = tmp_path / "topology.yaml"
+    path.write_text(text)
+    topology = load_topology(path)
+    await apply(nc.jetstream(), topology)
+    with psycopg.connect(dsn) as conn:
+        conn.execute("CREATE TABLE handled_order (id bigserial PRIMARY KEY, message_id uuid, aggregate_id text, "
+                     "n int, pid int)")
+    return path, topology
+
+
 async def test_three_processes_keep_each_aggregates_order_through_failures_and_a_kill_9(
         dsn, nats_server, nc, tmp_path, service_env):
     """20,000 events over 200 aggregates, 3 `seamq consume` processes on one 6-partition consumer,
     about 1% of first deliveries fail, one process is killed -9 mid-run."""
-    topology_file = tmp_path / "topology.yaml"
-    topology_file.write_text(PARTITIONED)
-    topology = load_topology(topology_file)
+    topology_file, topology = await provisioned_with_order_table(nc, dsn, tmp_path, PARTITIONED)
     js = nc.jetstream()
-    await apply(js, topology)
-    with psycopg.connect(dsn) as conn:
-        conn.execute("CREATE TABLE handled_order (id bigserial PRIMARY KEY, message_id uuid, aggregate_id text, "
-                     "n int, pid int)")
     events = [Event(context="vibespro", aggregate_type="vibe", aggregate_id=f"a-{a}", event_type="vibe_created",
                     payload={"n": n}) for n in range(100) for a in range(200)]
     async with await psycopg.AsyncConnection.connect(dsn) as conn:
@@ -192,14 +198,9 @@ async def test_a_clean_stop_hands_its_partitions_over_at_once(dsn, nats_server, 
     from seamq.run import run_consumer
     from seamq.settings import ConsumerSettings
 
-    path = tmp_path / "topology.yaml"
-    path.write_text(PARTITIONED.replace("pinned_ttl: 3s", "pinned_ttl: 60s"))
-    topology = load_topology(path)
+    _, topology = await provisioned_with_order_table(
+        nc, dsn, tmp_path, PARTITIONED.replace("pinned_ttl: 3s", "pinned_ttl: 60s"))
     js = nc.jetstream()
-    await apply(js, topology)
-    with psycopg.connect(dsn) as conn:
-        conn.execute("CREATE TABLE handled_order (id bigserial PRIMARY KEY, message_id uuid, aggregate_id text, "
-                     "n int, pid int)")
     settings = Settings(database_url=dsn, nats=NatsSettings(url=nats_server.url),
                         consumer=ConsumerSettings(registry="inprocess_handlers:ORDER_REGISTRY"))
     registry = load_registry("inprocess_handlers:ORDER_REGISTRY")
