@@ -94,7 +94,7 @@ class EventSubject:
 
     @classmethod
     def parse(cls, subject: str) -> "EventSubject":
-        return _parse_subject(cls, subject)
+        return _parse_subject(subject)
 
     def __str__(self) -> str:
         return f"{self.context}.event.{self.name}.v{self.version}"
@@ -105,7 +105,7 @@ class EventSubject:
 
 
 @functools.lru_cache(maxsize=8192)  # a consumer sees few distinct subjects, parsed once per message
-def _parse_subject(cls, subject: str) -> EventSubject:
+def _parse_subject(subject: str) -> EventSubject:
     match = _SUBJECT.match(subject or "")
     if not match or (match[4] and int(match[4]) >= BUCKETS):
         raise SeamqError(
@@ -113,7 +113,7 @@ def _parse_subject(cls, subject: str) -> EventSubject:
             f"subject {subject!r} is not of the form {{context}}.event.{{snake_case_name}}.v{{n}}"
             f"[.b{{bucket < {BUCKETS}}}]",
         )
-    return cls(match[1], match[2], int(match[3]))
+    return EventSubject(match[1], match[2], int(match[3]))
 
 
 @dataclass(frozen=True, slots=True)

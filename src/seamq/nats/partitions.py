@@ -33,7 +33,6 @@ dies the others' share grows and they ask again.
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import time
 from collections import deque
@@ -41,6 +40,7 @@ from typing import Iterable
 
 from nats.aio.client import Client
 
+from seamq.nats import jsapi
 from seamq.nats.pull import JsDelivery, PullSource
 from seamq.observability import log
 from seamq.topology import ConsumerSpec
@@ -124,8 +124,7 @@ class Partition:
             return
         self._checked = now
         try:
-            info = json.loads((await self.nc.request(
-                f"$JS.API.CONSUMER.INFO.{self.stream}.{self.durable}", b"", timeout=2)).data)
+            info = await self._info()
         except Exception as exc:  # the broker is away: look again later
             log.warning("partition_info_failed", consumer=self.durable, error=str(exc))
             return
@@ -156,20 +155,23 @@ class Partition:
         owner = self.owner
         await self._release("given back")
         await self._unpin_if(owner)
+        self.pull.pin = None  # asked for again later, that is a new pin: no stale one on the requests
         self.releasing = False
         self.resting_until = time.monotonic() + self.pinned_ttl
 
     async def _unpin_if(self, owner: str | None) -> None:
         """Unpin, unless the server already pinned someone else (the unpin API names no pin:
         it would cut off the new owner)."""
-        api = f"$JS.API.CONSUMER.{{}}.{self.stream}.{self.durable}"
         try:
-            info = json.loads((await self.nc.request(api.format("INFO"), b"", timeout=2)).data)
+            info = await self._info()
             pinned = [g.get("pinned_client_id") for g in info.get("priority_groups") or [] if g.get("group") == GROUP]
             if owner and pinned == [owner]:
-                await self.nc.request(api.format("UNPIN"), json.dumps({"group": GROUP}).encode(), timeout=2)
+                await jsapi.call(self.nc, f"CONSUMER.UNPIN.{self.stream}.{self.durable}", {"group": GROUP}, timeout=2)
         except Exception:  # the pin then moves after pinned_ttl, as after a crash
             pass
+
+    async def _info(self) -> dict:
+        return await jsapi.call(self.nc, f"CONSUMER.INFO.{self.stream}.{self.durable}", timeout=2) or {}
 
     async def _release(self, why: str) -> None:
         """Give back what the handover held: the current owner gets it at once."""

@@ -14,7 +14,6 @@ then done only while no process pulls it (see `migrate_partitions`).
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +25,7 @@ from nats.js.api import (
 from nats.js.errors import NotFoundError
 
 from seamq.model import ErrorCode, SeamqError
+from seamq.nats import jsapi
 from seamq.nats.partitions import GROUP
 from seamq.topology import ConsumerSpec, StreamSpec, Topology, events_pattern
 
@@ -109,16 +109,7 @@ def partition_config(spec: ConsumerSpec, k: int) -> dict[str, Any]:
 
 
 async def _api(js: JetStreamContext, subject: str, body: dict | None = None) -> dict | None:
-    """A JetStream API call nats-py has no method for (priority groups); None when not found."""
-    nc = js._nc  # nats-py keeps the connection there; the one private name this module uses
-    reply = json.loads((await nc.request(f"$JS.API.{subject}", json.dumps(body or {}).encode(), timeout=5)).data)
-    error = reply.get("error")
-    if error and error.get("code") == 404:
-        return None
-    if error:
-        raise SeamqError(ErrorCode.BROKER_UNAVAILABLE if error.get("code", 0) >= 500 else ErrorCode.INVALID_TOPOLOGY,
-                         f"JetStream refused {' '.join(subject.split('.')[:2]).lower()}: {error.get('description')}")
-    return reply
+    return await jsapi.call(js._nc, subject, body)  # nats-py keeps the connection there: the one private name here
 
 
 async def _durables_on_server(js: JetStreamContext, spec: ConsumerSpec) -> set[str]:
