@@ -176,10 +176,11 @@ def bench_topology(root: Path, max_ack_pending: int = 1000) -> Path:
 
 
 async def publish_events(nats_url: str, count: int, size: int, context: str = "vibespro") -> None:
-    """Publish `count` well-formed events straight into the context's stream (no outbox)."""
+    """Publish `count` well-formed events straight into the context's stream (no outbox),
+    with the headers the relay would send (the traceparent included)."""
     import nats as nats_client
 
-    from seamq.model import message_headers
+    from seamq.model import message_headers, traceparent_for
     from seamq.nats.publisher import OutMessage, PipelinedPublisher
 
     nc = await nats_client.connect(nats_url)
@@ -189,7 +190,7 @@ async def publish_events(nats_url: str, count: int, size: int, context: str = "v
                         event_type="vibe_created", payload=payload(size, n))
                   for n in range(start, min(count, start + 2000))]
         results = await publisher.publish_many([
-            OutMessage(str(e.subject), json.dumps(e.payload).encode(), message_headers(e)) for e in events])
+            OutMessage(str(e.subject), json.dumps(e.payload).encode(), message_headers(e, traceparent_for(e.id))) for e in events])
         assert all(r.ok for r in results), "bench publish failed"
     await nc.close()
 
