@@ -20,7 +20,7 @@ from seamq.nats.pull import Deliveries, PullSource
 from seamq.pg.inbox_repo import PgInbox, consumer_session
 from seamq.settings import ConsumerSettings
 from seamq.registry import Registry, Route
-from seamq.run import build_handlers, pg_pool
+from seamq.wiring import build_handlers, pg_pool
 
 from conftest import SEAMQ
 from helpers import read_stream, scalar, wait_for

@@ -16,7 +16,7 @@ import pytest
 
 from seamq.model import Event, message_headers, traceparent_for
 from seamq.registry import Registry, Route
-from seamq.run import run_consumer
+from seamq.wiring import run_consumer
 from seamq.settings import ConsumerSettings, NatsSettings, Settings
 
 from conftest import FAST_TOPOLOGY, SEAMQ

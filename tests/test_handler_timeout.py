@@ -1,4 +1,4 @@
-"""The in-process handler timeout (seamq.handlers.timeout): one timer per task, not per call."""
+"""The in-process handler timeout (seamq.inprocess.timeout): one timer per task, not per call."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from seamq.envelope import HandlerResult, Outcome
-from seamq.handlers import timeout
+from seamq.inprocess import timeout
 
 OK = HandlerResult(Outcome.OK)
 

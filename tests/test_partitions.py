@@ -15,7 +15,7 @@ from seamq import outbox
 from seamq.model import Event, message_headers, traceparent_for
 from seamq.nats.partitions import handed_over
 from seamq.nats.provision import apply
-from seamq.run import run_relay
+from seamq.wiring import run_relay
 from seamq.settings import NatsSettings, RelaySettings, Settings
 from seamq.topology import load_topology
 
@@ -195,7 +195,7 @@ def test_the_bucket_is_routing_not_identity():
 async def test_a_clean_stop_hands_its_partitions_over_at_once(dsn, nats_server, nc, tmp_path):
     """A stopping process acks what it has and unpins: the next one starts without waiting out pinned_ttl."""
     from seamq.registry import load_registry
-    from seamq.run import run_consumer
+    from seamq.wiring import run_consumer
     from seamq.settings import ConsumerSettings
 
     _, topology = await provisioned_with_order_table(

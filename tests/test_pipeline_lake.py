@@ -57,7 +57,7 @@ async def test_replay_from_the_lake_restores_a_window_processed_once(spark, dsn,
     from datetime import datetime, timedelta
 
     from seamq.pipeline.lake import follow, start_lake
-    from seamq.pipeline.replay import replay
+    from seamq.pipeline.lake_replay import replay
     from seamq.registry import Registry
     from test_consumer import consuming
 

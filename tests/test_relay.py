@@ -14,7 +14,7 @@ import psycopg
 
 from seamq import outbox
 from seamq.model import Event
-from seamq.run import run_relay
+from seamq.wiring import run_relay
 from seamq.settings import NatsSettings, RelaySettings, Settings
 
 from conftest import SEAMQ

@@ -10,7 +10,7 @@ from datetime import datetime
 
 
 from seamq.registry import Registry, Route
-from seamq.run import run_replay
+from seamq.wiring import run_replay
 from seamq.settings import ReplaySettings
 
 from conftest import SEAMQ

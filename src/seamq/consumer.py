@@ -58,7 +58,7 @@ from seamq.verdict import Ack, Backoff, DeadLetter, Duplicate, Nak, Verdict, dea
 
 
 @dataclass
-class _Work:
+class _Handling:
     """One fetched message and, once the lane has decided, its verdict (seamq.verdict)."""
 
     msg: Delivery
@@ -144,7 +144,7 @@ class InboxConsumer:
                 queue.put_nowait(None)  # after what is queued: finish it, then stop
             await asyncio.gather(*lanes)
 
-    def _prepare(self, msg: Delivery) -> _Work:
+    def _prepare(self, msg: Delivery) -> _Handling:
         """Never raises: a message that cannot be prepared is a dead letter, not a dead consumer."""
         try:
             return self._parse(msg)
@@ -152,23 +152,23 @@ class InboxConsumer:
             message_id = _header_uuid(msg)
             log.error("consumer_prepare_failed", consumer=self.spec.name, message_id=str(message_id),
                       subject=msg.subject, error=f"{type(exc).__name__}: {exc}"[:500])
-            return _Work(msg, None, Rejected(Reason.CONSUMER_ERROR, f"preparing it failed: {type(exc).__name__}: "
+            return _Handling(msg, None, Rejected(Reason.CONSUMER_ERROR, f"preparing it failed: {type(exc).__name__}: "
                                              f"{exc}", message_id))
 
-    def _parse(self, msg: Delivery) -> _Work:
+    def _parse(self, msg: Delivery) -> _Handling:
         delivered = msg.delivered
         if delivered > 1:
             self._metrics.redeliveries.inc()
         parsed = parse_message(msg.subject, msg.headers, msg.data, delivered)
         if isinstance(parsed, Rejected):
-            return _Work(msg, None, parsed)
-        work = _Work(msg, parsed, None, self.handlers(parsed.event_type, parsed.event_version))
+            return _Handling(msg, None, parsed)
+        work = _Handling(msg, parsed, None, self.handlers(parsed.event_type, parsed.event_version))
         if work.handler is None:
             work.rejected = Rejected(
                 Reason.NO_HANDLER, f"no handler for {parsed.event_type}.v{parsed.event_version}", parsed.message_id)
         return work
 
-    def _lane_of(self, item: _Work, i: int) -> int:
+    def _lane_of(self, item: _Handling, i: int) -> int:
         # Ordered: an aggregate always lands in one lane, handled in stream order.
         # Copies of one message id share a lane either way, so they cannot race.
         if self.config.ordered:
@@ -189,17 +189,17 @@ class InboxConsumer:
                 items.append(nxt)
             await self._run_lane(items)
 
-    async def _run_lane(self, items: list[_Work]) -> None:
+    async def _run_lane(self, items: list[_Handling]) -> None:
         """Fast path: the lane's handlers run without savepoints (two round trips per
         message saved). If an in-process handler fails, its writes cannot be undone
         alone, so the whole lane rolls back and runs again with a savepoint each."""
         pending = Pending()
         try:
             try:
-                await self._attempt(items, careful=False, pending=pending)
+                await self._attempt(items, with_savepoints=False, pending=pending)
             except _Redo:
                 pending = Pending()
-                await self._attempt(items, careful=True, pending=pending)
+                await self._attempt(items, with_savepoints=True, pending=pending)
         except Exception as exc:  # nothing committed
             if len(items) > 1 and not self.inbox.unavailable(exc):
                 # Not the database being away: maybe one message, maybe a bug. Try each on its own,
@@ -215,7 +215,7 @@ class InboxConsumer:
             self._holds.record(pending)
         await self._settle(items)
 
-    async def _lane_failed(self, items: list[_Work], exc: Exception) -> None:
+    async def _lane_failed(self, items: list[_Handling], exc: Exception) -> None:
         """Every message comes back, each aggregate's in stream order; a single message whose own
         transaction fails and has no delivery left is dead-lettered (`consumer_error`)."""
         error = f"{type(exc).__name__}: {exc}"[:500]
@@ -233,17 +233,17 @@ class InboxConsumer:
             self._holds.record(pending)
         await self._settle(items)
 
-    async def _attempt(self, items: list[_Work], careful: bool, pending: Pending) -> None:
+    async def _attempt(self, items: list[_Handling], with_savepoints: bool, pending: Pending) -> None:
         for item in items:
             item.verdict = None
         async with self.inbox.transaction() as tx:
-            await self._handle_lane(tx, items, careful, pending)
+            await self._handle_lane(tx, items, with_savepoints, pending)
 
-    async def _handle_lane(self, tx, items: list[_Work], careful: bool, pending: Pending) -> None:
+    async def _handle_lane(self, tx, items: list[_Handling], with_savepoints: bool, pending: Pending) -> None:
         """admit -> call -> decide, per message in order; then dead letters, then record."""
         admissions = await self.inbox.admit(tx, _inbox_items(items))
-        first_copy: dict[uuid.UUID, _Work] = {}
-        copies: list[tuple[_Work, _Work]] = []
+        first_copy: dict[uuid.UUID, _Handling] = {}
+        copies: list[tuple[_Handling, _Handling]] = []
         for item in items:
             message_id = item.message_id
             if message_id is not None and message_id in first_copy:
@@ -259,7 +259,7 @@ class InboxConsumer:
                     hold = self._holds.delay(item.aggregate, item.seq, item.delivered >= self.spec.max_deliver,
                                              pending)
                 if hold is None:
-                    result = await self._call(tx, item, careful)
+                    result = await self._call(tx, item, with_savepoints)
             item.verdict = decide(duplicate=duplicate, rejected=item.rejected, hold=hold, result=result,
                                   delivered=item.delivered, max_deliver=self.spec.max_deliver, backoff=self.backoff)
             self._follow(item, pending)  # a handled message frees what waits behind it, in this lane too
@@ -273,7 +273,7 @@ class InboxConsumer:
         await self.inbox.record(tx, [self._outcome(item, admissions, skipped.get(message_id, 0))
                                      for message_id, item in first_copy.items()])
 
-    def _outcome(self, item: _Work, admissions: dict, copies: int) -> InboxOutcome:
+    def _outcome(self, item: _Handling, admissions: dict, copies: int) -> InboxOutcome:
         verdict = item.verdict
         dead = None
         if isinstance(verdict, DeadLetter):
@@ -283,7 +283,7 @@ class InboxConsumer:
                             done=isinstance(verdict, Ack), error=verdict.error if isinstance(verdict, Nak) else None,
                             dead_letter=dead, copies=copies)
 
-    def _follow(self, item: _Work, pending: Pending, *, copy: bool = False) -> None:
+    def _follow(self, item: _Handling, pending: Pending, *, copy: bool = False) -> None:
         """What the verdict means for its aggregate's order: done frees it, a NAK waits in line
         (stretched to come back after its aggregate's earlier ones); and the counters."""
         verdict = item.verdict
@@ -297,10 +297,10 @@ class InboxConsumer:
             if isinstance(verdict, Duplicate):
                 self._metrics.duplicates.inc()
 
-    async def _call(self, conn, item: _Work, careful: bool) -> HandlerResult:
+    async def _call(self, conn, item: _Handling, with_savepoints: bool) -> HandlerResult:
         """`conn` is the inbox's unit of work (None without an inbox): in-process handlers write through it."""
         envelope = item.envelope
-        if careful and item.handler.transactional:
+        if with_savepoints and item.handler.transactional:
             envelope = dataclasses.replace(envelope, rerun=True)  # its fast-path call was rolled back
         headers = item.msg.headers
         started = time.perf_counter()
@@ -311,7 +311,7 @@ class InboxConsumer:
                 result = item.http_result
             elif conn is None:  # no inbox, no transaction: nothing to undo
                 result = await self._guarded(item, item.handler(envelope, conn, traceparent))
-            elif not careful:
+            elif not with_savepoints:
                 try:
                     result = await item.handler(envelope, conn, traceparent)
                 except Exception:  # the transaction may be broken: redo with savepoints, where it is caught
@@ -336,7 +336,7 @@ class InboxConsumer:
             metrics.e2e_seconds.observe(max(0.0, (datetime.now(timezone.utc) - envelope.occurred_at).total_seconds()))
         return result
 
-    async def _guarded(self, item: _Work, call, reraise: bool = False) -> HandlerResult:
+    async def _guarded(self, item: _Handling, call, reraise: bool = False) -> HandlerResult:
         """A handler (or a wrapper of ours around it) that raises instead of returning an outcome
         failed this message's attempt, and only this message's."""
         try:
@@ -346,12 +346,12 @@ class InboxConsumer:
                 raise
             return self._crashed(item, exc)
 
-    def _crashed(self, item: _Work, exc: Exception) -> HandlerResult:
+    def _crashed(self, item: _Handling, exc: Exception) -> HandlerResult:
         detail = f"consumer error: {type(exc).__name__}: {exc}"[:500]
         log.error("consumer_handler_raised", consumer=self.spec.name, message_id=str(item.message_id), error=detail)
         return HandlerResult(Outcome.RETRY, detail)
 
-    async def _dead_letter(self, items: list[_Work], pending: Pending | None = None) -> None:
+    async def _dead_letter(self, items: list[_Handling], pending: Pending | None = None) -> None:
         """Publish EVT-047-002 for each; a failed publish turns its verdict into a retry."""
         if not items:
             return
@@ -369,7 +369,7 @@ class InboxConsumer:
                 if pending is not None:
                     self._follow(item, pending)
 
-    def _dlq_message(self, item: _Work) -> OutMessage:
+    def _dlq_message(self, item: _Handling) -> OutMessage:
         msg = item.msg
         return dead_letter.message(
             self.spec, reason=item.verdict.reason, detail=item.verdict.detail, message_id=item.message_id,
@@ -377,7 +377,7 @@ class InboxConsumer:
             attempts=max(item.attempts, msg.delivered), max_payload=self.max_payload,
         )
 
-    async def _settle(self, items: list[_Work]) -> None:
+    async def _settle(self, items: list[_Handling]) -> None:
         for item in items:
             try:
                 if item.ack:
@@ -396,7 +396,7 @@ def _header_uuid(msg: Delivery) -> uuid.UUID | None:
         return None
 
 
-def _inbox_items(items: list[_Work]) -> list[InboxItem]:
+def _inbox_items(items: list[_Handling]) -> list[InboxItem]:
     seen, out = set(), []
     for item in items:
         message_id = item.message_id

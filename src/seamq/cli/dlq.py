@@ -121,7 +121,7 @@ def replay(
                         ids=[_uuid(message_id)] if message_id else None)
 
     async def go():
-        from seamq.run import replay_tools
+        from seamq.wiring import replay_tools
 
         rows = await _select(current.database_dsn(), selection)
         if not rows:
@@ -189,7 +189,7 @@ SHOWN_PAYLOAD = 64 * 1024  # a larger original is cut in the terminal (replay se
 async def _dlq_copy(js, stream: str, seq) -> dict:
     """The DLQ copy's body; an original too big for it is read from its own stream."""
     from seamq.nats.messages import JsMessageStore
-    from seamq.replay import read_original
+    from seamq.dlq_replay import read_original
 
     if seq is None:
         return {"error": "no DLQ copy recorded"}

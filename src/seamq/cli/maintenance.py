@@ -34,7 +34,7 @@ def outbox_purge(
 
     async def go():
         from seamq.pg.outbox_repo import PgOutbox
-        from seamq.run import ONE_SHOT_TIMEOUT, pg_pool
+        from seamq.wiring import ONE_SHOT_TIMEOUT, pg_pool
 
         async with pg_pool(current.database_dsn(), timeout=ONE_SHOT_TIMEOUT) as pool:
             return await PgOutbox(pool).purge(seconds, batch)
@@ -79,7 +79,7 @@ def backlog() -> None:
     async def go():
         from seamq.pg.outbox_repo import PgOutbox
         from seamq.pg.sql import query
-        from seamq.run import ONE_SHOT_TIMEOUT, pg_pool
+        from seamq.wiring import ONE_SHOT_TIMEOUT, pg_pool
 
         async with pg_pool(current.database_dsn(), timeout=ONE_SHOT_TIMEOUT) as pool:
             outbox = await PgOutbox(pool).backlog()

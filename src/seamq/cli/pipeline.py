@@ -111,7 +111,7 @@ def replay(
     """Re-publish lake events of a time window into their streams; inboxes keep it exactly-once."""
     from rich.progress import Progress
 
-    from seamq.pipeline.replay import replay as run_replay
+    from seamq.pipeline.lake_replay import replay as run_replay
     from seamq.pipeline.spark import spark_session
 
     current = settings()

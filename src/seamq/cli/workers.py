@@ -59,7 +59,7 @@ def _serve(current, worker) -> None:
 
     async def go():
         from seamq.observability import serve_metrics
-        from seamq.run import stop_on_signals
+        from seamq.wiring import stop_on_signals
 
         serve_metrics(current.metrics_port)
         stop = asyncio.Event()
@@ -71,7 +71,7 @@ def _serve(current, worker) -> None:
 
 def relay(topology_file: Optional[Path] = TopologyOption) -> None:
     """Publish outbox rows to JetStream (CMD-050) until SIGTERM."""
-    from seamq.run import run_relay
+    from seamq.wiring import run_relay
 
     current = settings()
     topo = topology(topology_file, current)
@@ -85,7 +85,7 @@ def consume(
     registry: Optional[str] = typer.Option(None, help="Registry import path, e.g. registry_generated:REGISTRY."),
 ) -> None:
     """Pull from a durable consumer, record in the inbox, dispatch, ACK / redeliver / dead-letter (CMD-051/052)."""
-    from seamq.run import run_consumer
+    from seamq.wiring import run_consumer
 
     current = settings()
     overrides = {k: v for k, v in dict(handler_url=handler_url, registry=registry).items() if v}
@@ -100,7 +100,7 @@ def consume(
 
 def replay(topology_file: Optional[Path] = TopologyOption) -> None:
     """Replay dead letters to their original subject with exponential backoff and jitter (REQ-059)."""
-    from seamq.run import run_replay
+    from seamq.wiring import run_replay
 
     current = settings()
     topo = topology(topology_file, current)

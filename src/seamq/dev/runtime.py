@@ -22,7 +22,7 @@ from seamq.nats.provision import apply
 from seamq.pg import migrate
 from seamq.dev.demo import HandlerServices, dashboard, render, stats, workload
 from seamq.observability import configure_logging
-from seamq.run import run_consumer, run_relay, run_replay, stop_on_signals
+from seamq.wiring import run_consumer, run_relay, run_replay, stop_on_signals
 from seamq.settings import NatsSettings, Settings, redact_url
 from seamq.stopping import sleep_unless_stopped
 from seamq.topology import Topology

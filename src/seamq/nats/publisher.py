@@ -22,7 +22,7 @@ from seamq.ports import OutMessage, PubResult
 from seamq.republish import republish
 
 
-class _Batch:
+class _InFlight:
     def __init__(self, base: int, size: int) -> None:
         self.base = base
         self.results: list[PubResult | None] = [None] * size
@@ -43,7 +43,7 @@ class PipelinedPublisher:
         self._timeout = timeout
         self._prefix = nc.new_inbox() + "."
         self._next = 0
-        self._batches: list[_Batch] = []
+        self._batches: list[_InFlight] = []
         self._sub = None
 
     async def start(self) -> "PipelinedPublisher":
@@ -70,7 +70,7 @@ class PipelinedPublisher:
             raise RuntimeError("PipelinedPublisher.start() was not awaited")
         if not messages:
             return []
-        batch = _Batch(self._next, len(messages))
+        batch = _InFlight(self._next, len(messages))
         self._next += len(messages)
         self._batches.append(batch)
         try:

@@ -13,7 +13,7 @@ from typing import AsyncIterator
 from psycopg_pool import AsyncConnectionPool
 
 from seamq.consumer import InboxConsumer
-from seamq.handlers import InProcessHandler, SchemaChecked
+from seamq.inprocess import InProcessHandler, SchemaChecked
 from seamq.http.client import HttpHandler, http_client
 from seamq.model import ErrorCode, SeamqError
 from seamq.nats.connect import connect
@@ -29,7 +29,7 @@ from seamq.pg.notify import listen_for_outbox
 from seamq.pg.outbox_repo import PgOutbox, relay_session
 from seamq.registry import Registry, import_object, load_registry
 from seamq.relay import Relay
-from seamq.replay import Replayer
+from seamq.dlq_replay import Replayer
 from seamq.settings import Settings
 from seamq.stopping import sleep_unless_stopped
 from seamq.topology import Topology, parse_duration
