@@ -98,6 +98,19 @@ async def provisioned(nc, topology):
     return topology
 
 
+@pytest.fixture(params=["fast_batch", "pipelined"])
+async def publish_path(request, nc, provisioned):
+    """The relay's two ways to publish: "pipelined" is a stream without allow_batched, as on a
+    server older than 2.14 or a stream provisioned before seamq used fast batches."""
+    if request.param == "pipelined":
+        js = nc.jetstream()
+        for context in provisioned.contexts.values():
+            config = (await js.stream_info(context.stream.name)).config
+            config.allow_batched = False
+            await js.update_stream(config)
+    return request.param
+
+
 @pytest.fixture
 def service_env(dsn, nats_server):
     """Environment for running `seamq ...` in a subprocess against this test's services."""

@@ -45,6 +45,7 @@ def test_dev_reaches_ready_with_topology_listed(tmp_path, pg_data):
     for name in ["SEA_EVENTS", "VIBESPRO_EVENTS", "SEA_DLQ", "VIBESPRO_DLQ", "sea__from_vibespro",
                  "vibespro__from_sea"]:
         assert name in out
+    assert out.count("fast batch") == 2  # the relay's way to each event stream (nats-server >= 2.14)
     assert port_is_free(nats_port) and port_is_free(pg_port)  # services stopped on exit
     again = subprocess.run([*SEAMQ, "dev", "--data-dir", str(tmp_path / "data"), "--exit-when-ready"],
                            env=env, capture_output=True, text=True, timeout=120)

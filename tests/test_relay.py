@@ -68,7 +68,7 @@ def check_exactly_once_in_order(messages, expected: list[Event]) -> None:
         assert ns == sorted(ns), f"aggregate {aggregate} out of order: {ns[:20]}"
 
 
-async def test_committed_event_published_once_with_headers(dsn, nats_server, nc, provisioned):
+async def test_committed_event_published_once_with_headers(dsn, nats_server, nc, provisioned, publish_path):
     committed = Event(context="sea", aggregate_type="order", aggregate_id="o-7", event_type="order_placed",
                       event_version=2, payload={"total": 1}, correlation_id=uuid.uuid4())
     rolled_back = Event(context="sea", aggregate_type="order", aggregate_id="o-8", event_type="order_placed",
@@ -106,7 +106,7 @@ async def test_notify_wakes_the_relay_without_polling(dsn, nats_server, provisio
 
 
 async def test_three_relay_processes_20k_events_exactly_once_in_order(dsn, nats_server, nc, provisioned,
-                                                                       service_env):
+                                                                       service_env, publish_path):
     events = events_for(aggregates=200, per_aggregate=100)
     env = dict(service_env, SEAMQ_RELAY__BATCH_SIZE="300")
     relays = [subprocess.Popen([*SEAMQ, "relay"], env=env, stderr=subprocess.DEVNULL) for _ in range(3)]
@@ -124,7 +124,8 @@ async def test_three_relay_processes_20k_events_exactly_once_in_order(dsn, nats_
     assert published_by == 1  # every row published on its first attempt: no relay stepped on another
 
 
-async def test_kill_9_between_publish_and_mark_then_restart(dsn, nats_server, nc, provisioned, service_env):
+async def test_kill_9_between_publish_and_mark_then_restart(dsn, nats_server, nc, provisioned, service_env,
+                                                            publish_path):
     events = events_for(aggregates=10, per_aggregate=20)
     write(dsn, events)
     # SHARE lock: the relay can claim (SELECT ... FOR UPDATE) and publish, but its
@@ -166,11 +167,43 @@ async def test_kill_9_between_publish_and_mark_then_restart(dsn, nats_server, nc
     check_exactly_once_in_order(messages, events)
 
 
+async def test_kill_9_mid_batch_then_restart_no_duplicate(dsn, nats_server, nc, provisioned, service_env):
+    """Large fast batches, the relay killed -9 three times while one is on the wire: the server keeps
+    what it stored of the open batch, the next relay sends those rows again, Nats-Msg-Id drops them."""
+    events = events_for(aggregates=100, per_aggregate=150)
+    write(dsn, events, per_tx=5000)
+    env = dict(service_env, SEAMQ_RELAY__BATCH_SIZE="3000", SEAMQ_RELAY__LOOPS="1")
+    js = nc.jetstream()
+    kills = 0
+    for _ in range(3):
+        stored = await _stream_count(js)
+        relay = subprocess.Popen([*SEAMQ, "relay"], env=env, stderr=subprocess.DEVNULL)
+        try:
+            await wait_for(lambda: _grew(js, stored), timeout=30, what="the relay publishing")
+            relay.kill()
+            kills += 1
+        finally:
+            relay.kill()
+            relay.wait()
+    assert kills == 3 and unpublished(dsn) > 0
+    restarted = subprocess.Popen([*SEAMQ, "relay"], env=env, stderr=subprocess.DEVNULL)
+    try:
+        await wait_for(lambda: unpublished(dsn) == 0, timeout=120, what="the rest after the kills")
+    finally:
+        restarted.send_signal(signal.SIGTERM)
+        assert restarted.wait(30) == 0
+    check_exactly_once_in_order(await read_stream(js, "SEA_EVENTS", timeout=60), events)
+
+
+async def _grew(js, than: int) -> bool:
+    return await _stream_count(js) > than
+
+
 async def _stream_count(js) -> int:
     return (await js.stream_info("SEA_EVENTS")).state.messages
 
 
-async def test_nats_down_for_10s_mid_run_loses_nothing(dsn, nats_server, nc, provisioned):
+async def test_nats_down_for_10s_mid_run_loses_nothing(dsn, nats_server, nc, provisioned, publish_path):
     events = events_for(aggregates=50, per_aggregate=100)
     write(dsn, events[:2000])
     async with relay_running(dsn, nats_server.url, provisioned, batch_size=100, publish_timeout=1.0) as task:

@@ -48,24 +48,24 @@ class Relay:
 
     def _message(self, row: OutboxRow) -> OutMessage | str:
         """The message for a row, or why it cannot be published."""
-        subject, problem = self._subject(row.context, row.event_type, row.event_version, row.bucket)
+        subject, stream, problem = self._subject(row.context, row.event_type, row.event_version, row.bucket)
         if problem:
             return problem
         payload = row.payload.encode()
         if len(payload) > self.max_payload:
             return f"payload of {len(payload)} bytes exceeds the server's max_payload {self.max_payload}"
-        return OutMessage(subject, payload, message_headers(row, row.traceparent))
+        return OutMessage(subject, payload, message_headers(row, row.traceparent), stream)
 
     @functools.lru_cache(maxsize=16384)
-    def _subject(self, context: str, event_type: str, version: int, bucket: int) -> tuple[str | None, str | None]:
-        """(subject, None) or (None, why not); cached, as there are few distinct ones."""
+    def _subject(self, context: str, event_type: str, version: int, bucket: int) -> tuple[str | None, ...]:
+        """(subject, stream, None) or (None, None, why not); cached, as there are few distinct ones."""
         try:
             subject = self.topology.event_subject(context, event_type, version, bucket)
         except SeamqError as exc:
-            return None, exc.message
+            return None, None, exc.message
         if context not in self.topology.contexts:
-            return None, f"context {context!r} has no stream in the topology"
-        return subject, None
+            return None, None, f"context {context!r} has no stream in the topology"
+        return subject, self.topology.contexts[context].stream.name, None
 
     async def run_once(self) -> _Batch:
         """One batch: claim, publish, mark, commit."""
@@ -192,6 +192,8 @@ class _Marks:
     per_context: Counter = field(default_factory=Counter)  # EVT-047-001, counted per batch
 
     def result(self, row: OutboxRow, result: PubResult) -> None:
+        if result.held:  # its batch stopped before it: claimed again, no attempt counted
+            return
         if result.ok:
             self.ok_ids.append(row.id)
             self.ok_seqs.append(result.seq)

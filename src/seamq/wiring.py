@@ -17,6 +17,7 @@ from seamq.inprocess import InProcessHandler, SchemaChecked
 from seamq.http.client import HttpHandler, http_client
 from seamq.model import ErrorCode, SeamqError
 from seamq.nats.connect import connect
+from seamq.nats.fast_batch import FastBatchPublisher, batched_streams
 from seamq.nats.publisher import PipelinedPublisher
 from seamq.nats.messages import JsMessageStore
 from seamq.nats.pull import Deliveries, PullSource
@@ -68,7 +69,10 @@ async def run_relay(settings: Settings, topology: Topology, stop: asyncio.Event)
     dsn = settings.database_dsn()
     await migrate.require_current(dsn)
     nc = await connect(settings.nats, name="seamq-relay")
-    publisher = await PipelinedPublisher(nc, timeout=settings.relay.publish_timeout).start()
+    pipelined = await PipelinedPublisher(nc, timeout=settings.relay.publish_timeout).start()
+    streams = sorted({c.stream.name for c in topology.contexts.values()})
+    batched = await batched_streams(nc, streams)
+    publisher = await FastBatchPublisher(nc, batched, pipelined, timeout=settings.relay.publish_timeout).start()
     try:
         async with pg_pool(dsn, max_size=settings.relay.loops + 2, configure=relay_session) as pool:
             relay = Relay(
@@ -79,7 +83,8 @@ async def run_relay(settings: Settings, topology: Topology, stop: asyncio.Event)
             if settings.relay.purge_older_than:
                 window = parse_duration(settings.relay.purge_older_than)
                 helpers.append(asyncio.create_task(purge_periodically(relay.outbox, window, stop)))
-            log.info("relay_started", contexts=sorted(topology.contexts), batch_size=settings.relay.batch_size)
+            log.info("relay_started", contexts=sorted(topology.contexts), batch_size=settings.relay.batch_size,
+                     fast_batch=sorted(batched), pipelined=[s for s in streams if s not in batched])
             try:
                 await relay.run(stop)
             finally:
@@ -90,6 +95,7 @@ async def run_relay(settings: Settings, topology: Topology, stop: asyncio.Event)
             return relay
     finally:
         await publisher.close()
+        await pipelined.close()
         await _close(nc)
 
 

@@ -18,6 +18,7 @@ from rich.table import Table
 
 from seamq.dev.embedded import NatsServer, PostgresServer, free_port, port_is_free
 from seamq.nats.connect import connect
+from seamq.nats.fast_batch import batched_streams
 from seamq.nats.provision import apply
 from seamq.pg import migrate
 from seamq.dev.demo import HandlerServices, dashboard, render, stats, workload
@@ -49,24 +50,28 @@ def start_embedded(settings: Settings, data_dir: Path, stack: ExitStack) -> Sett
 
 
 async def provision(settings: Settings, topology: Topology):
+    """The changes made, and the streams the relay will publish to in fast batches."""
     nc = await connect(settings.nats, name="seamq-dev", persistent=False)
     try:
-        return await apply(nc.jetstream(), topology)
+        changes = await apply(nc.jetstream(), topology)
+        return changes, await batched_streams(nc, [s.name for s in topology.streams()])
     finally:
         await nc.close()
 
 
-def describe(console: Console, settings: Settings, topology: Topology, changes) -> None:
+def describe(console: Console, settings: Settings, topology: Topology, changes, batched: set[str]) -> None:
     table = Table("service", "where", title="seamq dev")
     table.add_row("nats-server (JetStream)", settings.nats.url)
     table.add_row("PostgreSQL", redact_url(settings.database_dsn()))
     table.add_row("JetStream fsync", settings.embedded.nats_sync)
     console.print(table)
     actions = {(c.kind, c.name): c.action for c in changes}
-    streams = Table("stream", "subjects", "storage", "max age", "replicas", "provisioned")
+    streams = Table("stream", "subjects", "storage", "max age", "replicas", "relay publishes", "provisioned")
+    events = {c.stream.name for c in topology.contexts.values()}
     for s in topology.streams():
+        mode = ("fast batch" if s.name in batched else "pipelined") if s.name in events else "-"
         streams.add_row(s.name, ", ".join(s.subjects), s.storage, f"{s.max_age / 86400:g}d", str(s.replicas),
-                        actions.get(("stream", s.name), "?"))
+                        mode, actions.get(("stream", s.name), "?"))
     console.print(streams)
     consumers = Table("consumer", "stream", "filter", "partitions", "ack wait", "max deliver", "max ack pending",
                       "provisioned")
@@ -87,8 +92,8 @@ async def run_dev(
         settings = start_embedded(settings, data_dir, stack)
         applied = await migrate.upgrade(settings.database_dsn())
         console.print(f"database: {len(applied)} migration(s) applied, schema up to date")
-        changes = await provision(settings, topology)
-        describe(console, settings, topology, changes)
+        changes, batched = await provision(settings, topology)
+        describe(console, settings, topology, changes, batched)
         if exit_when_ready:
             console.print("[bold green]ready[/bold green]")
             return

@@ -26,6 +26,7 @@ from nats.js.errors import NotFoundError
 
 from seamq.model import ErrorCode, SeamqError
 from seamq.nats import jsapi
+from seamq.nats.fast_batch import server_batches
 from seamq.nats.partitions import GROUP
 from seamq.topology import ConsumerSpec, StreamSpec, Topology, events_pattern
 
@@ -44,7 +45,8 @@ class Change:
         return bool(self.destructive_reasons)
 
 
-def stream_config(spec: StreamSpec) -> StreamConfig:
+def stream_config(spec: StreamSpec, *, batched: bool = False) -> StreamConfig:
+    """`batched`: the server has fast batch publishing (seamq.nats.fast_batch); event streams allow it."""
     return StreamConfig(
         name=spec.name,
         subjects=list(spec.subjects),
@@ -55,6 +57,7 @@ def stream_config(spec: StreamSpec) -> StreamConfig:
         storage=StorageType(spec.storage),
         num_replicas=spec.replicas,
         duplicate_window=spec.duplicate_window,
+        allow_batched=True if batched else None,  # None: not sent, for servers that do not know it
     )
 
 
@@ -78,6 +81,8 @@ def _diff(server: Any, desired: Any, fields: list[str]) -> list[tuple[str, Any, 
     out = []
     for name in fields:
         have, want = _value(getattr(server, name)), _value(getattr(desired, name))
+        if name == "allow_batched":
+            have, want = bool(have), bool(want)
         if isinstance(want, float) and have is not None and abs(float(have) - want) < 1e-3:
             continue
         if isinstance(want, list):
@@ -89,7 +94,7 @@ def _diff(server: Any, desired: Any, fields: list[str]) -> list[tuple[str, Any, 
 
 _STREAM_FIELDS = [
     "subjects", "retention", "max_age", "max_bytes", "max_msg_size", "storage", "num_replicas",
-    "duplicate_window",
+    "duplicate_window", "allow_batched",
 ]
 _CONSUMER_FIELDS = [
     "ack_policy", "deliver_policy", "ack_wait", "max_deliver", "max_ack_pending", "filter_subject",
@@ -121,10 +126,16 @@ async def _durables_on_server(js: JetStreamContext, spec: ConsumerSpec) -> set[s
         return set()
 
 
+def _batched(js: JetStreamContext, spec: StreamSpec, topology: Topology) -> bool:
+    """Event streams allow fast batches where the server has them (DLQ streams take single publishes)."""
+    event_streams = {c.stream.name for c in topology.contexts.values()}
+    return spec.name in event_streams and server_batches(js._nc)  # js._nc: nats-py keeps the connection there
+
+
 async def plan(js: JetStreamContext, topology: Topology) -> list[Change]:
     changes = []
     for spec in topology.streams():
-        desired = stream_config(spec)
+        desired = stream_config(spec, batched=_batched(js, spec, topology))
         try:
             info = await js.stream_info(spec.name)
         except NotFoundError:
@@ -236,7 +247,7 @@ async def apply(js: JetStreamContext, topology: Topology, *, force: bool = False
     consumers = topology.consumers
     for change in changes:
         if change.kind == "stream":
-            config = stream_config(streams[change.name])
+            config = stream_config(streams[change.name], batched=_batched(js, streams[change.name], topology))
             if change.action == "create":
                 await js.add_stream(config)
             elif change.action == "update":

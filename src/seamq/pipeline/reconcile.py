@@ -3,7 +3,11 @@
 Anti-joins in Spark:
 - published in the outbox but missing from its stream (broker-side loss:
   JetStream's default lazy fsync can lose acknowledged writes), leaving out
-  rows whose stream sequence is below the stream's first (aged out by limits);
+  rows whose stream sequence is below the stream's first (aged out by limits).
+  A row published in a fast batch holds its batch's last sequence ("stored
+  at or before"), so a batch that straddles the stream's first message could
+  look missing when it aged out: rows published within `grace` of the first
+  message's time are not judged;
 - in a stream but never processed (nor dead-lettered) by a consumer of it,
   leaving out the last `grace` seconds (still in flight).
 
@@ -23,10 +27,12 @@ import asyncio
 import json
 import uuid
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 
 from pyspark.sql import SparkSession
 
 from seamq.model import message_headers
+from seamq.nats import jsapi
 from seamq.nats.connect import connect
 from seamq.nats.publisher import publish_copies
 from seamq.pipeline.source import source_options
@@ -57,12 +63,21 @@ class Report:
                 "repaired": self.repaired}
 
 
-async def _first_seq(nats: NatsSettings, stream: str) -> int:
+async def _first(nats: NatsSettings, stream: str) -> tuple[int, int]:
+    """The stream's first sequence and its time in microseconds (nats-py's StreamState has no first_ts)."""
     nc = await connect(nats, name="seamq-reconcile", persistent=False)
     try:
-        return (await nc.jetstream().stream_info(stream)).state.first_seq
+        state = (await jsapi.call(nc, f"STREAM.INFO.{stream}") or {}).get("state", {})
     finally:
         await nc.close()
+    return state.get("first_seq", 0), _micros(state.get("first_ts") or "1970-01-01T00:00:00Z")
+
+
+def _micros(rfc3339: str) -> int:
+    """nats-server's times have nanoseconds, which fromisoformat does not take."""
+    whole, _, fraction = rfc3339.rstrip("Z").partition(".")
+    seconds = datetime.fromisoformat(whole).replace(tzinfo=timezone.utc).timestamp()
+    return int(seconds) * 1_000_000 + int((fraction + "000000")[:6])
 
 
 def reconcile(spark: SparkSession, *, dsn: str, nats: NatsSettings, topology: Topology, grace: float = 60.0,
@@ -77,8 +92,10 @@ def reconcile(spark: SparkSession, *, dsn: str, nats: NatsSettings, topology: To
         name = spec.stream.name
         stream = spark.read.format("jetstream").options(**source_options(nats)).option("stream", name).load() \
             .select("message_id", "timestamp").cache()
-        first_seq = asyncio.run(_first_seq(nats, name))
-        published = outbox.where((F.col("context") == context) & (F.col("stream_seq") >= first_seq))
+        first_seq, first_ts = asyncio.run(_first(nats, name))
+        near_edge = F.abs(F.unix_micros("published_at") - F.lit(first_ts)) <= int(grace * 1_000_000)
+        published = outbox.where((F.col("context") == context) & (F.col("stream_seq") >= first_seq)
+                                 & ~near_edge)
         missing = published.join(stream, "message_id", "left_anti")
         rows = missing.orderBy("stream_seq").collect()
         report.missing_from_stream[name] = [r.message_id for r in rows]

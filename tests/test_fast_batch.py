@@ -1,0 +1,96 @@
+"""JetStream fast batch publishing against a real nats-server: which results say stored, failed or held."""
+
+from __future__ import annotations
+
+import nats
+import pytest
+
+from seamq.nats.fast_batch import FastBatchPublisher, batched_streams, server_batches
+from seamq.nats.publisher import PipelinedPublisher
+from seamq.ports import OutMessage
+
+from helpers import read_stream, wait_for
+
+
+@pytest.fixture
+async def publisher(nats_server):
+    nc = await nats.connect(nats_server.url)
+    js = nc.jetstream()
+    await js.add_stream(name="FB", subjects=["fb.>"], allow_batched=True)
+    await js.add_stream(name="PLAIN", subjects=["plain.>"])
+    fallback = await PipelinedPublisher(nc, timeout=2).start()
+    batched = await batched_streams(nc, ["FB", "PLAIN", "MISSING"])
+    publisher = await FastBatchPublisher(nc, batched, fallback, timeout=2, flow=10, window=2).start()
+    yield publisher, nc
+    await publisher.close()
+    await fallback.close()
+    await nc.close()
+
+
+def _msg(subject: str, msg_id: str, stream: str | None = "FB", payload: bytes = b"{}") -> OutMessage:
+    return OutMessage(subject, payload, {"Nats-Msg-Id": msg_id}, stream)
+
+
+async def test_streams_that_allow_batches_are_chosen_at_connect(publisher):
+    publisher, nc = publisher
+    assert server_batches(nc)
+    assert publisher.batched == {"FB"}
+
+
+async def test_a_long_batch_under_flow_control_with_duplicates_is_all_stored_once(publisher):
+    publisher, nc = publisher
+    await publisher.publish_many([_msg("fb.a", f"m{i}") for i in range(0, 300, 3)])  # every third, before
+    messages = [_msg("fb.a", f"m{i}") for i in range(1000)] + [_msg("fb.a", "m5")]  # and one twice
+    results = await publisher.publish_many(messages)
+    assert all(r.ok for r in results) and len(results) == 1001  # a duplicate counts as stored
+    stored = [m.headers["Nats-Msg-Id"] for m in await read_stream(nc.jetstream(), "FB")]
+    assert sorted(stored) == sorted({f"m{i}" for i in range(1000)}) and len(stored) == 1000
+
+
+async def test_a_message_no_stream_takes_ends_the_batch_before_it(publisher):
+    publisher, nc = publisher
+    messages = [_msg("fb.a", "a1"), _msg("fb.a", "a2"), _msg("nowhere.x", "x"), _msg("fb.a", "a3")]
+    ok1, ok2, failed, held = await publisher.publish_many(messages)
+    assert ok1.ok and ok2.ok
+    assert not failed.ok and not failed.transport and not failed.held and "503" in failed.error
+    assert held.held and not held.ok
+    assert [m.headers["Nats-Msg-Id"] for m in await read_stream(nc.jetstream(), "FB")] == ["a1", "a2"]
+
+
+async def test_a_message_too_big_to_send_ends_the_batch_before_it(publisher):
+    publisher, nc = publisher
+    big = _msg("fb.a", "big", payload=b"x" * (nc.max_payload + 1))
+    results = await publisher.publish_many([_msg("fb.a", "b1"), big, _msg("fb.a", "b2")])
+    assert results[0].ok and not results[1].ok and "MaxPayload" in results[1].error and results[2].held
+    assert [m.headers["Nats-Msg-Id"] for m in await read_stream(nc.jetstream(), "FB")] == ["b1"]
+
+
+async def test_streams_without_batches_are_pipelined_in_the_same_call(publisher):
+    publisher, nc = publisher
+    results = await publisher.publish_many([_msg("fb.a", "f1"), _msg("plain.a", "p1", "PLAIN"),
+                                            _msg("plain.b", "p2", None), _msg("fb.a", "f2")])
+    assert [r.ok for r in results] == [True] * 4
+    assert results[1].seq == 1 and results[2].seq == 2  # pipelined acks say where
+    assert results[0].seq == results[3].seq == 2  # a fast batch says "at or before" its last one
+
+
+async def test_a_stream_that_turns_batches_off_goes_back_to_pipelining(publisher):
+    publisher, nc = publisher
+    js = nc.jetstream()
+    config = (await js.stream_info("FB")).config
+    config.allow_batched = False
+    await js.update_stream(config)
+    results = await publisher.publish_many([_msg("fb.a", f"d{i}") for i in range(5)])
+    assert all(r.ok for r in results) and publisher.batched == set()
+    assert len(await read_stream(js, "FB")) == 5
+
+
+async def test_a_server_that_goes_away_mid_batch_is_the_brokers_fault(publisher, nats_server):
+    publisher, nc = publisher
+    nats_server.kill()
+    results = await publisher.publish_many([_msg("fb.a", f"k{i}") for i in range(50)])
+    assert not any(r.ok for r in results)
+    first = next(r for r in results if not r.held)
+    assert first.transport, first.error
+    nats_server.start()
+    await wait_for(lambda: nc.is_connected, what="the client back")
