@@ -18,6 +18,7 @@ import psycopg
 from bench.common import (
     SEAMQ, Result, fresh_database, provision, self_peak_rss_mb, services, spawn, stop, wait_until, write_outbox,
 )
+from seamq.nats.fast_batch import server_batches
 from seamq.nats.provision import stream_config
 from seamq.topology import load_topology
 
@@ -60,7 +61,7 @@ async def reset_stream(nats_url: str) -> None:
         await js.delete_stream(spec.name)
     except Exception:
         pass
-    await js.add_stream(stream_config(spec))
+    await js.add_stream(stream_config(spec, batched=server_batches(nc)))  # as `seamq provision` makes it
     await nc.close()
 
 
