@@ -256,6 +256,26 @@ async def test_bad_row_blocks_only_its_own_aggregate(dsn, nats_server, nc, provi
     assert len(messages) == len(good) - 3
 
 
+async def test_rows_after_a_refused_one_in_a_fast_batch_go_out_at_once(dsn, nats_server, nc, provisioned):
+    # The stream refuses one message, which ends its fast batch: the rows after it were
+    # not tried ("held"), so the relay claims them again straight away, not at the next poll.
+    js = nc.jetstream()
+    config = (await js.stream_info("SEA_EVENTS")).config
+    config.max_msg_size = 10_000
+    await js.update_stream(config)
+    events = events_for(aggregates=10, per_aggregate=5)  # 11 buckets at most: one claim takes all
+    big = Event(context="sea", aggregate_type="order", aggregate_id="big", event_type="order_updated",
+                payload={"aggregate": -1, "n": 0, "blob": "x" * 20_000})
+    async with relay_running(dsn, nats_server.url, provisioned, loops=1, poll_interval=120):
+        await asyncio.sleep(0.5)  # idle, so one NOTIFY starts one claim
+        write(dsn, events[:10] + [big] + events[10:])
+        await wait_for(lambda: unpublished(dsn) == 1, timeout=30, what="the rows after the refused one")
+    attempts, error = psycopg.connect(dsn).execute(
+        "SELECT publish_attempts, publish_error FROM outbox_events WHERE published_at IS NULL").fetchone()
+    assert attempts == 1 and "10054" in error
+    check_exactly_once_in_order(await read_stream(js, "SEA_EVENTS"), events)
+
+
 async def test_bad_rows_hold_back_their_aggregates_across_relays(dsn, nats_server, nc, provisioned):
     # Two relays, four claim loops each, small batches: buckets change hands all
     # the time. Catches a claim whose row snapshot predates its bucket lock (it

@@ -95,7 +95,7 @@ class Relay:
         for context, count in marks.per_context.items():
             RELAY_PUBLISHED.labels(context).inc(count)
         RELAY_BATCH_SECONDS.observe(time.perf_counter() - started)
-        return _Batch(len(batch.rows), batch.more, marks.transport_failed)
+        return _Batch(len(batch.rows), batch.more or marks.held > 0, marks.transport_failed)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Until `stop` is set: batches back to back while there is work, then wait."""
@@ -189,10 +189,12 @@ class _Marks:
     fail_errors: list = field(default_factory=list)
     fail_retry: list = field(default_factory=list)
     transport_failed: bool = False
+    held: int = 0
     per_context: Counter = field(default_factory=Counter)  # EVT-047-001, counted per batch
 
     def result(self, row: OutboxRow, result: PubResult) -> None:
-        if result.held:  # its batch stopped before it: claimed again, no attempt counted
+        if result.held:  # its batch stopped before it: claimed again at once, no attempt counted
+            self.held += 1
             return
         if result.ok:
             self.ok_ids.append(row.id)

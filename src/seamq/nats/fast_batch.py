@@ -67,8 +67,12 @@ async def batched_streams(nc: Client, streams: list[str]) -> set[str]:
     return out
 
 
+_NO_ACK = "timeout waiting for JetStream ack"
+_HELD = PubResult(ok=False, held=True, error="an earlier message of its batch was not stored")
+
+
 @dataclass(eq=False)
-class _Batch:
+class _OpenBatch:
     size: int
     flow: int
     acked: int = 0  # batch messages 1..acked are stored
@@ -96,12 +100,9 @@ class _Batch:
                 out.append(PubResult(ok=False, error=self.reason))
             else:
                 out.append(PubResult(ok=False, transport=True,
-                                     error=self.reason or "timeout waiting for JetStream ack"))
+                                     error=self.reason or _NO_ACK))
             out += [_HELD] * (self.size - stored - 1)
         return out
-
-
-_HELD = PubResult(ok=False, held=True, error="an earlier message of its batch was not stored")
 
 
 class FastBatchPublisher:
@@ -120,7 +121,7 @@ class FastBatchPublisher:
         self._prefix = nc.new_inbox()
         self._id = self._prefix.rsplit(".", 1)[-1]  # a nuid: batch ids are unique per stream
         self._count = 0
-        self._open: dict[str, _Batch] = {}
+        self._open: dict[str, _OpenBatch] = {}
         self._sub = None
 
     async def start(self) -> "FastBatchPublisher":
@@ -150,14 +151,14 @@ class FastBatchPublisher:
     async def _batch(self, stream: str, messages: list[OutMessage]) -> list[PubResult]:
         self._count += 1
         batch_id = f"{self._id}{self._count}"
-        batch = self._open[batch_id] = _Batch(len(messages), self._flow)
+        batch = self._open[batch_id] = _OpenBatch(len(messages), self._flow)
         inbox = f"{self._prefix}.{batch_id}.{self._flow}.fail."
         subject = messages[0].subject
         try:
             sent = await self._send(batch, inbox, messages)
             while sent and batch.stored is None and not batch.transport:  # wait for the final ack
                 if not await self._progress(batch, f"{inbox}{sent}.{PING}.$FI", subject):
-                    batch.fail(batch.acked + 1, "timeout waiting for JetStream ack", transport=True)
+                    batch.fail(batch.acked + 1, _NO_ACK, transport=True)
         finally:
             del self._open[batch_id]
         if batch.disabled:
@@ -166,13 +167,13 @@ class FastBatchPublisher:
             return await self._fallback.publish_many(messages)
         return batch.results()
 
-    async def _send(self, batch: _Batch, inbox: str, messages: list[OutMessage]) -> int:
+    async def _send(self, batch: _OpenBatch, inbox: str, messages: list[OutMessage]) -> int:
         """Send until the last (which commits) or until the batch ends; returns how many went out."""
         last = len(messages)
         for seq, message in enumerate(messages, 1):
             while seq - batch.acked > batch.flow * self._window and not batch.ended:  # flow control
                 if not await self._progress(batch, f"{inbox}{seq - 1}.{PING}.$FI", message.subject):
-                    batch.fail(batch.acked + 1, "timeout waiting for JetStream ack", transport=True)
+                    batch.fail(batch.acked + 1, _NO_ACK, transport=True)
             if batch.ended:
                 return seq - 1
             op = COMMIT if seq == last else START if seq == 1 else ADD
@@ -192,7 +193,7 @@ class FastBatchPublisher:
                 return seq - 1
         return last
 
-    async def _progress(self, batch: _Batch, ping: str, subject: str) -> bool:
+    async def _progress(self, batch: _OpenBatch, ping: str, subject: str) -> bool:
         """Wait for the next frame; after a third of the timeout ask again (a ping: lost acks are
         sent again). False when the whole timeout passed without one."""
         for _ in range(3):
