@@ -7,6 +7,7 @@ keeping the layers honest, not for mocking.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from contextlib import AbstractAsyncContextManager
 from datetime import datetime
@@ -73,6 +74,25 @@ class OutboxRepository(Protocol):
     async def backlog(self) -> list[dict[str, Any]]: ...
 
     async def purge(self, older_than_seconds: float, batch: int = 5000) -> int: ...
+
+
+class Sleep(str, Enum):
+    """What a relay about to sleep learns from `OutboxWakeup.asleep`."""
+
+    REGISTERED = "registered"  # producers NOTIFY from now on: claim once more, then wait
+    COVERED = "covered"  # producers NOTIFY already (this relay or another is registered)
+    UNCOVERED = "uncovered"  # a producer that skipped its NOTIFY is still open: poll again soon
+
+
+class OutboxWakeup(Protocol):
+    """How a relay learns of new outbox rows without producers paying for it on every commit."""
+
+    wake: asyncio.Event  # set by a NOTIFY, or when the wake-up was lost and rows may be waiting
+
+    async def asleep(self) -> Sleep: ...
+
+    async def awake(self) -> None:
+        """Working again: producers may stop notifying."""
 
 
 class JetStreamPublisher(Protocol):

@@ -8,8 +8,11 @@ duplicates by id. Published rows are kept (see `seamq outbox purge`) longer
 than the reconcile interval, so a broker that loses acknowledged writes can
 be repaired from the outbox.
 
-The relay wakes on PostgreSQL NOTIFY right after a commit and polls as a
-fallback. When NATS is unreachable it waits with capped backoff instead of
+Waking: a relay with work goes on claiming; one about to sleep registers
+with `OutboxWakeup`, so producers NOTIFY from then on, and claims once more.
+While it cannot register (a producer that skipped its NOTIFY is still open)
+it polls, from 2 ms doubling to 100 ms; registered, it polls every
+`poll_interval` as a fallback. When NATS is unreachable it waits with capped backoff instead of
 burning attempts; when PostgreSQL is, it reconnects.
 """
 
@@ -26,14 +29,14 @@ from seamq.model import SeamqError, message_headers
 from seamq.observability import (
     OUTBOX_BACKLOG, OUTBOX_OLDEST_SECONDS, RELAY_BATCH_SECONDS, RELAY_FAILED, RELAY_PUBLISHED, log,
 )
-from seamq.ports import JetStreamPublisher, OutboxRepository, OutboxRow, OutMessage, PubResult
+from seamq.ports import JetStreamPublisher, OutboxRepository, OutboxRow, OutboxWakeup, OutMessage, PubResult, Sleep
 from seamq.settings import RelaySettings
 from seamq.stopping import sleep_unless_stopped
 from seamq.topology import Topology
 
 class Relay:
     def __init__(
-        self, outbox: OutboxRepository, publisher: JetStreamPublisher, topology: Topology,
+        self, outbox: OutboxRepository, publisher: JetStreamPublisher, wakeup: OutboxWakeup, topology: Topology,
         settings: RelaySettings | None = None, *, max_payload: int = 1024 * 1024, connected=lambda: True,
     ) -> None:
         """`max_payload`: the server's; a larger row is unpublishable, said so on the row."""
@@ -43,7 +46,8 @@ class Relay:
         self.config = settings or RelaySettings()
         self.max_payload = max_payload
         self._connected = connected
-        self.wake = asyncio.Event()  # NOTIFY, or a loop that found more work than it took
+        self.wakeup = wakeup
+        self.wake = self.wakeup.wake  # NOTIFY, or a loop that found more work than it took
         self.published_total = 0
 
     def _message(self, row: OutboxRow) -> OutMessage | str:
@@ -104,6 +108,7 @@ class Relay:
     async def _loop(self, stop: asyncio.Event, reports: bool) -> None:
         backoff = 0.0
         last_backlog = 0.0
+        uncovered = _FIRST_POLL
         while not stop.is_set():
             if not self._connected():
                 backoff = await self._sleep(stop, backoff, "nats_unavailable")
@@ -125,12 +130,23 @@ class Relay:
             if reports and time.monotonic() - last_backlog > self.config.backlog_interval:
                 last_backlog = time.monotonic()
                 await self._report_backlog()
-            if done.claimed == self.config.batch_size or (done.claimed and done.more):
-                self.wake.set()  # a backlog: go straight on, and leave a wake-up for an idle loop
+            if done.claimed:
+                uncovered = _FIRST_POLL
+                await self.wakeup.awake()  # busy: producers may stop notifying
+                if done.claimed == self.config.batch_size or done.more:
+                    self.wake.set()  # a backlog: go straight on, and leave a wake-up for an idle loop
+                    continue
+            elif done.more:  # what is left sits in buckets other loops hold
+                await self._wait_for_work(stop, 0.05)
                 continue
-            # Idle, or what is left sits in buckets other loops hold: wait for a
-            # NOTIFY, the poll, or (contended) a moment.
-            await self._wait_for_work(stop, 0.05 if done.more else self.config.poll_interval)
+            sleep = await self.wakeup.asleep()
+            if sleep is Sleep.REGISTERED:
+                continue  # once more: rows whose producers skipped their NOTIFY are visible now
+            if sleep is Sleep.UNCOVERED:
+                await self._wait_for_work(stop, uncovered)
+                uncovered = min(self.config.poll_interval, _LAST_POLL, uncovered * 2)
+            else:
+                await self._wait_for_work(stop, self.config.poll_interval)
 
     async def _sleep(self, stop: asyncio.Event, backoff: float, why: str) -> float:
         backoff = min(self.config.max_backoff, max(0.1, backoff * 2))
@@ -171,6 +187,11 @@ class Relay:
         for row in rows:
             OUTBOX_BACKLOG.labels(row["context"]).set(row["count"])
             OUTBOX_OLDEST_SECONDS.labels(row["context"]).set(max(0.0, now - row["oldest_at"].timestamp()))
+
+
+# Seconds between polls while a producer that skipped its NOTIFY is open: doubling,
+# so one left open for minutes costs ten empty claims a second.
+_FIRST_POLL, _LAST_POLL = 0.002, 0.1
 
 
 class _Batch(NamedTuple):

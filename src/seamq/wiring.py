@@ -26,7 +26,7 @@ from seamq.observability import log
 from seamq.pg import migrate
 from seamq.pg.dlq_repo import PgDeadLetters
 from seamq.pg.inbox_repo import NoInbox, PgInbox, consumer_session
-from seamq.pg.notify import listen_for_outbox
+from seamq.pg.notify import PgWakeup
 from seamq.pg.outbox_repo import PgOutbox, relay_session
 from seamq.registry import Registry, import_object, load_registry
 from seamq.relay import Relay
@@ -75,11 +75,12 @@ async def run_relay(settings: Settings, topology: Topology, stop: asyncio.Event)
     publisher = await FastBatchPublisher(nc, batched, pipelined, timeout=settings.relay.publish_timeout).start()
     try:
         async with pg_pool(dsn, max_size=settings.relay.loops + 2, configure=relay_session) as pool:
+            wakeup = PgWakeup(dsn)
             relay = Relay(
-                PgOutbox(pool, max_backoff=settings.relay.max_backoff), publisher, topology,
+                PgOutbox(pool, max_backoff=settings.relay.max_backoff), publisher, wakeup, topology,
                 settings.relay, max_payload=nc.max_payload, connected=lambda: nc.is_connected,
             )
-            helpers = [asyncio.create_task(listen_for_outbox(dsn, relay.wake, stop))]
+            helpers = [asyncio.create_task(wakeup.listen(stop))]
             if settings.relay.purge_older_than:
                 window = parse_duration(settings.relay.purge_older_than)
                 helpers.append(asyncio.create_task(purge_periodically(relay.outbox, window, stop)))
@@ -91,6 +92,7 @@ async def run_relay(settings: Settings, topology: Topology, stop: asyncio.Event)
                 for task in helpers:
                     task.cancel()
                 await asyncio.gather(*helpers, return_exceptions=True)
+                await wakeup.close()
             log.info("relay_stopped", published=relay.published_total)
             return relay
     finally:

@@ -10,6 +10,18 @@ VALUES
   (%(id)s, %(context)s, %(aggregate_type)s, %(aggregate_id)s, %(event_type)s, %(event_version)s,
    CAST(%(payload)s AS jsonb), %(occurred_at)s, %(correlation_id)s, %(causation_id)s, %(traceparent)s)
 
+-- name: wake_register
+-- A relay about to sleep asks producers to NOTIFY (migration 0002): it takes
+-- lock (7105, 0) unless a producer that skipped its NOTIFY is still open.
+-- 'covered': another relay holds it already, so producers notify anyway.
+SELECT CASE WHEN pg_try_advisory_lock(7105, 0) THEN 'registered'
+            WHEN EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND classid = 7105 AND objid = 0
+                           AND objsubid = 2 AND mode = 'ExclusiveLock' AND granted) THEN 'covered'
+            ELSE 'uncovered' END
+
+-- name: wake_unregister
+SELECT pg_advisory_unlock(7105, 0)
+
 -- name: claim_buckets
 -- Claim buckets, not rows: a relay takes an advisory lock (held to commit) on
 -- each bucket it serves, skipping buckets another relay holds. All events of
