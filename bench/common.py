@@ -103,6 +103,35 @@ def peak_rss_mb(pid: int) -> float:
     return float("nan")
 
 
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _stat(pid: int) -> list[str]:
+    text = Path(f"/proc/{pid}/stat").read_text()
+    return text[text.rindex(")") + 2:].split()  # from field 3 (state) on
+
+
+def cpu_seconds(pid: int, children: bool = False) -> float:
+    """A process's user + system CPU so far. With `children`, also its children's, reaped and
+    live: PostgreSQL's backends are the postmaster's children."""
+    try:
+        fields = _stat(pid)
+    except OSError:
+        return float("nan")
+    ticks = int(fields[11]) + int(fields[12])
+    if children:
+        ticks += int(fields[13]) + int(fields[14])
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    child = _stat(int(entry.name))
+                except OSError:
+                    continue
+                if int(child[1]) == pid:
+                    ticks += sum(int(child[i]) for i in (11, 12, 13, 14))
+    return ticks / _TICK
+
+
 def self_peak_rss_mb() -> float:
     return peak_rss_mb(os.getpid())
 

@@ -35,14 +35,15 @@ async def main() -> None:
     for name in args.only.split(","):
         module = __import__(f"bench.{name}", fromlist=["run"])
         console.print(f"[bold]{name}[/bold] ...")
-        result = await module.run(count=count, size=args.size)
-        results.append(result)
-        table = Table(*result.rows[0].keys(), title=f"{name} ({count} events, {args.size} B payloads)")
-        for row in result.rows:
-            table.add_row(*(str(v) for v in row.values()))
-        console.print(table)
-        for note in result.notes:
-            console.print(f"  note: {note}")
+        produced = await module.run(count=count, size=args.size)
+        for result in produced if isinstance(produced, list) else [produced]:  # a scenario may have tables
+            results.append(result)
+            table = Table(*result.rows[0].keys(), title=f"{result.scenario} ({count} events, {args.size} B payloads)")
+            for row in result.rows:
+                table.add_row(*(str(row.get(k, "")) for k in result.rows[0]))
+            console.print(table)
+            for note in result.notes:
+                console.print(f"  note: {note}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     report = {"machine": machine(), "quick": args.quick, "count": count, "payload_bytes": args.size,

@@ -14,10 +14,12 @@ def test_quick_bench_runs_every_scenario(tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads((tmp_path / "latest.json").read_text())
     scenarios = {s["scenario"]: s for s in report["scenarios"]}
-    assert set(scenarios) == {"relay", "consumer", "e2e", "http", "spark", "peer", "jobs"}
+    assert set(scenarios) == {"relay", "relay_latency", "producer_commits", "consumer", "e2e", "http", "spark",
+                              "peer", "jobs"}
     for scenario in scenarios.values():
         assert scenario["rows"], scenario["scenario"]
         for row in scenario["rows"]:
-            rate = row.get("jobs_per_s") or row.get("events_per_s") or row.get("msgs_per_s") or row.get("achieved_per_s") or row.get("rows_per_s")
+            rate = (row.get("jobs_per_s") or row.get("events_per_s") or row.get("msgs_per_s")
+                    or row.get("achieved_per_s") or row.get("rows_per_s") or row.get("commits_per_s"))
             assert rate and rate > 0, (scenario["scenario"], row)
     assert report["machine"]["cores"] >= 1
