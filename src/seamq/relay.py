@@ -9,11 +9,12 @@ than the reconcile interval, so a broker that loses acknowledged writes can
 be repaired from the outbox.
 
 Waking: a relay with work goes on claiming; one about to sleep registers
-with `OutboxWakeup`, so producers NOTIFY from then on, and claims once more.
-While it cannot register (a producer that skipped its NOTIFY is still open)
-it polls, from 2 ms doubling to 100 ms; registered, it polls every
-`poll_interval` as a fallback. When NATS is unreachable it waits with capped backoff instead of
-burning attempts; when PostgreSQL is, it reconnects.
+with `OutboxWakeup`, so producers NOTIFY from then on, and claims once more
+(docs/operations.md, "How the relay wakes up"). While it cannot register (a
+producer that skipped its NOTIFY is still open) it polls, from 2 ms doubling
+to 100 ms; registered, it polls every `poll_interval` as a fallback. When
+NATS is unreachable it waits with capped backoff instead of burning
+attempts; when PostgreSQL is, it reconnects.
 """
 
 from __future__ import annotations
