@@ -1,4 +1,4 @@
-"""Real services for every test: nats-server and PostgreSQL on free ports in temp dirs.
+"""Real services for every test: nats-server (or a cluster of three) and PostgreSQL on free ports in temp dirs.
 
 PostgreSQL starts once per session (fsync off: tests, not data); each test
 gets its own database cloned from a migrated template, so tests never see
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from seamq.dev.embedded import NatsServer, PostgresServer
+from seamq.dev.embedded import NatsCluster, NatsServer, PostgresServer
 from seamq.nats.connect import connect
 from seamq.nats.provision import apply
 from seamq.settings import NatsSettings
@@ -73,6 +73,15 @@ def nats_server(tmp_path):
     server.start()
     yield server
     server.kill()
+
+
+@pytest.fixture
+def nats_cluster(tmp_path):
+    """Three clustered nats-servers with JetStream, for R3 streams and node-loss tests."""
+    cluster = NatsCluster(tmp_path / "cluster", 3)
+    cluster.start()
+    yield cluster
+    cluster.kill()
 
 
 @pytest.fixture

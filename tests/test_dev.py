@@ -63,3 +63,19 @@ def test_dev_runs_events_end_to_end(tmp_path, pg_data):
         processed = int(re.findall(r"\d+", row.split(consumer, 1)[1])[0])
         assert processed > 50, row
     assert port_is_free(nats_port) and port_is_free(pg_port)
+
+
+def test_dev_on_a_three_node_cluster_runs_r3_streams_and_stops_every_node(tmp_path, pg_data):
+    env, _, pg_port = dev_env(tmp_path)
+    result = subprocess.run([*SEAMQ, "dev", "--cluster", "3", "--data-dir", str(tmp_path / "data"), "--run-for", "8"],
+                            env=env, capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "NATS cluster (3 servers)" in result.stdout
+    ports = {int(p) for p in re.findall(r"nats://127\.0\.0\.1:(\d+)", result.stdout)}
+    assert len(ports) == 3
+    streams = [line for line in result.stdout.splitlines() if re.match(r"│ \w+_(EVENTS|DLQ) ", line)]
+    assert len(streams) == 4 and all(re.search(r"│\s*3\s*│", line) for line in streams)  # replicas 3
+    final = result.stdout.split("final counts", 1)[1]
+    row = next(line for line in final.splitlines() if "sea__from_vibespro" in line)
+    assert int(re.findall(r"\d+", row.split("sea__from_vibespro", 1)[1])[0]) > 50, row
+    assert all(port_is_free(p) for p in ports) and port_is_free(pg_port)

@@ -21,7 +21,7 @@ from seamq.redact import conninfo_password, redact, register, url_password
 
 
 class NatsSettings(BaseModel):
-    url: str = "nats://127.0.0.1:4222"
+    url: str = Field("nats://127.0.0.1:4222", description="one server, or a cluster's: a list or comma-separated")
     user: str | None = None
     password: SecretStr | None = None
     token: SecretStr | None = None
@@ -31,6 +31,10 @@ class NatsSettings(BaseModel):
     tls_cert: Path | None = None
     tls_key: Path | None = None
     connect_timeout: float = 5.0
+    # A server that stops answering without closing the connection (a frozen or partitioned host)
+    # is left after 3 unanswered pings. nats-py's default, 120 s, held a relay on a frozen cluster
+    # node for over 5 minutes; see docs/deploy.md.
+    ping_interval: float = Field(5.0, gt=0, description="seconds between pings; 3 unanswered: reconnect elsewhere")
 
     @field_validator("creds_file", "nkey_seed_file", "tls_ca", "tls_cert", "tls_key")
     @classmethod
@@ -40,6 +44,12 @@ class NatsSettings(BaseModel):
         if value is not None and not (value.is_file() and os.access(value, os.R_OK)):
             raise ValueError(f"{value} is not a readable file")
         return value
+
+    @field_validator("url", mode="before")
+    @classmethod
+    def _servers(cls, value: Any) -> Any:
+        """A cluster's servers as a YAML list, or comma-separated (as in SEAMQ_NATS__URL)."""
+        return ",".join(value) if isinstance(value, (list, tuple)) else value
 
     @field_validator("url")
     @classmethod

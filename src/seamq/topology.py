@@ -78,6 +78,7 @@ class ConsumerSpec(_Strict):
     max_ack_pending: int = 50
     partitions: int = 0  # 0: one durable consumer shared by all processes; N: N pinned partitions
     pinned_ttl: float = 10  # seconds without a pull before a partition's pin moves to another process
+    replicas: int = 1  # its stream's: a consumer's state must survive what the stream survives
 
     def fetch_batch(self, wanted: int) -> int:
         """A fetch never asks for more than the server lets one consumer hold unacknowledged."""
@@ -250,6 +251,7 @@ def _build(raw: _TopologyFile, source: str, replicas: int | None) -> Topology:
             name=name, target=target, source=src, stream=stream_name, filter_subject=filter_subject,
             ack_wait=spec.ack_wait, max_deliver=spec.max_deliver, max_ack_pending=spec.max_ack_pending,
             partitions=spec.partitions, pinned_ttl=spec.pinned_ttl,
+            replicas=next(c.stream.replicas for c in contexts.values() if c.stream.name == stream_name),
         )
         if spec.partitions:
             try:

@@ -113,10 +113,14 @@ def dev(
     exit_when_ready: bool = typer.Option(False, "--exit-when-ready", help="Stop once provisioned (smoke tests)."),
     demo: bool = typer.Option(True, "--demo/--no-demo", help="Write a demo workload (1% poison)."),
     run_for: Optional[float] = typer.Option(None, "--run-for", help="Stop after this many seconds."),
+    cluster: int = typer.Option(1, "--cluster", min=1, max=5,
+                                help="Embedded NATS as a JetStream cluster of this many servers (streams R3)."),
 ) -> None:
     """Run everything locally: embedded NATS and PostgreSQL, migrations, topology, workers, demo, dashboard."""
     from seamq.dev.runtime import run_dev
 
     current = settings()
+    if cluster > 1 and current.replicas is None:  # what a cluster is for: SDS-047 §10's replicas 3
+        current = current.model_copy(update={"replicas": min(cluster, 3)})
     run(run_dev(current, topology(topology_file, current), data_dir or current.embedded.data_dir,
-                console=console, exit_when_ready=exit_when_ready, demo=demo, run_for=run_for))
+                console=console, exit_when_ready=exit_when_ready, demo=demo, run_for=run_for, cluster=cluster))

@@ -16,7 +16,7 @@ from pydantic import SecretStr
 from rich.console import Console
 from rich.table import Table
 
-from seamq.dev.embedded import NatsServer, PostgresServer, free_port, port_is_free
+from seamq.dev.embedded import NatsCluster, NatsServer, PostgresServer, free_port, port_is_free
 from seamq.nats.connect import connect
 from seamq.nats.fast_batch import batched_streams
 from seamq.nats.provision import apply
@@ -33,11 +33,16 @@ def _port(preferred: int) -> int:
     return preferred if port_is_free(preferred) else free_port()
 
 
-def start_embedded(settings: Settings, data_dir: Path, stack: ExitStack) -> Settings:
-    """Start what is not configured externally; returns settings pointing at it."""
+def start_embedded(settings: Settings, data_dir: Path, stack: ExitStack, *, cluster: int = 1) -> Settings:
+    """Start what is not configured externally (NATS as one server or a cluster of `cluster`);
+    returns settings pointing at it."""
     update = {}
     if "nats" not in settings.model_fields_set:
-        nats = NatsServer(data_dir / "nats", _port(settings.embedded.nats_port), sync=settings.embedded.nats_sync)
+        first = _port(settings.embedded.nats_port)
+        sync = settings.embedded.nats_sync
+        nats = (NatsCluster(data_dir / "nats-cluster", cluster, ports=[first] + [free_port() for _ in range(cluster - 1)],
+                            sync=sync)
+                if cluster > 1 else NatsServer(data_dir / "nats", first, sync=sync))
         nats.start()
         stack.callback(nats.stop)
         update["nats"] = NatsSettings(url=nats.url)
@@ -61,7 +66,9 @@ async def provision(settings: Settings, topology: Topology):
 
 def describe(console: Console, settings: Settings, topology: Topology, changes, batched: set[str]) -> None:
     table = Table("service", "where", title="seamq dev")
-    table.add_row("nats-server (JetStream)", settings.nats.url)
+    servers = settings.nats.url.split(",")
+    table.add_row("nats-server (JetStream)" if len(servers) == 1 else f"NATS cluster ({len(servers)} servers)",
+                  "\n".join(servers))
     table.add_row("PostgreSQL", redact_url(settings.database_dsn()))
     table.add_row("JetStream fsync", settings.embedded.nats_sync)
     console.print(table)
@@ -83,13 +90,13 @@ def describe(console: Console, settings: Settings, topology: Topology, changes, 
 
 async def run_dev(
     settings: Settings, topology: Topology, data_dir: Path, *, console: Console, exit_when_ready: bool = False,
-    demo: bool = True, run_for: float | None = None,
+    demo: bool = True, run_for: float | None = None, cluster: int = 1,
 ) -> None:
     data_dir = Path(data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     with ExitStack() as stack:
         console.print(f"starting embedded services in {data_dir} ...")
-        settings = start_embedded(settings, data_dir, stack)
+        settings = start_embedded(settings, data_dir, stack, cluster=cluster)
         applied = await migrate.upgrade(settings.database_dsn())
         console.print(f"database: {len(applied)} migration(s) applied, schema up to date")
         changes, batched = await provision(settings, topology)

@@ -14,6 +14,7 @@ then done only while no process pulls it (see `migrate_partitions`).
 
 from __future__ import annotations
 
+import asyncio
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -70,6 +71,7 @@ def consumer_config(spec: ConsumerSpec) -> ConsumerConfig:
         max_deliver=spec.max_deliver,
         max_ack_pending=spec.max_ack_pending,
         filter_subject=spec.filter_subject,
+        num_replicas=spec.replicas,
     )
 
 
@@ -97,9 +99,10 @@ _STREAM_FIELDS = [
     "duplicate_window", "allow_batched",
 ]
 _CONSUMER_FIELDS = [
-    "ack_policy", "deliver_policy", "ack_wait", "max_deliver", "max_ack_pending", "filter_subject",
+    "ack_policy", "deliver_policy", "ack_wait", "max_deliver", "max_ack_pending", "filter_subject", "num_replicas",
 ]
-_PARTITION_FIELDS = ["ack_wait", "max_deliver", "max_ack_pending", "filter_subjects", "priority_timeout"]
+_PARTITION_FIELDS = ["ack_wait", "max_deliver", "max_ack_pending", "filter_subjects", "priority_timeout",
+                     "num_replicas"]
 _MIGRATE = "stop every `seamq consume` of it, then run `seamq provision --migrate-partitions`"
 
 
@@ -109,7 +112,7 @@ def partition_config(spec: ConsumerSpec, k: int) -> dict[str, Any]:
         "durable_name": spec.durables()[k], "deliver_policy": "all", "ack_policy": "explicit",
         "ack_wait": int(spec.ack_wait * 1e9), "max_deliver": spec.max_deliver, "max_ack_pending": spec.max_ack_pending,
         "filter_subjects": spec.partition_filters(k), "priority_groups": [GROUP], "priority_policy": "pinned_client",
-        "priority_timeout": int(spec.pinned_ttl * 1e9),
+        "priority_timeout": int(spec.pinned_ttl * 1e9), "num_replicas": spec.replicas,
     }
 
 
@@ -132,7 +135,30 @@ def _batched(js: JetStreamContext, spec: StreamSpec, topology: Topology) -> bool
     return spec.name in event_streams and server_batches(js._nc)  # js._nc: nats-py keeps the connection there
 
 
+def cluster_size(js: JetStreamContext) -> int | None:
+    """How many servers the connected one is clustered with, itself included, from its INFO
+    (None when a clustered server does not advertise its peers, `no_advertise`)."""
+    info = js._nc._server_info  # nats-py keeps the connection and its INFO there
+    if not info.get("cluster"):
+        return 1
+    return len(info.get("connect_urls") or []) or None
+
+
+def _check_replicas(js: JetStreamContext, topology: Topology) -> None:
+    """A stream with more replicas than servers can never be placed: said here, naming the fix,
+    instead of JetStream's "insufficient resources" from the middle of a provisioning run."""
+    size = cluster_size(js)
+    too_many = [s for s in topology.streams() if size is not None and s.replicas > size]
+    if too_many:
+        where = "one server, not a cluster" if size == 1 else f"a cluster of {size} servers reachable now"
+        raise SeamqError(ErrorCode.INVALID_TOPOLOGY, (
+            f"{', '.join(s.name for s in too_many)}: replicas {max(s.replicas for s in too_many)} needs as many "
+            f"JetStream servers, and seamq is connected to {where}; lower `replicas` in the topology (or "
+            "SEAMQ_REPLICAS), or start the missing servers"))
+
+
 async def plan(js: JetStreamContext, topology: Topology) -> list[Change]:
+    _check_replicas(js, topology)
     changes = []
     for spec in topology.streams():
         desired = stream_config(spec, batched=_batched(js, spec, topology))
@@ -229,6 +255,20 @@ async def migrate_partitions(js: JetStreamContext, spec: ConsumerSpec) -> None:
             await js.delete_consumer(spec.stream, name)
 
 
+async def _placed(js: JetStreamContext, config: StreamConfig, timeout: float = 30) -> None:
+    """A stream's new replica count is applied after the update returns; its consumers may
+    not have more replicas than it has until then (JetStream error 10126)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        info = await js.stream_info(config.name)
+        if config.num_replicas == 1 or len((info.cluster and info.cluster.replicas) or []) == config.num_replicas - 1:
+            return
+        if asyncio.get_running_loop().time() > deadline:
+            raise SeamqError(ErrorCode.BROKER_UNAVAILABLE, f"stream {config.name} did not reach "
+                             f"{config.num_replicas} replicas within {timeout:g}s; is every server up?")
+        await asyncio.sleep(0.1)
+
+
 async def apply(js: JetStreamContext, topology: Topology, *, force: bool = False,
                 migrate: bool = False) -> list[Change]:
     """Plan, refuse destructive changes unless forced (partition migrations unless `migrate`),
@@ -252,6 +292,8 @@ async def apply(js: JetStreamContext, topology: Topology, *, force: bool = False
                 await js.add_stream(config)
             elif change.action == "update":
                 await js.update_stream(config)
+                if any(name == "num_replicas" for name, _, _ in change.diffs):
+                    await _placed(js, config)
             elif change.action == "recreate":
                 await js.delete_stream(change.name)
                 await js.add_stream(config)
