@@ -80,3 +80,20 @@ def test_credential_and_tls_files_are_checked_at_start(tmp_path):
            "SEAMQ_NATS__CONNECT_TIMEOUT": "1", "PATH": "/usr/bin:/bin"}
     result = subprocess.run([*SEAMQ, "provision", "--dry-run"], capture_output=True, text=True, env=env)
     assert "BROKER_UNAVAILABLE" in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+def test_liveness_window_must_outlast_a_handler_call():
+    with pytest.raises(SeamqError) as err:
+        load_settings(health_stale_after=5, consumer={"handler_timeout": 10})
+    assert err.value.code is ErrorCode.INVALID_CONFIG and "consumer.handler_timeout" in err.value.message
+
+
+def test_a_cluster_is_a_yaml_list_or_comma_separated(tmp_path, monkeypatch):
+    config = tmp_path / "seamq.yaml"
+    config.write_text("nats:\n  url: [nats://127.0.0.1:4222, nats://127.0.0.1:4223]\n")
+    monkeypatch.setenv("SEAMQ_CONFIG", str(config))
+    assert load_settings().nats.url == "nats://127.0.0.1:4222,nats://127.0.0.1:4223"
+    monkeypatch.setenv("SEAMQ_NATS__URL", "nats://a:4222,ftp://b:4222")
+    with pytest.raises(SeamqError) as err:
+        load_settings()
+    assert "'ftp://b:4222' is not a nats://" in err.value.message

@@ -37,6 +37,7 @@ import asyncio
 import dataclasses
 import time
 import uuid
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
@@ -44,6 +45,7 @@ from seamq import dead_letter
 from seamq.envelope import (
     Envelope, HandlerResult, Outcome, Reason, Rejected, parse_message,
 )
+from seamq.health import Beat, Health
 from seamq.holds import Holds, Pending
 from seamq.model import Header
 from seamq.observability import ConsumerMetrics, continue_trace, log
@@ -97,6 +99,9 @@ class _Undo(Exception):
     """Rolls back a handler's savepoint when its outcome is not success."""
 
 
+_lane_beat: ContextVar[Beat] = ContextVar("lane_beat", default=Beat(0))  # outside a lane: a beat nobody reads
+
+
 class _Redo(Exception):
     """An in-process handler failed on the fast path: redo the lane with savepoints."""
 
@@ -105,8 +110,10 @@ class InboxConsumer:
     def __init__(
         self, spec: ConsumerSpec, source: DeliverySource, inbox: InboxRepository, dlq: JetStreamPublisher,
         handlers: HandlerLookup, settings: ConsumerSettings | None = None, *, max_payload: int = 1024 * 1024,
+        health: Health | None = None,
     ) -> None:
         """`max_payload`: the largest dead letter the server takes (a larger one goes by reference)."""
+        self.health = health or Health()
         self.spec = spec
         self.source = source
         self.dlq = dlq
@@ -123,7 +130,10 @@ class InboxConsumer:
         finish what was already delivered to us, ACK it, and return."""
         batch = self.spec.fetch_batch(self.config.batch_size)
         queues: list[asyncio.Queue] = [asyncio.Queue() for _ in range(self.config.concurrency)]
-        lanes = [asyncio.create_task(self._lane(queue)) for queue in queues]
+        lanes = [asyncio.create_task(self._lane(queue, self.health.beat(f"lane_{i}")))
+                 for i, queue in enumerate(queues)]
+        fetching = self.health.beat("fetch")
+        self.health.started = True
         try:
             while True:
                 if stop.is_set():
@@ -131,7 +141,8 @@ class InboxConsumer:
                     if self.source.drained:
                         return
                 try:
-                    messages = await self.source.fetch(batch, self.config.fetch_timeout)
+                    with fetching:
+                        messages = await self.source.fetch(batch, self.config.fetch_timeout)
                 except Exception as exc:  # broker away: the client reconnects, we wait
                     log.warning("consumer_fetch_failed", consumer=self.spec.name, error=str(exc))
                     await sleep_unless_stopped(stop, 1.0)
@@ -175,7 +186,8 @@ class InboxConsumer:
             return hash(item.aggregate)
         return hash(item.message_id) if item.message_id else i
 
-    async def _lane(self, queue: asyncio.Queue) -> None:
+    async def _lane(self, queue: asyncio.Queue, beat: Beat) -> None:
+        _lane_beat.set(beat)  # this lane's task only: each handler call renews it (_guarded)
         while True:
             item = await queue.get()
             if item is None:
@@ -187,7 +199,8 @@ class InboxConsumer:
                     queue.put_nowait(None)  # stop after this transaction
                     break
                 items.append(nxt)
-            await self._run_lane(items)
+            with beat:
+                await self._run_lane(items)
 
     async def _run_lane(self, items: list[_Handling]) -> None:
         """Fast path: the lane's handlers run without savepoints (two round trips per
@@ -339,6 +352,7 @@ class InboxConsumer:
     async def _guarded(self, item: _Handling, call, reraise: bool = False) -> HandlerResult:
         """A handler (or a wrapper of ours around it) that raises instead of returning an outcome
         failed this message's attempt, and only this message's."""
+        _lane_beat.get().turn()
         try:
             return await call
         except Exception as exc:

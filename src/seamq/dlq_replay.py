@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 
 from seamq import dead_letter
+from seamq.health import Health
 from seamq.dead_letter import Original
 from seamq.model import ReplayPolicy
 from seamq.observability import log
@@ -26,8 +27,10 @@ from seamq.topology import Topology, redelivery_window
 
 class Replayer:
     def __init__(self, dead_letters: DeadLetterRepository, messages: MessageStore, publisher: JetStreamPublisher,
-                 topology: Topology, policy: ReplayPolicy, *, nak_max: float, interval: float) -> None:
+                 topology: Topology, policy: ReplayPolicy, *, nak_max: float, interval: float,
+                 health: Health | None = None) -> None:
         self.dead_letters, self.messages, self.publisher, self.topology = dead_letters, messages, publisher, topology
+        self.health = health or Health()
         self.policy = policy
         self.interval = interval
         # A replay that never comes back (lost, or its consumer is down) is
@@ -35,9 +38,12 @@ class Replayer:
         self.watchdog = self.policy.max_delay + (redelivery_window(topology, nak_max) or 600)
 
     async def run(self, stop: asyncio.Event) -> None:
+        beat = self.health.beat("replay")
+        self.health.started = True
         while not stop.is_set():
             try:
-                await self.run_once()
+                with beat:
+                    await self.run_once()
             except Exception as exc:  # database or broker away: try again next round
                 log.warning("replay_round_failed", error=f"{type(exc).__name__}: {exc}")
             await sleep_unless_stopped(stop, self.interval)

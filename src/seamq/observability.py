@@ -1,6 +1,6 @@
 """Metrics and structured logs, named once so every worker reports alike.
 
-Prometheus metrics are process-wide; `serve_metrics(port)` exposes them.
+Prometheus metrics are process-wide; seamq.http.probes serves them beside the health probes.
 Logs are structlog JSON lines on stderr. EVT-047-001 OutboxEventPublished is
 a counter plus a debug-level log event (one line per event would cost more
 than publishing it).
@@ -17,7 +17,7 @@ from typing import Any
 
 import structlog
 from opentelemetry import context, propagate, trace
-from prometheus_client import Counter, Gauge, Histogram, start_http_server
+from prometheus_client import Counter, Gauge, Histogram
 
 from seamq.redact import redact
 
@@ -87,11 +87,6 @@ def _redacted(logger, method, event_dict: dict) -> dict:
         elif not isinstance(value, (int, float, bool, type(None))):
             event_dict[key] = redact(str(value))
     return event_dict
-
-
-def serve_metrics(port: int | None) -> None:
-    if port:
-        start_http_server(port, addr="127.0.0.1")
 
 
 log = structlog.get_logger("seamq")

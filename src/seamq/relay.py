@@ -26,6 +26,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from seamq.health import Beat, Health
 from seamq.model import SeamqError, message_headers
 from seamq.observability import (
     OUTBOX_BACKLOG, OUTBOX_OLDEST_SECONDS, RELAY_BATCH_SECONDS, RELAY_FAILED, RELAY_PUBLISHED, log,
@@ -39,8 +40,10 @@ class Relay:
     def __init__(
         self, outbox: OutboxRepository, publisher: JetStreamPublisher, wakeup: OutboxWakeup, topology: Topology,
         settings: RelaySettings | None = None, *, max_payload: int = 1024 * 1024, connected=lambda: True,
+        health: Health | None = None,
     ) -> None:
         """`max_payload`: the server's; a larger row is unpublishable, said so on the row."""
+        self.health = health or Health()
         self.outbox = outbox
         self.publisher = publisher
         self.topology = topology
@@ -104,28 +107,31 @@ class Relay:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Until `stop` is set: batches back to back while there is work, then wait."""
-        await asyncio.gather(*(self._loop(stop, reports=(i == 0)) for i in range(self.config.loops)))
+        self.health.started = True
+        await asyncio.gather(*(self._loop(stop, self.health.beat(f"relay_loop_{i}"), reports=(i == 0))
+                               for i in range(self.config.loops)))
 
-    async def _loop(self, stop: asyncio.Event, reports: bool) -> None:
+    async def _loop(self, stop: asyncio.Event, beat: Beat, reports: bool) -> None:
         backoff = 0.0
         last_backlog = 0.0
         uncovered = _FIRST_POLL
         while not stop.is_set():
+            beat.turn()  # until it waits: a claim, a publish, a mark that hangs shows in /healthz
             if not self._connected():
-                backoff = await self._sleep(stop, backoff, "nats_unavailable")
+                backoff = await self._sleep(stop, beat, backoff, "nats_unavailable")
                 continue
             try:
                 done = await self.run_once()
             except Exception as exc:  # keep the worker alive: back off and try again
                 if self.outbox.unavailable(exc):
                     log.warning("relay_database_error", error=str(exc))
-                    backoff = await self._sleep(stop, backoff, "database_unavailable")
+                    backoff = await self._sleep(stop, beat, backoff, "database_unavailable")
                 else:
                     log.exception("relay_batch_failed", error=str(exc))
-                    backoff = await self._sleep(stop, backoff, "unexpected_error")
+                    backoff = await self._sleep(stop, beat, backoff, "unexpected_error")
                 continue
             if done.transport_failed:
-                backoff = await self._sleep(stop, backoff, "nats_publish_failed")
+                backoff = await self._sleep(stop, beat, backoff, "nats_publish_failed")
                 continue
             backoff = 0.0
             if reports and time.monotonic() - last_backlog > self.config.backlog_interval:
@@ -138,30 +144,32 @@ class Relay:
                     self.wake.set()  # a backlog: go straight on, and leave a wake-up for an idle loop
                     continue
             elif done.more:  # what is left sits in buckets other loops hold
-                await self._wait_for_work(stop, 0.05)
+                await self._wait_for_work(stop, beat, 0.05)
                 continue
             sleep = await self.wakeup.asleep()
             if sleep is Sleep.REGISTERED:
                 continue  # once more: rows whose producers skipped their NOTIFY are visible now
             if sleep is Sleep.UNCOVERED:
-                await self._wait_for_work(stop, uncovered)
+                await self._wait_for_work(stop, beat, uncovered)
                 uncovered = min(self.config.poll_interval, _LAST_POLL, uncovered * 2)
             else:
-                await self._wait_for_work(stop, self.config.poll_interval)
+                await self._wait_for_work(stop, beat, self.config.poll_interval)
 
-    async def _sleep(self, stop: asyncio.Event, backoff: float, why: str) -> float:
+    async def _sleep(self, stop: asyncio.Event, beat: Beat, backoff: float, why: str) -> float:
+        beat.rest()
         backoff = min(self.config.max_backoff, max(0.1, backoff * 2))
         log.info("relay_backing_off", reason=why, seconds=backoff)
         await sleep_unless_stopped(stop, backoff)
         return backoff
 
-    async def _wait_for_work(self, stop: asyncio.Event, timeout: float) -> None:
+    async def _wait_for_work(self, stop: asyncio.Event, beat: Beat, timeout: float) -> None:
         """Until this loop takes a wake-up, the timeout, or stop.
 
         A wake-up (NOTIFY, or a loop that left work behind) stays set until a
         loop takes it here, so one that comes during a batch is not lost. It
         wakes every idle loop; the first to run clears it, the rest wait on.
         """
+        beat.rest()
         deadline = time.monotonic() + timeout
         while not stop.is_set():
             if self.wake.is_set():

@@ -13,7 +13,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
+from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from seamq.model import ErrorCode, ReplayPolicy, SeamqError
@@ -33,7 +33,7 @@ class NatsSettings(BaseModel):
     connect_timeout: float = 5.0
     # A server that stops answering without closing the connection (a frozen or partitioned host)
     # is left after 3 unanswered pings. nats-py's default, 120 s, held a relay on a frozen cluster
-    # node for over 5 minutes; see docs/deploy.md.
+    # node for over 5 minutes; see docs/operations.md, "A NATS cluster".
     ping_interval: float = Field(5.0, gt=0, description="seconds between pings; 3 unanswered: reconnect elsewhere")
 
     @field_validator("creds_file", "nkey_seed_file", "tls_ca", "tls_cert", "tls_key")
@@ -136,7 +136,9 @@ class Settings(BaseSettings):
     registry_module: Path = Path("registry_generated.py")
     embedded: EmbeddedSettings = EmbeddedSettings()
     log_level: str = "info"
-    metrics_port: int | None = None
+    metrics_port: int | None = Field(None, description="serve /metrics, /healthz and /readyz on this port")
+    metrics_host: str = Field("127.0.0.1", description="address to serve them on; 0.0.0.0 for a scraper elsewhere")
+    health_stale_after: float = Field(60.0, gt=0, description="/healthz fails when a loop is busy this long")
 
     @classmethod
     def settings_customise_sources(
@@ -161,6 +163,13 @@ class Settings(BaseSettings):
                 "(percent-encode spaces and other special characters in the password) or libpq key=value pairs"
             ) from None
         return value
+
+    @model_validator(mode="after")
+    def _liveness_outlasts_a_handler(self) -> "Settings":
+        if self.health_stale_after <= self.consumer.handler_timeout:
+            raise ValueError(f"health_stale_after ({self.health_stale_after:g}s) must exceed consumer.handler_timeout "
+                             f"({self.consumer.handler_timeout:g}s): a slow handler is not a hung process")
+        return self
 
     def database_dsn(self) -> str:
         if self.database_url is None:

@@ -13,6 +13,7 @@ from typing import AsyncIterator
 from psycopg_pool import AsyncConnectionPool
 
 from seamq.consumer import InboxConsumer
+from seamq.health import Health
 from seamq.inprocess import InProcessHandler, SchemaChecked
 from seamq.http.client import HttpHandler, http_client
 from seamq.model import ErrorCode, SeamqError
@@ -21,12 +22,14 @@ from seamq.nats.fast_batch import FastBatchPublisher, batched_streams
 from seamq.nats.publisher import PipelinedPublisher
 from seamq.nats.messages import JsMessageStore
 from seamq.nats.pull import Deliveries, PullSource
+from seamq.nats import readiness
 from seamq.nats.partitions import PartitionedDeliveries
 from seamq.observability import log
 from seamq.pg import migrate
 from seamq.pg.dlq_repo import PgDeadLetters
 from seamq.pg.inbox_repo import NoInbox, PgInbox, consumer_session
 from seamq.pg.notify import PgWakeup
+from seamq.pg.readiness import PgPing
 from seamq.pg.outbox_repo import PgOutbox, relay_session
 from seamq.registry import Registry, import_object, load_registry
 from seamq.relay import Relay
@@ -65,10 +68,24 @@ def stop_on_signals(stop: asyncio.Event) -> None:
             pass
 
 
-async def run_relay(settings: Settings, topology: Topology, stop: asyncio.Event) -> Relay:
+def _readiness(health: Health, stop: asyncio.Event, nc, dsn: str | None, streams: list[str],
+               consumers: list[tuple[str, str]] = ()) -> PgPing | None:
+    """A worker's readiness checks: NATS, PostgreSQL (when it uses it; the PgPing to close), provisioned objects."""
+    health.stop = stop
+    health.check("nats", readiness.connected(nc))
+    health.check("provisioned", readiness.provisioned(nc, streams, consumers))
+    ping = PgPing(dsn) if dsn else None
+    if ping:
+        health.check("postgres", ping)
+    return ping
+
+
+async def run_relay(settings: Settings, topology: Topology, stop: asyncio.Event, health: Health | None = None) -> Relay:
     dsn = settings.database_dsn()
     await migrate.require_current(dsn)
     nc = await connect(settings.nats, name="seamq-relay")
+    health = health or Health(settings.health_stale_after)
+    ping = _readiness(health, stop, nc, dsn, sorted({c.stream.name for c in topology.contexts.values()}))
     pipelined = await PipelinedPublisher(nc, timeout=settings.relay.publish_timeout).start()
     streams = sorted({c.stream.name for c in topology.contexts.values()})
     batched = await batched_streams(nc, streams)
@@ -78,7 +95,7 @@ async def run_relay(settings: Settings, topology: Topology, stop: asyncio.Event)
             wakeup = PgWakeup(dsn)
             relay = Relay(
                 PgOutbox(pool, max_backoff=settings.relay.max_backoff), publisher, wakeup, topology,
-                settings.relay, max_payload=nc.max_payload, connected=lambda: nc.is_connected,
+                settings.relay, max_payload=nc.max_payload, connected=lambda: nc.is_connected, health=health,
             )
             helpers = [asyncio.create_task(wakeup.listen(stop))]
             if settings.relay.purge_older_than:
@@ -96,6 +113,7 @@ async def run_relay(settings: Settings, topology: Topology, stop: asyncio.Event)
             log.info("relay_stopped", published=relay.published_total)
             return relay
     finally:
+        await ping.close()
         await publisher.close()
         await pipelined.close()
         await _close(nc)
@@ -115,6 +133,7 @@ async def purge_periodically(outbox: PgOutbox, older_than: float, stop: asyncio.
 
 async def run_consumer(
     settings: Settings, topology: Topology, name: str, stop: asyncio.Event, registry: Registry | None = None,
+    health: Health | None = None,
 ) -> InboxConsumer:
     """Run one durable consumer of the topology until `stop`."""
     spec = topology.consumer(name)
@@ -127,6 +146,10 @@ async def run_consumer(
         await migrate.require_current(settings.database_dsn())
     secret = cfg.handler_secret.get_secret_value() if cfg.handler_secret else None
     nc = await connect(settings.nats, name=f"seamq-consumer-{name}")
+    dlq_stream = topology.contexts[spec.target].dlq.name
+    health = health or Health(settings.health_stale_after)
+    ping = _readiness(health, stop, nc, settings.database_dsn() if cfg.inbox else None,
+                      [spec.stream, dlq_stream], [(spec.stream, d) for d in spec.durables()])
     client = http_client(max_connections=cfg.concurrency * 2)
     try:
         handlers = build_handlers(registry, http_client=client, secret=secret, timeout=cfg.handler_timeout,
@@ -141,7 +164,7 @@ async def run_consumer(
         async with _maybe_pool(settings, cfg) as pool:
             inbox = PgInbox(spec.name, pool) if pool is not None else NoInbox()
             largest = _largest_dead_letter(nc.max_payload, topology.contexts[spec.target].dlq.max_msg_size)
-            consumer = InboxConsumer(spec, source, inbox, dlq, handlers, cfg, max_payload=largest)
+            consumer = InboxConsumer(spec, source, inbox, dlq, handlers, cfg, max_payload=largest, health=health)
             log.info("consumer_started", consumer=name, stream=spec.stream, concurrency=cfg.concurrency,
                      partitions=spec.partitions)
             try:
@@ -151,6 +174,8 @@ async def run_consumer(
             log.info("consumer_stopped", consumer=name)
             return consumer
     finally:
+        if ping:
+            await ping.close()
         await client.close()
         await _close(nc)
 
@@ -169,24 +194,31 @@ async def _close(nc) -> None:
 
 
 @asynccontextmanager
-async def replay_tools(settings: Settings, topology: Topology, *, persistent: bool = True):
-    """A Replayer with its connections: for the worker and for `seamq dlq replay`."""
+async def replay_tools(settings: Settings, topology: Topology, *, persistent: bool = True,
+                       health: Health | None = None, stop: asyncio.Event | None = None):
+    """A Replayer with its connections: for the worker (with `health` and `stop`) and for `seamq dlq replay`."""
     await migrate.require_current(settings.database_dsn())
     nc = await connect(settings.nats, name="seamq-replay", persistent=persistent)
     publisher = await PipelinedPublisher(nc, timeout=settings.relay.publish_timeout).start()
+    ping = _readiness(health, stop, nc, settings.database_dsn(), sorted(
+        s.name for c in topology.contexts.values() for s in (c.stream, c.dlq))) if health else None
     try:
         async with pg_pool(settings.database_dsn(), max_size=2,
                            timeout=30.0 if persistent else ONE_SHOT_TIMEOUT) as pool:
             yield Replayer(PgDeadLetters(pool), JsMessageStore(nc.jetstream()), publisher, topology,
                            settings.replay.policy(), nak_max=settings.consumer.nak_max,
-                           interval=settings.replay.interval)
+                           interval=settings.replay.interval, health=health)
     finally:
+        if ping:
+            await ping.close()
         await publisher.close()
         await _close(nc)
 
 
-async def run_replay(settings: Settings, topology: Topology, stop: asyncio.Event) -> Replayer:
-    async with replay_tools(settings, topology) as replayer:
+async def run_replay(settings: Settings, topology: Topology, stop: asyncio.Event,
+                     health: Health | None = None) -> Replayer:
+    async with replay_tools(settings, topology, health=health or Health(settings.health_stale_after),
+                            stop=stop) as replayer:
         log.info("replay_started", reasons=settings.replay.reasons, max_attempts=settings.replay.max_attempts)
         await replayer.run(stop)
         return replayer

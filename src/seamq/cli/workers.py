@@ -55,16 +55,22 @@ def print_changes(changes, *, dry_run: bool = False) -> None:
 
 
 def _serve(current, worker) -> None:
-    """Run one worker coroutine until SIGTERM/SIGINT, with metrics if configured."""
+    """Run one worker coroutine until SIGTERM/SIGINT, with /metrics, /healthz and /readyz if a port is set."""
 
     async def go():
-        from seamq.observability import serve_metrics
+        from seamq.health import Health
+        from seamq.http import probes
         from seamq.wiring import stop_on_signals
 
-        serve_metrics(current.metrics_port)
+        health = Health(current.health_stale_after)
+        server = await probes.serve(health, current.metrics_host, current.metrics_port) if current.metrics_port else None
         stop = asyncio.Event()
         stop_on_signals(stop)
-        await worker(stop)
+        try:
+            await worker(stop, health)
+        finally:
+            if server:
+                await server.cleanup()
 
     run(go())
 
@@ -75,7 +81,7 @@ def relay(topology_file: Optional[Path] = TopologyOption) -> None:
 
     current = settings()
     topo = topology(topology_file, current)
-    _serve(current, lambda stop: run_relay(current, topo, stop))
+    _serve(current, lambda stop, health: run_relay(current, topo, stop, health))
 
 
 def consume(
@@ -95,7 +101,7 @@ def consume(
     if consumer not in topo.consumers:
         exit_with(SeamqError(ErrorCode.INVALID_TOPOLOGY,
                              f"no consumer {consumer!r}; known: {', '.join(sorted(topo.consumers))}"))
-    _serve(current, lambda stop: run_consumer(current, topo, consumer, stop))
+    _serve(current, lambda stop, health: run_consumer(current, topo, consumer, stop, health=health))
 
 
 def replay(topology_file: Optional[Path] = TopologyOption) -> None:
@@ -104,7 +110,7 @@ def replay(topology_file: Optional[Path] = TopologyOption) -> None:
 
     current = settings()
     topo = topology(topology_file, current)
-    _serve(current, lambda stop: run_replay(current, topo, stop))
+    _serve(current, lambda stop, health: run_replay(current, topo, stop, health))
 
 
 def dev(
