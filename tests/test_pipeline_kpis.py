@@ -90,3 +90,55 @@ def test_kpis_command_writes_parquet_json_and_html(dsn, tmp_path):
     assert "delivery_rate" in result.stdout and "none" in result.stdout  # sea breaches, vibespro none
     assert (out / "report.html").exists() and (out / "kpis.parquet").exists()
     assert json.loads((out / "summary.json").read_text())["contexts"]["vibespro"]["breaches"] == []
+
+
+def test_time_ranges_cover_the_window_once():
+    from datetime import timedelta, timezone
+
+    from seamq.pipeline.pg_source import split
+
+    lo = datetime(2026, 11, 20, 10, tzinfo=timezone.utc)
+    for hi, parts in ((lo + timedelta(hours=1), 7), (lo + timedelta(microseconds=3), 8), (lo, 4)):
+        ranges = [tuple(datetime.fromisoformat(v) for v in r.value) for r in split(lo, hi, parts)]
+        assert len(ranges) == min(parts, (hi - lo) // timedelta(microseconds=1))
+        if ranges:
+            assert ranges[0][0] == lo and ranges[-1][1] == hi and all(a < b for a, b in ranges)
+            assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))  # contiguous: no gap, no overlap
+
+
+def test_kpis_of_a_window_read_in_parallel_ranges_match_the_whole(spark, dsn):
+    """Rows on both sides of the window's edges, and (60 ranges of a minute) on every range's edge:
+    the window's KPIs equal the whole run's row for that hour, however many ranges are read."""
+    from datetime import timezone
+
+    from seamq.pipeline.kpis import compute
+
+    seed(dsn)
+    with psycopg.connect(dsn) as conn:  # the hour before and after, and the edges themselves
+        conn.execute("""
+            INSERT INTO outbox_events (id, context, aggregate_type, aggregate_id, event_type, payload,
+                                       occurred_at, created_at, published_at)
+            SELECT gen_random_uuid(), 'sea', 'order', 'o', 'order_placed', '{}', t, t, t
+            FROM unnest(ARRAY['2026-11-20 09:59:59.999999+00', '2026-11-20 11:00:00+00',
+                              '2026-11-20 11:30:00+00']::timestamptz[]) AS t""")
+    since = datetime(2026, 11, 20, 10, tzinfo=timezone.utc)
+    until = datetime(2026, 11, 20, 11, tzinfo=timezone.utc)
+    whole = {(r.context, r.hour): r for r in compute(spark, dsn).collect()}
+    assert len(whole) == 4  # sea 09h, 10h, 11h; vibespro 10h
+    for partitions in (1, 60):
+        window = compute(spark, dsn, since, until, partitions=partitions).collect()
+        assert [(r.context, r.hour.hour) for r in window] == [("sea", 10), ("vibespro", 10)]
+        for row in window:
+            assert row == whole[(row.context, row.hour)]
+
+
+def test_the_database_password_stays_out_of_spark_plans(spark, dsn, capsys):
+    from seamq.pipeline import pg_source
+
+    secret_dsn = dsn.replace("postgres@", "postgres:s3cr3t-pw@")  # trust auth: accepted, never checked
+    frame = pg_source.read(spark, secret_dsn, "outbox_kpis", partitions=2)
+    assert frame.count() == 0
+    frame.explain("extended")
+    frame.explain("formatted")
+    plan = capsys.readouterr().out
+    assert "seamq_pg" in plan and "s3cr3t-pw" not in plan

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import signal
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Optional
 
@@ -47,6 +47,8 @@ def reconcile(
     grace: float = typer.Option(60.0, help="Seconds a message may still be in flight before it counts as unprocessed."),
     master: Optional[str] = typer.Option(None, help="Spark master (default local[*])."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the findings as JSON here."),
+    since: Optional[datetime] = typer.Option(None, "--since", help="Events that occurred from this time (UTC)."),
+    until: Optional[datetime] = typer.Option(None, "--until", help="... until this time, excluded."),
 ) -> None:
     """Outbox vs streams vs inboxes: events a broker lost, and events never processed."""
     from rich.table import Table
@@ -60,7 +62,7 @@ def reconcile(
     topo = topology(None, current)
     with spark_session(master, app="seamq-reconcile") as spark:
         report = run_reconcile(spark, dsn=current.database_dsn(), nats=current.nats, topology=topo,
-                               grace=grace, repair=repair)
+                               grace=grace, repair=repair, since=_utc(since), until=_utc(until))
     table = Table("where", "finding", "count", title="reconcile")
     for stream, ids in report.missing_from_stream.items():
         table.add_row(stream, "published in the outbox, missing from the stream", str(len(ids)))
@@ -77,6 +79,8 @@ def reconcile(
 def kpis(
     out: Path = typer.Option(Path(".seamq/kpis"), "--out", help="Folder for kpis.parquet, summary.json, report.html."),
     master: Optional[str] = typer.Option(None, help="Spark master (default local[*])."),
+    since: Optional[datetime] = typer.Option(None, "--since", help="Events that occurred from this time (UTC)."),
+    until: Optional[datetime] = typer.Option(None, "--until", help="... until this time, excluded."),
 ) -> None:
     """PRD-022 delivery KPIs per context, event type and hour; flags breaches of the targets."""
     from rich.table import Table
@@ -86,7 +90,7 @@ def kpis(
 
     current = settings()
     with spark_session(master, app="seamq-kpis") as spark:
-        frame = compute(spark, current.database_dsn())
+        frame = compute(spark, current.database_dsn(), _utc(since), _utc(until))
         frame.write.mode("overwrite").parquet(str(out / "kpis.parquet"))
         rows = frame.collect()
     report = summary(rows)
@@ -121,3 +125,8 @@ def replay(
                             event_type=event_type,
                             progress=lambda done, total: bar.update(task, completed=done, total=total))
     console.print(f"re-published {stored} events from {path}")
+
+
+def _utc(moment: datetime | None) -> datetime | None:
+    """Times on the command line without a zone are UTC, as the KPIs' hours are."""
+    return moment.replace(tzinfo=timezone.utc) if moment and moment.tzinfo is None else moment

@@ -16,33 +16,33 @@ from __future__ import annotations
 
 import html
 import json
+from datetime import datetime
 from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from seamq.pipeline.spark import pg_frame
+from seamq.pipeline import pg_source
 
 TARGETS = {"delivery_rate_min": 0.9999, "duplicate_rate_max": 0.0, "dlq_rate_max": 0.001, "p99_ms_max": 500.0}
-
-_OUTBOX = """SELECT context, event_type, occurred_at, created_at, published_at FROM outbox_events"""
-_INBOX = """SELECT consumer, event_type, status, duplicates, occurred_at, processed_at FROM inbox_messages"""
 
 
 def _ms(start: str, end: str):
     return (F.col(end).cast("double") - F.col(start).cast("double")) * 1000
 
 
-def compute(spark: SparkSession, dsn: str) -> DataFrame:
-    """One row per (context, event_type, hour)."""
-    outbox = (pg_frame(spark, dsn, _OUTBOX)
+def compute(spark: SparkSession, dsn: str, since: datetime | None = None, until: datetime | None = None,
+            partitions: int | None = None) -> DataFrame:
+    """One row per (context, event_type, hour) of the events that occurred in [since, until)
+    (default: all), read by the executors in `partitions` time ranges (seamq.pipeline.pg_source)."""
+    outbox = (pg_source.read(spark, dsn, "outbox_kpis", since, until, partitions)
               .withColumn("hour", F.date_trunc("hour", "occurred_at"))
               .groupBy("context", "event_type", "hour")
               .agg(F.count("*").alias("outbox_total"),
                    F.count("published_at").alias("published"),
                    F.percentile(_ms("created_at", "published_at"), F.array(F.lit(0.5), F.lit(0.99)))
                    .alias("relay_lag")))
-    inbox = (pg_frame(spark, dsn, _INBOX)
+    inbox = (pg_source.read(spark, dsn, "inbox_kpis", since, until, partitions)
              .withColumn("context", F.element_at(F.split("consumer", "__from_"), 2))
              .withColumn("hour", F.date_trunc("hour", "occurred_at"))
              .where(F.col("event_type").isNotNull())

@@ -18,7 +18,7 @@ original id in its duplicate window and would drop the repair, while
 that had processed the event skips it. This is why published outbox rows are
 kept longer than the reconcile interval (docs/operations.md).
 
-PostgreSQL is read with psycopg into Arrow (no JDBC jar needed).
+PostgreSQL is read by the executors, in parallel time ranges (seamq.pipeline.pg_source).
 """
 
 from __future__ import annotations
@@ -31,25 +31,16 @@ from datetime import datetime, timezone
 
 from pyspark.sql import SparkSession
 
-from seamq.model import message_headers
+from seamq.model import Header, message_headers
 from seamq.nats import jsapi
 from seamq.nats.connect import connect
 from seamq.nats.publisher import publish_copies
 from seamq.pipeline.source import source_options
-from seamq.pipeline.spark import pg_frame
+from seamq.pipeline import pg_source
 from seamq.republish import Copy
 from seamq.settings import NatsSettings
 from seamq.topology import Topology
 
-_OUTBOX = """
-SELECT id::text AS message_id, context, aggregate_type, aggregate_id, event_type, event_version, payload::text AS payload,
-       occurred_at, correlation_id, causation_id, traceparent, stream_seq, published_at, bucket
-FROM outbox_events WHERE published_at IS NOT NULL
-"""
-_INBOX = """
-SELECT consumer, message_id::text AS message_id, status FROM inbox_messages
-WHERE status IN ('processed', 'dead_lettered', 'exhausted')
-"""
 
 
 @dataclass
@@ -81,17 +72,25 @@ def _micros(rfc3339: str) -> int:
 
 
 def reconcile(spark: SparkSession, *, dsn: str, nats: NatsSettings, topology: Topology, grace: float = 60.0,
-              repair: bool = False) -> Report:
+              repair: bool = False, since: datetime | None = None, until: datetime | None = None) -> Report:
+    """Events that occurred in [since, until) (default: all): each side is judged by the event's own
+    time, the stream's messages by their `Seamq-Occurred-At` header, so the window cuts all alike."""
     from pyspark.sql import functions as F
 
     report = Report()
-    outbox = pg_frame(spark, dsn, _OUTBOX)
-    inbox = pg_frame(spark, dsn, _INBOX)
+    outbox = pg_source.read(spark, dsn, "outbox_published", since, until)
+    inbox = pg_source.read(spark, dsn, "inbox_settled", since, until)
+    occurred = F.to_timestamp(F.col("headers")[Header.OCCURRED_AT])
+    in_window = F.lit(True)
+    if since:
+        in_window &= occurred >= F.lit(since)
+    if until:
+        in_window &= occurred < F.lit(until)
     missing_rows = []
     for context, spec in sorted(topology.contexts.items()):
         name = spec.stream.name
         stream = spark.read.format("jetstream").options(**source_options(nats)).option("stream", name).load() \
-            .select("message_id", "timestamp").cache()
+            .where(in_window).select("message_id", "timestamp").cache()
         first_seq, first_ts = asyncio.run(_first(nats, name))
         near_edge = F.abs(F.unix_micros("published_at") - F.lit(first_ts)) <= int(grace * 1_000_000)
         published = outbox.where((F.col("context") == context) & (F.col("stream_seq") >= first_seq)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import sys
-import uuid
 from contextlib import contextmanager
 
 
@@ -19,6 +18,7 @@ def session(master: str | None = None, app: str = "seamq", *, quiet: bool = True
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
+    from seamq.pipeline.pg_source import PgDataSource
     from seamq.pipeline.source import JetStreamDataSource
 
     builder = (SparkSession.builder.master(master or "local[*]").appName(app)
@@ -31,6 +31,7 @@ def session(master: str | None = None, app: str = "seamq", *, quiet: bool = True
     if quiet:
         spark.sparkContext.setLogLevel("ERROR")
     spark.dataSource.register(JetStreamDataSource)
+    spark.dataSource.register(PgDataSource)
     return spark
 
 
@@ -42,20 +43,3 @@ def spark_session(master: str | None = None, app: str = "seamq"):
         yield spark
     finally:
         spark.stop()
-
-
-def pg_frame(spark, dsn: str, sql: str):
-    """A query's rows as a DataFrame, through psycopg and Arrow (no JDBC jar needed).
-
-    The rows pass through the driver, so this suits the outbox and inbox sizes
-    a reconcile or KPI run reads; UUIDs become strings (Arrow has no UUID type).
-    """
-    import psycopg
-    import pyarrow as pa
-
-    with psycopg.connect(dsn) as conn:
-        cur = conn.execute(sql)
-        names = [c.name for c in cur.description]
-        rows = cur.fetchall()
-    plain = lambda v: str(v) if isinstance(v, uuid.UUID) else v  # noqa: E731
-    return spark.createDataFrame(pa.table({n: [plain(r[i]) for r in rows] for i, n in enumerate(names)}))
