@@ -109,6 +109,16 @@ class ReplaySettings(BaseModel):
                             max_attempts=self.max_attempts, jitter=self.jitter, reasons=tuple(self.reasons))
 
 
+class PipelineSettings(BaseModel):
+    """Where `seamq pipeline ...` runs its Spark jobs (docs/deploy.md, "Spark")."""
+
+    master: str = Field("local[*]", description="local[*], spark://host:7077, yarn, k8s://...; --master overrides")
+    driver_host: str | None = Field(None, description="the address executors reach the driver at (cluster masters)")
+    driver_bind_address: str | None = Field(None, description="the address the driver listens on (cluster masters)")
+    executor_python: str = Field("python3", description="the executors' Python (PYSPARK_PYTHON), not the driver's")
+    conf: dict[str, str] = Field({}, description="more Spark settings, e.g. spark.archives, spark.executor.memory")
+
+
 class EmbeddedSettings(BaseModel):
     """The services `seamq dev` starts when no external ones are configured."""
 
@@ -135,6 +145,7 @@ class Settings(BaseSettings):
     registry_manifests: Path = Path("manifests")
     registry_module: Path = Path("registry_generated.py")
     embedded: EmbeddedSettings = EmbeddedSettings()
+    pipeline: PipelineSettings = PipelineSettings()
     log_level: str = "info"
     metrics_port: int | None = Field(None, description="serve /metrics, /healthz and /readyz on this port")
     metrics_host: str = Field("127.0.0.1", description="address to serve them on; 0.0.0.0 for a scraper elsewhere")

@@ -19,7 +19,7 @@ def lake(
     stream: str = typer.Option(..., "--stream", help="The JetStream stream, e.g. SEA_EVENTS."),
     path: Path = typer.Option(Path(".seamq/lake"), "--lake", help="Lake folder (Parquet)."),
     checkpoint: Optional[Path] = typer.Option(None, help="Checkpoint folder (default: <lake>/_checkpoints/<stream>)."),
-    master: Optional[str] = typer.Option(None, help="Spark master (default local[*])."),
+    master: Optional[str] = typer.Option(None, help="Spark master (default: pipeline.master, local[*])."),
     available_now: bool = typer.Option(False, "--available-now", help="Read what is there now, then stop."),
     max_records: int = typer.Option(50_000, help="Most messages per micro-batch."),
 ) -> None:
@@ -28,7 +28,7 @@ def lake(
     from seamq.pipeline.spark import spark_session
 
     current = settings()
-    with spark_session(master, app=f"seamq-lake-{stream}") as spark:
+    with spark_session(master, app=f"seamq-lake-{stream}", settings=current.pipeline) as spark:
         query = start_lake(spark, nats=current.nats, stream=stream, lake=path,
                            checkpoint=checkpoint or path / "_checkpoints" / stream,
                            max_records=max_records, available_now=available_now)
@@ -45,7 +45,7 @@ def lake(
 def reconcile(
     repair: bool = typer.Option(False, "--repair", help="Re-publish events missing from their stream."),
     grace: float = typer.Option(60.0, help="Seconds a message may still be in flight before it counts as unprocessed."),
-    master: Optional[str] = typer.Option(None, help="Spark master (default local[*])."),
+    master: Optional[str] = typer.Option(None, help="Spark master (default: pipeline.master, local[*])."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the findings as JSON here."),
     since: Optional[datetime] = typer.Option(None, "--since", help="Events that occurred from this time (UTC)."),
     until: Optional[datetime] = typer.Option(None, "--until", help="... until this time, excluded."),
@@ -60,7 +60,7 @@ def reconcile(
 
     current = settings()
     topo = topology(None, current)
-    with spark_session(master, app="seamq-reconcile") as spark:
+    with spark_session(master, app="seamq-reconcile", settings=current.pipeline) as spark:
         report = run_reconcile(spark, dsn=current.database_dsn(), nats=current.nats, topology=topo,
                                grace=grace, repair=repair, since=_utc(since), until=_utc(until))
     table = Table("where", "finding", "count", title="reconcile")
@@ -78,7 +78,7 @@ def reconcile(
 @app.command()
 def kpis(
     out: Path = typer.Option(Path(".seamq/kpis"), "--out", help="Folder for kpis.parquet, summary.json, report.html."),
-    master: Optional[str] = typer.Option(None, help="Spark master (default local[*])."),
+    master: Optional[str] = typer.Option(None, help="Spark master (default: pipeline.master, local[*])."),
     since: Optional[datetime] = typer.Option(None, "--since", help="Events that occurred from this time (UTC)."),
     until: Optional[datetime] = typer.Option(None, "--until", help="... until this time, excluded."),
 ) -> None:
@@ -89,7 +89,7 @@ def kpis(
     from seamq.pipeline.spark import spark_session
 
     current = settings()
-    with spark_session(master, app="seamq-kpis") as spark:
+    with spark_session(master, app="seamq-kpis", settings=current.pipeline) as spark:
         frame = compute(spark, current.database_dsn(), _utc(since), _utc(until))
         frame.write.mode("overwrite").parquet(str(out / "kpis.parquet"))
         rows = frame.collect()
@@ -110,7 +110,7 @@ def replay(
     until: datetime = typer.Option(..., "--until", help="Until this time, excluded."),
     event_type: Optional[str] = typer.Option(None, "--event-type", help="Only this event type."),
     path: Path = typer.Option(Path(".seamq/lake"), "--lake", help="Lake folder."),
-    master: Optional[str] = typer.Option(None, help="Spark master (default local[*])."),
+    master: Optional[str] = typer.Option(None, help="Spark master (default: pipeline.master, local[*])."),
 ) -> None:
     """Re-publish lake events of a time window into their streams; inboxes keep it exactly-once."""
     from rich.progress import Progress
@@ -119,7 +119,8 @@ def replay(
     from seamq.pipeline.spark import spark_session
 
     current = settings()
-    with spark_session(master, app="seamq-lake-replay") as spark, Progress(console=console) as bar:
+    with (spark_session(master, app="seamq-lake-replay", settings=current.pipeline) as spark,
+          Progress(console=console) as bar):
         task = bar.add_task("replaying", total=None)
         stored = run_replay(spark, nats=current.nats, lake=path, since=since, until=until,
                             event_type=event_type,

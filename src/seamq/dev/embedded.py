@@ -136,7 +136,7 @@ class NatsServer(_Process):
 
     def __init__(self, data_dir: Path, port: int | None = None, *, sync: str = "default",
                  user: str | None = None, password: str | None = None, cluster: "_Routes | None" = None,
-                 server_name: str | None = None) -> None:
+                 server_name: str | None = None, tls: tuple[Path, Path] | None = None) -> None:
         self.data_dir = Path(data_dir)
         self.port = port or free_port()
         self.server_name = server_name or f"seamq_{self.port}"
@@ -144,10 +144,11 @@ class NatsServer(_Process):
         self.sync = sync
         self.user, self.password = user, password  # clients must authenticate (the tests of credentials)
         self.cluster = cluster
+        self.tls = tls  # (certificate, key): clients must speak TLS (the tests of TLS)
 
     @property
     def url(self) -> str:
-        return f"nats://127.0.0.1:{self.port}"
+        return f"{'tls' if self.tls else 'nats'}://127.0.0.1:{self.port}"
 
     def _config(self) -> Path:
         store = self.data_dir / "jetstream"
@@ -160,6 +161,7 @@ class NatsServer(_Process):
             f'listen: "127.0.0.1:{self.port}"\n'
             f'server_name: "{self.server_name}"\n'
             f'jetstream {{\n  store_dir: "{store}"\n  {sync}\n}}\n' + auth
+            + (f'tls {{\n  cert_file: "{self.tls[0]}"\n  key_file: "{self.tls[1]}"\n}}\n' if self.tls else "")
             + (f'http: "127.0.0.1:{self.monitor_port}"\n' + self.cluster.config(self.port) if self.cluster else "")
         )
         return config
