@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -143,3 +144,21 @@ async def test_on_the_cluster_with_a_user_and_password_over_tls(spark, spark_clu
     reconcile = json.loads((tmp_path / "reconcile.json").read_text())
     assert set(reconcile["missing_from_stream"]["VIBESPRO_EVENTS"]) == lost
     assert "s3cret-on-executors" not in result.stdout + result.stderr
+
+
+def test_spark_submit_runs_the_pipeline_module_on_the_cluster(spark_cluster, dsn, tmp_path):
+    """`spark-submit` decides the master and the executors' Python; seamq takes what it was given."""
+    import seamq.pipeline.__main__ as script
+
+    seed(dsn)
+    env = service_env(dsn, NatsSettings(), {"SPARK_LOCAL_IP": "127.0.0.1"})
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"  # as in the activated environment
+    submit = [str(Path(sys.prefix) / "bin" / "spark-submit"), "--master", spark_cluster.master,
+              "--conf", f"spark.pyspark.python={spark_cluster.python}", "--conf", "spark.executor.memory=512m",
+              "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1",
+              "--conf", f"spark.pyspark.driver.python={sys.executable}", script.__file__,
+              "kpis", "--out", str(tmp_path / "kpis")]
+    result = subprocess.run(submit, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((tmp_path / "kpis" / "summary.json").read_text())
+    assert summary["contexts"]["sea"]["published"] == 9990 and summary["contexts"]["sea"]["breaches"]

@@ -9,4 +9,5 @@ import sys
 
 from seamq.cli import app
 
-app(args=["pipeline", *sys.argv[1:]], prog_name="seamq")
+if __name__ == "__main__":
+    app(args=["pipeline", *sys.argv[1:]], prog_name="seamq")
