@@ -48,6 +48,12 @@ def executor_python(root: Path) -> Path:
     return python
 
 
+def _can_hide() -> bool:
+    """Root, allowed to make mount namespaces (a container without CAP_SYS_ADMIN is not)."""
+    return os.geteuid() == 0 and shutil.which("unshare") is not None and subprocess.run(
+        ["unshare", "--mount", "true"], capture_output=True).returncode == 0
+
+
 def _link(source, target) -> None:
     try:
         os.link(source, target)
@@ -63,7 +69,7 @@ class SparkCluster:
             / "site-packages" / "pyspark"
         self.port, self.ui_port = free_port(), free_port()
         self.workers = workers
-        self.isolated = os.geteuid() == 0
+        self.isolated = _can_hide()
         self.procs: list[subprocess.Popen] = []
 
     @property
