@@ -1,5 +1,5 @@
 """`python -m seamq` is the `seamq` command."""
 
-from seamq.cli import app
+from seamq.cli import main
 
-app()
+main()

@@ -16,10 +16,19 @@ app = typer.Typer(
 )
 
 
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"seamq {version('seamq')}")
+        raise typer.Exit()
+
+
 @app.callback()
-def main(
+def options(
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML settings file (also SEAMQ_CONFIG)."),
     log_level: Optional[str] = typer.Option(None, "--log-level", help="debug, info, warning, error."),
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
 ) -> None:
     if config:
         os.environ["SEAMQ_CONFIG"] = str(config)
@@ -42,3 +51,19 @@ app.add_typer(pipeline.app, name="pipeline")
 app.add_typer(jobs.app, name="jobs")
 app.add_typer(maintenance.outbox_app, name="outbox")
 app.add_typer(maintenance.inbox_app, name="inbox")
+
+
+def main(args: list[str] | None = None) -> None:
+    """The `seamq` command. A failure a person can act on, wherever a command meets it, ends in
+    `error[CODE]: message` and its exit code; only a bug shows a traceback."""
+    import sys
+
+    from seamq.cli.common import coded, report
+
+    try:
+        app(args=args, prog_name="seamq")
+    except Exception as exc:
+        error = coded(exc)
+        if error is None:
+            raise
+        sys.exit(report(error))

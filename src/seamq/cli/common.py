@@ -33,28 +33,43 @@ INPUT_ERRORS = {
 TopologyOption = typer.Option(None, "--topology", "-t", help="Topology YAML (default: the shipped SDS-047 §10 one).")
 
 
-def exit_with(error: SeamqError):
+def report(error: SeamqError) -> int:
+    """Print `error[CODE]: message`; the exit code it calls for (README, "Exit codes")."""
     err_console.print(f"[red]error[{error.code.value}][/red]: {redact(error.message)}", highlight=False,
                       markup=True)
-    raise typer.Exit(2 if error.code in INPUT_ERRORS else 1)
+    return 2 if error.code in INPUT_ERRORS else 1
 
 
-def run(coro):
-    """Run a coroutine, turning known failures into a clean message and exit code."""
+def exit_with(error: SeamqError):
+    raise typer.Exit(report(error))
+
+
+def coded(exc: BaseException) -> SeamqError | None:
+    """A failure a person can act on, as a SeamqError; None for anything else (a bug)."""
     import psycopg
     from nats.errors import NoServersError
     from psycopg_pool import PoolTimeout
 
+    if isinstance(exc, SeamqError):
+        return exc
+    if isinstance(exc, (psycopg.OperationalError, PoolTimeout)):
+        return SeamqError(ErrorCode.DATABASE_UNAVAILABLE, f"{exc} (check SEAMQ_DATABASE_URL)".strip())
+    if isinstance(exc, psycopg.Error):
+        return SeamqError(ErrorCode.DATABASE_ERROR, f"{type(exc).__name__}: {exc}".strip())
+    if isinstance(exc, (NoServersError, OSError)):
+        return SeamqError(ErrorCode.BROKER_UNAVAILABLE, f"cannot reach NATS: {exc} (check SEAMQ_NATS__URL)")
+    return None
+
+
+def run(coro):
+    """Run a coroutine, turning known failures into a clean message and exit code."""
     try:
         return asyncio.run(coro)
-    except SeamqError as exc:
-        exit_with(exc)
-    except (psycopg.OperationalError, PoolTimeout) as exc:
-        exit_with(SeamqError(ErrorCode.DATABASE_UNAVAILABLE, f"{exc} (check SEAMQ_DATABASE_URL)".strip()))
-    except psycopg.Error as exc:
-        exit_with(SeamqError(ErrorCode.DATABASE_ERROR, f"{type(exc).__name__}: {exc}".strip()))
-    except (NoServersError, OSError) as exc:
-        exit_with(SeamqError(ErrorCode.BROKER_UNAVAILABLE, f"cannot reach NATS: {exc} (check SEAMQ_NATS__URL)"))
+    except Exception as exc:
+        error = coded(exc)
+        if error is None:
+            raise
+        exit_with(error)
 
 
 def report_crash(exc_type, exc, tb) -> None:

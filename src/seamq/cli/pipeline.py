@@ -60,8 +60,9 @@ def reconcile(
 
     current = settings()
     topo = topology(None, current)
+    dsn = current.database_dsn()  # before the JVM starts: a missing setting is said in a second
     with spark_session(master, app="seamq-reconcile", settings=current.pipeline) as spark:
-        report = run_reconcile(spark, dsn=current.database_dsn(), nats=current.nats, topology=topo,
+        report = run_reconcile(spark, dsn=dsn, nats=current.nats, topology=topo,
                                grace=grace, repair=repair, since=_utc(since), until=_utc(until))
     table = Table("where", "finding", "count", title="reconcile")
     for stream, ids in report.missing_from_stream.items():
@@ -89,8 +90,9 @@ def kpis(
     from seamq.pipeline.spark import spark_session
 
     current = settings()
+    dsn = current.database_dsn()  # before the JVM starts
     with spark_session(master, app="seamq-kpis", settings=current.pipeline) as spark:
-        frame = compute(spark, current.database_dsn(), _utc(since), _utc(until))
+        frame = compute(spark, dsn, _utc(since), _utc(until))
         frame.write.mode("overwrite").parquet(str(out / "kpis.parquet"))
         rows = frame.collect()
     report = summary(rows)

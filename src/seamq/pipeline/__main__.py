@@ -7,7 +7,7 @@
 
 import sys
 
-from seamq.cli import app
+from seamq.cli import main
 
 if __name__ == "__main__":
-    app(args=["pipeline", *sys.argv[1:]], prog_name="seamq")
+    main(["pipeline", *sys.argv[1:]])
