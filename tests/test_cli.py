@@ -55,3 +55,19 @@ def _closed_port() -> int:
     from seamq.dev.embedded import free_port
 
     return free_port()
+
+
+def test_the_documented_registry_import_works_from_the_project_folder(tmp_path):
+    """`seamq consume --registry registry_generated:REGISTRY`, run where `seamq registry generate`
+    wrote the module, finds it without PYTHONPATH (the installed `seamq` script, not `python -m`)."""
+    import sys
+
+    (tmp_path / "registry_generated.py").write_text(
+        "from seamq.registry import Registry\nREGISTRY = Registry(default='http://127.0.0.1:9/handle')\n")
+    script = Path(sys.executable).parent / "seamq"
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("SEAMQ_") and k != "PYTHONPATH"}
+    result = subprocess.run([str(script), "consume", "--consumer", "sea__from_vibespro", "--registry",
+                             "registry_generated:REGISTRY"], cwd=tmp_path, env=clean, capture_output=True, text=True,
+                            timeout=120)
+    # Past the registry: what stops it now is the next thing it needs.
+    assert "error[INVALID_CONFIG]: no database configured" in result.stderr, result.stderr

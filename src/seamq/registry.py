@@ -15,7 +15,9 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
+import os
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -52,6 +54,10 @@ def import_object(path: str) -> Any:
     module_name, _, attr = path.partition(":")
     if not module_name or not attr:
         raise SeamqError(ErrorCode.INVALID_CONFIG, f"handler {path!r} must be 'package.module:name'")
+    if os.getcwd() not in sys.path:
+        # The user's own modules (registry_generated.py, handlers) from where they run `seamq`, as
+        # `python -m` would find them; appended, so a file there cannot shadow an installed package.
+        sys.path.append(os.getcwd())
     try:
         return getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
