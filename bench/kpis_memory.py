@@ -79,8 +79,7 @@ def case(kind: str, dsn: str) -> dict:
 
         reads = {"outbox_kpis": None, "inbox_kpis": None}
         for name in reads:
-            sql = pg_source.READS[name][1]
-            reads[name] = driver_side_frame(spark, dsn, sql)
+            reads[name] = driver_side_frame(spark, dsn, pg_source.READS[name].sql)
         original = pg_source.read
         pg_source.read = lambda spark, dsn, name, *args: reads[name]  # the same aggregation, the old read
         try:

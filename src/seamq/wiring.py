@@ -84,10 +84,10 @@ async def run_relay(settings: Settings, topology: Topology, stop: asyncio.Event,
     dsn = settings.database_dsn()
     await migrate.require_current(dsn)
     nc = await connect(settings.nats, name="seamq-relay")
-    health = health or Health(settings.health_stale_after)
-    ping = _readiness(health, stop, nc, dsn, sorted({c.stream.name for c in topology.contexts.values()}))
-    pipelined = await PipelinedPublisher(nc, timeout=settings.relay.publish_timeout).start()
     streams = sorted({c.stream.name for c in topology.contexts.values()})
+    health = health or Health(settings.health_stale_after)
+    ping = _readiness(health, stop, nc, dsn, streams)
+    pipelined = await PipelinedPublisher(nc, timeout=settings.relay.publish_timeout).start()
     batched = await batched_streams(nc, streams)
     publisher = await FastBatchPublisher(nc, batched, pipelined, timeout=settings.relay.publish_timeout).start()
     try:

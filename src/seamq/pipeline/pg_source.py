@@ -19,34 +19,42 @@ redacts in plans and its UI; the rest of the connection string as `conninfo`.
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
-# name -> (Spark schema, SELECT ... FROM ... WHERE <more>; the window is added to WHERE)
+class Read(NamedTuple):
+    schema: str  # Spark's
+    table: str
+    select: str  # columns, in the schema's order
+    where: str  # the window is added to it
+
+    @property
+    def sql(self) -> str:
+        return f"SELECT {self.select} FROM {self.table} WHERE {self.where}"
+
+
 READS = {
-    "outbox_kpis": (
+    "outbox_kpis": Read(
         "context string, event_type string, occurred_at timestamp, created_at timestamp, published_at timestamp",
-        "SELECT context, event_type, occurred_at, created_at, published_at FROM outbox_events WHERE true"),
-    "inbox_kpis": (
+        "outbox_events", "context, event_type, occurred_at, created_at, published_at", "true"),
+    "inbox_kpis": Read(
         "consumer string, event_type string, status string, duplicates int, occurred_at timestamp, "
         "processed_at timestamp",
-        "SELECT consumer, event_type, status, duplicates, occurred_at, processed_at FROM inbox_messages "
-        "WHERE occurred_at IS NOT NULL"),
-    "outbox_published": (
+        "inbox_messages", "consumer, event_type, status, duplicates, occurred_at, processed_at",
+        "occurred_at IS NOT NULL"),
+    "outbox_published": Read(
         "message_id string, context string, aggregate_type string, aggregate_id string, event_type string, "
         "event_version int, payload string, occurred_at timestamp, correlation_id string, causation_id string, "
         "traceparent string, stream_seq long, published_at timestamp, bucket int",
-        "SELECT id::text, context, aggregate_type, aggregate_id, event_type, event_version, payload::text, "
-        "occurred_at, correlation_id::text, causation_id::text, traceparent, stream_seq, published_at, bucket "
-        "FROM outbox_events WHERE published_at IS NOT NULL"),
-    "inbox_settled": (
+        "outbox_events", "id::text, context, aggregate_type, aggregate_id, event_type, event_version, payload::text, "
+        "occurred_at, correlation_id::text, causation_id::text, traceparent, stream_seq, published_at, bucket",
+        "published_at IS NOT NULL"),
+    "inbox_settled": Read(
         "consumer string, message_id string, status string, occurred_at timestamp",
-        "SELECT consumer, message_id::text, status, occurred_at FROM inbox_messages "
-        "WHERE status IN ('processed', 'dead_lettered', 'exhausted')"),
+        "inbox_messages", "consumer, message_id::text, status, occurred_at",
+        "status IN ('processed', 'dead_lettered', 'exhausted')"),
 }
-_TABLE = {"outbox_kpis": "outbox_events", "outbox_published": "outbox_events",
-          "inbox_kpis": "inbox_messages", "inbox_settled": "inbox_messages"}
 ARROW_BATCH = 10_000
 
 
@@ -121,7 +129,7 @@ class PgReader(DataSourceReader):
         if lo is None or hi is None:  # the table's own bounds: one aggregate query, on the driver
             with self.options.connect() as conn:
                 first, last = conn.execute(
-                    f"SELECT min(occurred_at), max(occurred_at) FROM {_TABLE[self.options.name]}").fetchone()
+                    f"SELECT min(occurred_at), max(occurred_at) FROM {READS[self.options.name].table}").fetchone()
             if first is None:
                 return []
             lo, hi = lo or first, hi or last + timedelta(microseconds=1)
@@ -136,11 +144,11 @@ class PgReader(DataSourceReader):
 def _read_range(options: _Options, lo: str, hi: str) -> Iterator:
     import pyarrow as pa
 
-    schema, sql = READS[options.name]
-    arrow = pa.schema([_arrow_field(pa, column) for column in schema.split(", ")])
+    read = READS[options.name]
+    arrow = pa.schema([_arrow_field(pa, column) for column in read.schema.split(", ")])
     with options.connect() as conn, conn.cursor(name="seamq_spark_read") as cur:
         cur.itersize = ARROW_BATCH
-        cur.execute(f"{sql} AND occurred_at >= %s AND occurred_at < %s", (lo, hi))
+        cur.execute(f"{read.sql} AND occurred_at >= %s AND occurred_at < %s", (lo, hi))
         while rows := cur.fetchmany(ARROW_BATCH):
             columns = list(zip(*rows))
             yield pa.RecordBatch.from_arrays([pa.array(c, type=f.type) for c, f in zip(columns, arrow)],
@@ -160,7 +168,7 @@ class PgDataSource(DataSource):
         return "seamq_pg"
 
     def schema(self) -> str:
-        return READS[_Options(self.options).name][0]
+        return READS[_Options(self.options).name].schema
 
     def reader(self, schema) -> DataSourceReader:
         return PgReader(_Options(self.options))
