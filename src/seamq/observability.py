@@ -90,7 +90,7 @@ def _redacted(logger, method, event_dict: dict) -> dict:
 
 
 log = structlog.get_logger("seamq")
-tracer = trace.get_tracer("seamq.consumer")
+tracer = trace.get_tracer("seamq")
 
 
 class ConsumerMetrics:
@@ -163,7 +163,7 @@ def continue_trace(subject: str, headers: dict[str, str]):
     incoming traceparent is passed through as is (and the per-message cost of
     starting a span and injecting is skipped).
     """
-    if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+    if not recording():
         token = context.attach(remote_context(headers))  # handlers still see the trace as current
         try:
             yield headers.get("traceparent")
@@ -175,3 +175,33 @@ def continue_trace(subject: str, headers: dict[str, str]):
         carrier: dict[str, str] = {}
         propagate.inject(carrier)
         yield carrier.get("traceparent") or headers.get("traceparent")
+
+
+def recording() -> bool:
+    """Whether an OpenTelemetry SDK is configured: without one, spans would record nothing."""
+    return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+
+
+def start_publish_spans(messages: list) -> list[trace.Span]:
+    """The relay's PRODUCER span per message, children of the writer's span (the row's traceparent);
+    each message's traceparent becomes its span's, so the handler's span is the publish's child."""
+    if not recording():
+        return []
+    spans = []
+    for msg in messages:
+        span = tracer.start_span(f"publish {msg.subject}", context=remote_context(msg.headers),
+                                 kind=trace.SpanKind.PRODUCER, attributes={
+                                     "messaging.system": "nats", "messaging.destination.name": msg.subject,
+                                     "messaging.message.id": msg.headers.get("Nats-Msg-Id", "")})
+        propagate.inject(msg.headers, context=trace.set_span_in_context(span))
+        spans.append(span)
+    return spans
+
+
+def end_publish_spans(spans: list[trace.Span], results: list) -> None:
+    """`results` is shorter than `spans` when the publish raised: those messages were not published."""
+    for i, span in enumerate(spans):
+        error = results[i].error if i < len(results) and not results[i].ok else None
+        if i >= len(results) or error:
+            span.set_status(trace.Status(trace.StatusCode.ERROR, error or "not published"))
+        span.end()

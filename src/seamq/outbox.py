@@ -16,8 +16,19 @@ from __future__ import annotations
 import json
 from typing import Any, Awaitable, Iterable
 
+from opentelemetry import trace
+
 from seamq.model import ErrorCode, Event, SeamqError, check_outbox_policies, traceparent_for
 from seamq.pg.sql import query, to_positional, to_sqlalchemy
+
+
+def _traceparent(event: Event) -> str:
+    """The caller's span when it has one, so the relay and the handler continue the producer's trace;
+    else a trace of the event's own (model.traceparent_for). Only the W3C traceparent is kept."""
+    span = trace.get_current_span().get_span_context()
+    if not span.is_valid:
+        return traceparent_for(event.id)
+    return f"00-{span.trace_id:032x}-{span.span_id:016x}-{int(span.trace_flags):02x}"
 
 
 def _row(event: Event) -> dict[str, Any]:
@@ -30,7 +41,7 @@ def _row(event: Event) -> dict[str, Any]:
         id=event.id, context=event.context, aggregate_type=event.aggregate_type,
         aggregate_id=event.aggregate_id, event_type=event.event_type, event_version=event.event_version,
         payload=payload, occurred_at=event.occurred_at, correlation_id=event.correlation_id,
-        causation_id=event.causation_id, traceparent=traceparent_for(event.id),
+        causation_id=event.causation_id, traceparent=_traceparent(event),
     )
 
 

@@ -29,7 +29,8 @@ from typing import NamedTuple
 from seamq.health import Beat, Health
 from seamq.model import SeamqError, message_headers
 from seamq.observability import (
-    OUTBOX_BACKLOG, OUTBOX_OLDEST_SECONDS, RELAY_BATCH_SECONDS, RELAY_FAILED, RELAY_PUBLISHED, log,
+    OUTBOX_BACKLOG, OUTBOX_OLDEST_SECONDS, RELAY_BATCH_SECONDS, RELAY_FAILED, RELAY_PUBLISHED, end_publish_spans,
+    log, start_publish_spans,
 )
 from seamq.ports import JetStreamPublisher, OutboxRepository, OutboxRow, OutboxWakeup, OutMessage, PubResult, Sleep
 from seamq.settings import RelaySettings
@@ -94,7 +95,12 @@ class Relay:
                     held.add(aggregate)
                 else:
                     sendable.append((row, built))
-            results = await self.publisher.publish_many([m for _, m in sendable]) if sendable else []
+            messages = [m for _, m in sendable]
+            spans, results = start_publish_spans(messages), []
+            try:
+                results = await self.publisher.publish_many(messages) if sendable else []
+            finally:
+                end_publish_spans(spans, results)
             for (row, _), result in zip(sendable, results):
                 marks.result(row, result)
             await batch.mark_published(marks.ok_ids, marks.ok_seqs)
