@@ -15,6 +15,7 @@ import psycopg
 import pytest
 
 from seamq.model import Event, message_headers, traceparent_for
+from seamq.typed import payload_json
 from seamq.registry import Registry, Route
 from seamq.wiring import run_consumer
 from seamq.settings import ConsumerSettings, NatsSettings, Settings
@@ -35,7 +36,7 @@ async def publish(js, events: list[Event], msg_id: str | None = None) -> None:
         headers = message_headers(e, traceparent_for(e.id))
         if msg_id:
             headers["Nats-Msg-Id"] = msg_id
-        await js.publish(str(e.subject), json.dumps(e.payload).encode(), headers=headers)
+        await js.publish(str(e.subject), json.dumps(payload_json(e)).encode(), headers=headers)
 
 
 def settings(dsn, nats_url, **consumer) -> Settings:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -138,3 +139,65 @@ async def test_v1_and_v2_run_side_by_side_and_payloads_are_validated(project, ds
         meta = inbox(dsn, bad.id)["dlq_metadata"]
         assert meta["reason"] == "schema_mismatch" and meta["detail"].startswith(where)
     assert scalar(dsn, "SELECT count(*) FROM handled") == 2
+
+
+def test_compatible_change_to_v1_passes_and_a_breaking_one_names_the_field(project):
+    assert cli("generate", cwd=project).returncode == 0
+    lock = json.loads((project / "manifests" / "registry.lock.json").read_text())
+    assert lock["vibespro.vibe_created.v1"]["properties"] == {"n": {"type": "integer"}}  # the schema, not a hash
+    manifest = project / "manifests" / "sea.yaml"
+    optional = MANIFEST.replace("properties: {n: {type: integer}}",
+                                "properties: {n: {type: integer}, mood: {type: string}}")
+    manifest.write_text(optional)
+    assert cli("generate", cwd=project).returncode == 0 and cli("check", cwd=project).returncode == 0
+    manifest.write_text(optional.replace("required: [n]", "required: [n, mood]"))
+    result = cli("generate", cwd=project)
+    assert result.returncode == 2 and "BREAKING_CHANGE" in result.stderr
+    # Judged against the schema first released, which had no mood at all.
+    assert "vibespro.vibe_created.v1: payload.mood: added as required" in " ".join(result.stderr.split())
+
+
+def test_a_lock_of_hashes_is_upgraded_when_unchanged(project):
+    import hashlib
+
+    from seamq.registry import canonical_schema
+
+    schema = canonical_schema({"type": "object", "required": ["n"], "properties": {"n": {"type": "integer"}}})
+    (project / "manifests" / "registry.lock.json").write_text(json.dumps({
+        "vibespro.vibe_created.v1": hashlib.sha256(schema.encode()).hexdigest()}))
+    assert cli("generate", cwd=project).returncode == 0
+    lock = json.loads((project / "manifests" / "registry.lock.json").read_text())
+    assert lock["vibespro.vibe_created.v1"] == json.loads(schema)
+
+
+MODELS = '''
+from seamq import EventModel
+
+
+class VibeCreatedV1(EventModel, context="vibespro", name="vibe_created", version=1):
+    n: int
+    mood: str | None = None
+'''
+
+
+def test_a_manifest_takes_its_schema_from_a_typed_model(project):
+    (project / "events.py").write_text(MODELS)
+    manifest = project / "manifests" / "sea.yaml"
+    manifest.write_text(MANIFEST.replace(SCHEMA_V1, "\n        model: events:VibeCreatedV1"))
+    result = cli("generate", cwd=project)
+    assert result.returncode == 0, result.stderr
+    namespace: dict = {}
+    exec((project / "registry_generated.py").read_text(), namespace)
+    [v1] = [r for r in namespace["REGISTRY"].routes if (r.event_type, r.version) == ("vibe_created", 1)]
+    assert json.loads(v1.schema)["properties"]["mood"] == {"anyOf": [{"type": "string"}, {"type": "null"}],
+                                                            "default": None, "title": "Mood"}
+    v2_schema = "        schema: {type: object, required: [n, mood], properties: {mood: {type: string}}}\n"
+    both = MANIFEST.replace(SCHEMA_V1, "\n        model: events:VibeCreatedV1").replace(
+        v2_schema, v2_schema + "        model: events:VibeCreatedV1\n")
+    manifest.write_text(both)
+    result = cli("generate", cwd=project)
+    assert result.returncode == 2 and "versions.2.model: give a schema or a model, not both" in result.stderr
+    manifest.write_text(both.replace(v2_schema, ""))
+    result = cli("generate", cwd=project)
+    assert result.returncode == 2 and "INVALID_MANIFEST" in result.stderr
+    assert "is vibespro.event.vibe_created.v1, not vibespro.event.vibe_created.v2" in " ".join(result.stderr.split())

@@ -12,7 +12,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from enum import Enum
-from typing import Any, Mapping
+from typing import Any, Generic, Mapping, TypeVar
 
 from seamq.model import EventSubject, Header, SeamqError
 
@@ -37,8 +37,11 @@ class Reason(str, Enum):
     CONSUMER_ERROR = "consumer_error"  # preparing or handling it raised in seamq itself (a bug): logged too
 
 
+P = TypeVar("P")  # the payload: a dict, or the EventModel a typed handler asks for (seamq.typed)
+
+
 @dataclass(frozen=True, slots=True)
-class Envelope:
+class Envelope(Generic[P]):
     message_id: uuid.UUID
     subject: str
     event_type: str
@@ -48,7 +51,7 @@ class Envelope:
     causation_id: uuid.UUID | None
     aggregate_type: str
     aggregate_id: str
-    payload: dict[str, Any]
+    payload: P
     replay_attempt: int = 0
     # JetStream's delivery count: 1 on the first delivery, more after a failure,
     # a timeout or a crash (the side effects of an earlier attempt may exist).

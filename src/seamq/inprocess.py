@@ -11,11 +11,13 @@ raise Poison (422), AlreadyProcessed (409), or anything else (retry).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import weakref
 from typing import Any, Awaitable, Callable
 
 from seamq.envelope import AlreadyProcessed, Envelope, HandlerResult, Outcome, Poison, Reason
+from seamq.typed import EventModel, model_of_handler, parse_payload
 
 Fn = Callable[[Envelope, Any], Awaitable[Any]]
 
@@ -103,6 +105,23 @@ class _Watch:
             self.handle = self.loop.call_at(due, self._check)
 
 
+def typed(model: type[EventModel], fn: Callable[..., Awaitable[HandlerResult]]):
+    """`envelope: Envelope[Model]`: the payload parsed into the model; one that does not fit is poison."""
+    subject = model.seamq_subject
+
+    async def wrapped(envelope: Envelope, conn: Any) -> HandlerResult:
+        if (envelope.context, envelope.event_type, envelope.event_version) != \
+                (subject.context, subject.name, subject.version):
+            return HandlerResult(Outcome.POISON, f"the handler takes {subject}, not {envelope.subject}",
+                                 reason=Reason.SCHEMA_MISMATCH)
+        parsed = parse_payload(model, envelope.payload)
+        if isinstance(parsed, str):
+            return HandlerResult(Outcome.POISON, parsed, reason=Reason.SCHEMA_MISMATCH)
+        return await fn(dataclasses.replace(envelope, payload=parsed), conn)
+
+    return wrapped
+
+
 class InProcessHandler:
     """A function run inside the consumer's transaction: exactly-once side effects."""
 
@@ -110,7 +129,9 @@ class InProcessHandler:
 
     def __init__(self, fn: Fn, *, timeout_seconds: float = 30.0) -> None:
         self.fn = fn
-        self._call = timeout(timeout_seconds, outcomes(fn))
+        self.model = model_of_handler(fn)
+        call = timeout(timeout_seconds, outcomes(fn))
+        self._call = typed(self.model, call) if self.model else call
 
     def __repr__(self) -> str:
         return f"InProcessHandler({getattr(self.fn, '__qualname__', self.fn)})"

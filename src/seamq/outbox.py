@@ -13,6 +13,7 @@ connection it returns an awaitable.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any, Awaitable, Iterable
 
@@ -20,6 +21,7 @@ from opentelemetry import trace
 
 from seamq.model import ErrorCode, Event, SeamqError, check_outbox_policies, traceparent_for
 from seamq.pg.sql import query, to_positional, to_sqlalchemy
+from seamq.typed import EventModel, payload_json
 
 
 def _traceparent(event: Event) -> str:
@@ -31,7 +33,11 @@ def _traceparent(event: Event) -> str:
     return f"00-{span.trace_id:032x}-{span.span_id:016x}-{int(span.trace_flags):02x}"
 
 
-def _row(event: Event) -> dict[str, Any]:
+def _row(event: Event | EventModel) -> dict[str, Any]:
+    if isinstance(event, EventModel):
+        event = event.event()
+    if isinstance(event.payload, EventModel):
+        event = dataclasses.replace(event, payload=payload_json(event))
     check_outbox_policies(event)
     try:
         payload = json.dumps(event.payload, separators=(",", ":"), allow_nan=False)
@@ -61,12 +67,15 @@ def _kind(conn: Any) -> str:
     )
 
 
-def add(conn: Any, event: Event) -> Awaitable[None] | None:
-    """Insert one event in the caller's transaction. Await the result for async connections."""
+def add(conn: Any, event: Event | EventModel) -> Awaitable[None] | None:
+    """Insert one event in the caller's transaction. Await the result for async connections.
+
+    `event` is an Event (its payload a dict or a typed EventModel) or an EventModel whose class
+    declares its aggregate (seamq.typed)."""
     return add_many(conn, [event])
 
 
-def add_many(conn: Any, events: Iterable[Event]) -> Awaitable[None] | None:
+def add_many(conn: Any, events: Iterable[Event | EventModel]) -> Awaitable[None] | None:
     """Insert several events in the caller's transaction, validated before any is written."""
     rows = [_row(e) for e in events]
     sql = query("insert_outbox")

@@ -2,12 +2,13 @@
 
 Manifests (YAML, one per consuming context) list the subscribed events, a
 handler per version (a Python import path, run in-process inside the inbox
-transaction, or an HTTP URL, SDS-047 §12), options, and a JSON Schema per
-version's payload. `generate()` turns them into a Python module with stable
+transaction, or an HTTP URL, SDS-047 §12), options, and the payload's JSON
+Schema, written out or taken from a typed event model (`model:`, seamq.typed). `generate()` turns them into a Python module with stable
 ordering: byte-identical on every run, whatever the file order. The consumer
 loads only that module, once, at start: a manifest change needs regenerate +
-restart. A lock file beside the manifests pins each released version's
-schema, so changing `.v1` is refused: a breaking change needs `.v2` (REQ-057).
+restart. A lock file beside the manifests keeps each released version's
+schema; a change to `.v1` that is not compatible (seamq.compat) is refused:
+a breaking change needs `.v2` (REQ-057).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from typing import Any, Callable
 
 import yaml
 
-from seamq.model import ErrorCode, SeamqError, validate_token
+from seamq.compat import breaking_changes
+from seamq.model import ErrorCode, EventSubject, SeamqError, validate_token
 
 LOCK_FILE = "registry.lock.json"
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
@@ -121,7 +123,7 @@ def read_manifests(directory: Path) -> list[Route]:
                     raise _manifest_error(source, vkey, "versions are integers >= 1")
                 if not isinstance(spec, dict):
                     raise _manifest_error(source, vkey, "must be a mapping with a handler")
-                unknown = set(spec) - {"handler", "schema", "timeout", "options"}
+                unknown = set(spec) - {"handler", "schema", "model", "timeout", "options"}
                 if unknown:
                     raise _manifest_error(source, f"{vkey}.{sorted(unknown)[0]}", "unknown key")
                 handler = spec.get("handler")
@@ -130,6 +132,10 @@ def read_manifests(directory: Path) -> list[Route]:
                     raise _manifest_error(source, f"{vkey}.handler", "an import path 'pkg.module:function' "
                                                                      "or an http(s):// URL is required")
                 schema = spec.get("schema")
+                if "model" in spec:
+                    if schema is not None:
+                        raise _manifest_error(source, f"{vkey}.model", "give a schema or a model, not both")
+                    schema = _model_schema(source, f"{vkey}.model", spec["model"], producer, event, version)
                 if schema is not None:
                     try:
                         Draft202012Validator.check_schema(schema)
@@ -150,6 +156,23 @@ def read_manifests(directory: Path) -> list[Route]:
                     schema=canonical_schema(schema) if schema is not None else None,
                 )
     return [routes[k] for k in sorted(routes)]
+
+
+def _model_schema(source: str, key: str, path: Any, producer: str, event: str, version: int) -> dict:
+    """The JSON Schema of a typed event model named in a manifest, which must be that event's."""
+    from seamq.typed import EventModel
+
+    if not isinstance(path, str) or not _IMPORT_PATH.match(path):
+        raise _manifest_error(source, key, "an import path 'pkg.module:Model' is required")
+    try:
+        model = import_object(path)
+    except SeamqError as exc:
+        raise _manifest_error(source, key, exc.message) from None
+    if not (isinstance(model, type) and issubclass(model, EventModel)):
+        raise _manifest_error(source, key, f"{path} is not a seamq.typed.EventModel")
+    if model.seamq_subject != EventSubject(producer, event, version):
+        raise _manifest_error(source, key, f"{path} is {model.seamq_subject}, not {producer}.event.{event}.v{version}")
+    return model.json_schema()
 
 
 def _route_key(route: Route) -> str:
@@ -181,21 +204,34 @@ def manifest_contexts(directory: Path) -> list[str]:
     return sorted({yaml.safe_load(p.read_text()).get("context") for p in Path(directory).glob("*.yaml")})
 
 
-def _schema_hash(route: Route) -> str:
-    return hashlib.sha256((route.schema or "null").encode()).hexdigest()
+def check_lock(directory: Path, routes: list[Route]) -> tuple[dict[str, Any], list[str]]:
+    """(the lock with new versions added, breaking changes to versions already locked).
 
-
-def check_lock(directory: Path, routes: list[Route]) -> tuple[dict[str, str], list[str]]:
-    """(the lock with new versions added, breaking changes to versions already locked)."""
+    The lock keeps each version's schema as first released; a compatible change (a new optional
+    field) is allowed and the lock keeps the old schema, so a later change is judged against it
+    too. A lock written by seamq 0.1 holds a hash instead: unchanged schemas are upgraded to the
+    schema itself, changed ones cannot be judged and are refused."""
     path = Path(directory) / LOCK_FILE
-    lock: dict[str, str] = json.loads(path.read_text()) if path.exists() else {}
+    lock: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
     problems, updated = [], dict(lock)
     for route in routes:
         key = _route_key(route)
-        digest = _schema_hash(route)
-        if key in lock and lock[key] != digest:
-            problems.append(f"{key}: its schema changed; a breaking change requires .v{route.version + 1}")
-        updated.setdefault(key, digest)
+        schema = json.loads(route.schema) if route.schema else None
+        if key not in lock:
+            updated[key] = schema
+            continue
+        locked = lock[key]
+        if isinstance(locked, str) and len(locked) == 64:  # seamq 0.1: a sha256 of the canonical schema
+            if locked == hashlib.sha256((route.schema or "null").encode()).hexdigest():
+                updated[key] = schema
+            else:
+                problems.append(f"{key}: its schema changed since it was locked (the lock holds only a hash, "
+                                f"so compatibility cannot be judged); a breaking change requires "
+                                f".v{route.version + 1}")
+            continue
+        changes = breaking_changes(locked, schema)
+        if changes:
+            problems.append(f"{key}: {'; '.join(changes)}; a breaking change requires .v{route.version + 1}")
     return dict(sorted(updated.items())), problems
 
 

@@ -252,6 +252,11 @@ def build_handlers(registry: Registry, *, http_client=None, secret: str | None =
         if route.source not in (None, source):
             continue
         handler = make(route.handler, route.timeout)
+        model = getattr(handler, "model", None)
+        if model and (model.seamq_subject.name, model.seamq_subject.version, model.seamq_subject.context) != (
+                route.event_type, route.version, route.source or model.seamq_subject.context):
+            raise SeamqError(ErrorCode.INVALID_CONFIG, f"{handler!r} takes {model.seamq_subject}, but its route is "
+                             f"{route.source or '*'}.event.{route.event_type}.v{route.version}")
         table[(route.event_type, route.version)] = SchemaChecked(handler, route.schema) if route.schema else handler
     fallback = make(registry.default, None) if registry.default else None
     return lambda event_type, version: table.get((event_type, version), fallback)
