@@ -82,6 +82,7 @@ class MemoryDelivery:
     source: "MemoryDeliveries"
     delivered: int = 1
     stream: str = "TEST_EVENTS"
+    pending: int = 0
 
     async def ack(self) -> None:
         self.source.acked.append(self)
@@ -100,6 +101,8 @@ class MemoryDeliveries:
         self.acked: list[MemoryDelivery] = []
         self.naks: list[tuple[int, float | None]] = []
         self.seq = 0
+        self.fetched = 0
+        self.max_ack_pending = 1_000_000
         self._stopping = False
 
     def publish(self, subject: str, headers: dict[str, str], data: bytes) -> None:
@@ -107,9 +110,14 @@ class MemoryDeliveries:
         self.ready.append(MemoryDelivery(subject, headers, data, self.seq, self))
 
     async def fetch(self, batch: int, timeout: float) -> list[MemoryDelivery]:
-        if not self.ready:
+        room = self.max_ack_pending - (self.fetched - len(self.acked) - len(self.naks))
+        if not self.ready or room <= 0:  # as JetStream: nothing more while max_ack_pending are out
             await asyncio.sleep(min(timeout, 0.005))
-        out, self.ready = self.ready[:batch], self.ready[batch:]
+            return []
+        out, self.ready = self.ready[:min(batch, room)], self.ready[min(batch, room):]
+        self.fetched += len(out)
+        for delivery in out:
+            delivery.pending = len(self.ready)
         return out
 
     def stop_requesting(self) -> None:

@@ -40,5 +40,6 @@ async def test_ack_fields_match_nats_py_metadata(nc):
     v2 = Msg(nc, subject="s", reply="$JS.ACK.hub.ACCHASH.ORDERS.c1.3.41.17.1700000000000000000.5.rnd")
     for msg in [*msgs, v2]:
         meta = msg.metadata
-        assert ack_fields(msg) == (meta.stream, meta.num_delivered, meta.sequence.stream, meta.sequence.consumer)
+        assert ack_fields(msg) == (meta.stream, meta.num_delivered, meta.sequence.stream, meta.sequence.consumer,
+                                  meta.num_pending)
     assert JsDelivery(msgs[-1]).delivered == 2

@@ -147,6 +147,10 @@ class InboxConsumer:
                     log.warning("consumer_fetch_failed", consumer=self.spec.name, error=str(exc))
                     await sleep_unless_stopped(stop, 1.0)
                     continue
+                # Not reset by an empty fetch: a consumer whose lanes hang gets nothing more once
+                # max_ack_pending are out, and must keep showing what waits (SeamqConsumerStalled).
+                if messages:
+                    self._metrics.pending.set(messages[-1].pending)
                 for i, msg in enumerate(messages):
                     item = self._prepare(msg)
                     queues[self._lane_of(item, i) % len(queues)].put_nowait(item)

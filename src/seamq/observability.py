@@ -36,6 +36,8 @@ CONSUMER_DEAD_LETTERED = Counter("seamq_consumer_dead_lettered_total", "Messages
                                  ["consumer", "reason"])
 CONSUMER_REDELIVERIES = Counter("seamq_consumer_redeliveries_total", "Deliveries after the first", ["consumer"])
 CONSUMER_RETRIES = Counter("seamq_consumer_retries_total", "Handler failures left for redelivery", ["consumer"])
+CONSUMER_PENDING = Gauge("seamq_consumer_pending", "Messages not yet delivered to the consumer, as of its last fetch",
+                         ["consumer"])
 CONSUMER_HANDLER_SECONDS = Histogram(
     "seamq_consumer_handler_seconds", "Handler call duration", ["consumer"],
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
@@ -103,6 +105,7 @@ class ConsumerMetrics:
         self.retries = CONSUMER_RETRIES.labels(consumer)
         self.duplicates = CONSUMER_DUPLICATES.labels(consumer)
         self.redeliveries = CONSUMER_REDELIVERIES.labels(consumer)
+        self.pending = CONSUMER_PENDING.labels(consumer)
         self._processed: dict[str, Any] = {}
         self._dead_lettered: dict[str, Any] = {}
 

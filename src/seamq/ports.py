@@ -111,6 +111,7 @@ class Delivery(Protocol):
     delivered: int  # 1 on the first delivery
     stream: str
     seq: int  # stream sequence
+    pending: int  # messages of the consumer not yet delivered after this one (its backlog)
 
     async def ack(self) -> None: ...
 

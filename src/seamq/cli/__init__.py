@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from seamq.cli import db, dlq, jobs, maintenance, pipeline, registry, workers
+from seamq.cli import db, dlq, jobs, maintenance, monitoring, pipeline, registry, workers
 
 app = typer.Typer(
     help="seamq: transactional outbox, JetStream relay, inbox consumers and dead letters.",
@@ -51,6 +51,7 @@ app.add_typer(pipeline.app, name="pipeline")
 app.add_typer(jobs.app, name="jobs")
 app.add_typer(maintenance.outbox_app, name="outbox")
 app.add_typer(maintenance.inbox_app, name="inbox")
+app.add_typer(monitoring.app, name="monitoring")
 
 
 def main(args: list[str] | None = None) -> None:

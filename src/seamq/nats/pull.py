@@ -146,8 +146,8 @@ class PullSource:
                 pass
 
 
-def ack_fields(msg: Msg) -> tuple[str, int, int, int]:
-    """(stream, times delivered, stream seq, consumer seq) from the ack subject.
+def ack_fields(msg: Msg) -> tuple[str, int, int, int, int]:
+    """(stream, times delivered, stream seq, consumer seq, messages pending after it) from the ack subject.
 
     What nats-py's `msg.metadata` gives, without its dataclasses and timestamp (a tenth
     of the time): `$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>`,
@@ -156,22 +156,23 @@ def ack_fields(msg: Msg) -> tuple[str, int, int, int]:
     if tokens[:2] == ["$JS", "ACK"] and len(tokens) in (9, 11, 12):
         at = 2 if len(tokens) == 9 else 4
         try:
-            return tokens[at], int(tokens[at + 2]), int(tokens[at + 3]), int(tokens[at + 4])
+            return tokens[at], int(tokens[at + 2]), int(tokens[at + 3]), int(tokens[at + 4]), int(tokens[at + 6])
         except ValueError:
             pass
     meta = msg.metadata  # anything else: nats-py's reading, or its error
-    return meta.stream, meta.num_delivered, meta.sequence.stream, meta.sequence.consumer
+    return meta.stream, meta.num_delivered, meta.sequence.stream, meta.sequence.consumer, meta.num_pending
 
 
 class JsDelivery:
     """A JetStream message as the consumer port's Delivery: its metadata parsed once, here."""
 
-    __slots__ = ("subject", "headers", "data", "delivered", "stream", "seq", "consumer_seq", "_msg", "settled")
+    __slots__ = ("subject", "headers", "data", "delivered", "stream", "seq", "consumer_seq", "pending", "_msg",
+                 "settled")
 
     def __init__(self, msg: Msg, settled=None) -> None:
         """`settled`: called once the message is acked or naked (a partition counts what it has out)."""
         self.subject, self.headers, self.data = msg.subject, msg.headers or {}, msg.data
-        self.stream, self.delivered, self.seq, self.consumer_seq = ack_fields(msg)
+        self.stream, self.delivered, self.seq, self.consumer_seq, self.pending = ack_fields(msg)
         self._msg = msg
         self.settled = settled
 
