@@ -85,6 +85,11 @@ def canonical_schema(schema: Any) -> str:
 
 def read_manifests(directory: Path) -> list[Route]:
     """Every route of every `*.yaml` manifest in `directory`, validated, in a stable order."""
+    return [route for _, route in subscriptions(directory)]
+
+
+def subscriptions(directory: Path) -> list[tuple[str, Route]]:
+    """(the consuming context, its route) for every route of the manifests, in a stable order."""
     from jsonschema import Draft202012Validator
     from jsonschema.exceptions import SchemaError
 
@@ -155,7 +160,7 @@ def read_manifests(directory: Path) -> list[Route]:
                     timeout=float(timeout) if timeout else None, options=options,
                     schema=canonical_schema(schema) if schema is not None else None,
                 )
-    return [routes[k] for k in sorted(routes)]
+    return [(k[0], routes[k]) for k in sorted(routes)]
 
 
 def _model_schema(source: str, key: str, path: Any, producer: str, event: str, version: int) -> dict:

@@ -44,6 +44,7 @@ def options(
 
 for command in (workers.dev, workers.provision, workers.relay, workers.consume, workers.replay, maintenance.backlog):
     app.command()(command)
+app.command()(registry.asyncapi)
 app.add_typer(db.app, name="db")
 app.add_typer(dlq.app, name="dlq")
 app.add_typer(registry.app, name="registry")

@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from seamq.cli.common import console, err_console, exit_with, settings
-from seamq.model import SeamqError
+from seamq.model import ErrorCode, SeamqError
 
 app = typer.Typer(help="Handler registry: generate from manifests (REQ-060), check in CI.", no_args_is_help=True)
 
@@ -49,3 +49,30 @@ def check(manifests: Optional[Path] = Manifests, out: Optional[Path] = Out) -> N
     if problems:
         raise typer.Exit(1)
     console.print(f"{module} is up to date with {folder}")
+
+
+def asyncapi(
+    manifests: Optional[Path] = Manifests,
+    topology: Optional[Path] = typer.Option(None, "--topology", help="Topology file (default: SEAMQ_TOPOLOGY_FILE, "
+                                                                       "else the shipped one)."),
+    output: str = typer.Option("yaml", "--format", help="yaml or json."),
+) -> None:
+    """Print an AsyncAPI 3.0 document of the events in the manifests: channels, payloads, headers, DLQs."""
+    import json
+    from importlib.metadata import version
+
+    import yaml
+
+    from seamq.asyncapi import document
+    from seamq.cli.common import topology as load_topology
+    from seamq.registry import subscriptions
+
+    if output not in ("yaml", "json"):
+        exit_with(SeamqError(ErrorCode.INVALID_CONFIG, f"--format must be yaml or json, not {output!r}"))
+    current = settings()
+    try:
+        doc = document(load_topology(topology, current), subscriptions(manifests or current.registry_manifests),
+                       version=version("seamq"), servers=[url.strip() for url in current.nats.url.split(",")])
+    except SeamqError as exc:
+        exit_with(exc)
+    typer.echo(json.dumps(doc, indent=2) if output == "json" else yaml.safe_dump(doc, sort_keys=False, width=100))
