@@ -71,3 +71,70 @@ def test_the_documented_registry_import_works_from_the_project_folder(tmp_path):
                             timeout=120)
     # Past the registry: what stops it now is the next thing it needs.
     assert "error[INVALID_CONFIG]: no database configured" in result.stderr, result.stderr
+
+
+# Every command that needs a service, with what it needs. Commands that need neither (registry, asyncapi,
+# monitoring) or bring their own (dev) are not here; a test below keeps this list complete.
+NEEDS = {
+    "backlog": ["db"], "consume --consumer sea__from_vibespro --handler-url http://127.0.0.1:9/handle": ["db", "nats"],
+    "db status": ["db"], "db upgrade": ["db"], "dlq list": ["db"], "dlq purge --yes": ["db", "nats"],
+    "dlq replay --all": ["db"],  # NATS only once there is something to replay
+    "dlq show 00000000-0000-0000-0000-000000000001": ["db", "nats"],
+    "inbox purge --older-than 7d": ["db"], "outbox purge --older-than 7d": ["db"], "jobs serve --port {port}": ["nats"],
+    "jobs worker --url http://127.0.0.1:{port} --queue q --handler json:dumps": ["nats"],
+    "pipeline kpis": ["db"], "pipeline reconcile": ["db", "nats"], "pipeline lake --stream SEA_EVENTS": ["nats"],
+    "pipeline replay --since 2026-01-01 --until 2026-01-02 --lake lake": ["nats"],
+    "provision": ["nats"], "relay": ["db", "nats"], "replay": ["db", "nats"],
+}
+SERVICE_FREE = {"asyncapi", "dev", "monitoring dashboard", "monitoring rules", "registry check", "registry generate"}
+
+
+def test_the_matrix_names_every_command():
+    import typer.main
+
+    from seamq.cli import app
+
+    def leaves(command, path=()):
+        if hasattr(command, "commands"):
+            for name, sub in command.commands.items():
+                yield from leaves(sub, (*path, name))
+        else:
+            yield " ".join(path)
+
+    named = {" ".join(c.split()[:2]) if c.split()[0] in ("db", "dlq", "inbox", "outbox", "jobs", "pipeline")
+             else c.split()[0] for c in NEEDS}
+    assert set(leaves(typer.main.get_command(app))) == named | SERVICE_FREE
+
+
+@pytest.mark.parametrize("scenario", ["nothing configured", "database unreachable", "nats unreachable"])
+def test_every_command_without_its_service_ends_in_a_coded_error_within_10s(scenario, tmp_path, request):
+    """Each command whose service is missing or away: `error[CODE]` with its documented exit code, and
+    an end within 10 s (the subprocess' timeout), never a traceback or a hang."""
+    documented = dict(re.findall(r"^\| `([A-Z_]+)` \| (\d) \|", README, re.M))
+    env = {}
+    if scenario != "nothing configured":  # the other service is up, so the missing one is what fails
+        dsn, nats = request.getfixturevalue("dsn"), request.getfixturevalue("nats_server").url
+        env = dict(SEAMQ_DATABASE_URL=dsn, SEAMQ_NATS__URL=nats)
+        down = "db" if scenario == "database unreachable" else "nats"
+        env["SEAMQ_DATABASE_URL" if down == "db" else "SEAMQ_NATS__URL"] = (
+            f"postgresql://app:pw@127.0.0.1:{_closed_port()}/x" if down == "db" else f"nats://127.0.0.1:{_closed_port()}")
+    (tmp_path / "lake" / "context=sea").mkdir(parents=True)  # so lake replay gets as far as NATS
+    failures = []
+    for command, needs in NEEDS.items():
+        if scenario != "nothing configured" and down not in needs:
+            continue
+        args = command.format(port=_closed_port()).split()
+        clean = {k: v for k, v in os.environ.items() if not k.startswith("SEAMQ_")}
+        try:
+            result = subprocess.run([*SEAMQ, *args], env={**clean, **env}, capture_output=True, text=True,
+                                    timeout=10, cwd=tmp_path, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            failures.append(f"{command}: still running after 10 s")
+            continue
+        found = re.search(r"error\[([A-Z_]+)\]", result.stderr)
+        if not found or "Traceback" in result.stderr or found[1] == "INTERNAL":
+            failures.append(f"{command}: exit {result.returncode}, {result.stderr[-300:]!r}")
+        elif int(documented.get(found[1], -1)) != result.returncode:
+            failures.append(f"{command}: error[{found[1]}] exited {result.returncode}, documented "
+                            f"{documented.get(found[1])}")
+    assert failures == []

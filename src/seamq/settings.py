@@ -31,6 +31,8 @@ class NatsSettings(BaseModel):
     tls_cert: Path | None = None
     tls_key: Path | None = None
     connect_timeout: float = 5.0
+    startup_wait: float = Field(5.0, gt=0, description="seconds a worker waits for NATS at start before it exits "
+                                                       "with error[BROKER_UNAVAILABLE] (its supervisor restarts it)")
     # A server that stops answering without closing the connection (a frozen or partitioned host)
     # is left after 3 unanswered pings. nats-py's default, 120 s, held a relay on a frozen cluster
     # node for over 5 minutes; see docs/operations.md, "A NATS cluster".

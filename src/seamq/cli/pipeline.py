@@ -9,7 +9,8 @@ from typing import Optional
 
 import typer
 
-from seamq.cli.common import console, settings
+from seamq.cli.common import console, run, settings
+from seamq.model import ErrorCode, SeamqError
 
 app = typer.Typer(help="Data pipeline on Spark: event lake, delivery KPIs, reconcile, replay.", no_args_is_help=True)
 
@@ -28,6 +29,7 @@ def lake(
     from seamq.pipeline.spark import spark_session
 
     current = settings()
+    _reachable(current, stream=stream)
     with spark_session(master, app=f"seamq-lake-{stream}", settings=current.pipeline) as spark:
         query = start_lake(spark, nats=current.nats, stream=stream, lake=path,
                            checkpoint=checkpoint or path / "_checkpoints" / stream,
@@ -61,6 +63,7 @@ def reconcile(
     current = settings()
     topo = topology(None, current)
     dsn = current.database_dsn()  # before the JVM starts: a missing setting is said in a second
+    _reachable(current, database=True, nats=True)
     with spark_session(master, app="seamq-reconcile", settings=current.pipeline) as spark:
         report = run_reconcile(spark, dsn=dsn, nats=current.nats, topology=topo,
                                grace=grace, repair=repair, since=_utc(since), until=_utc(until))
@@ -91,6 +94,7 @@ def kpis(
 
     current = settings()
     dsn = current.database_dsn()  # before the JVM starts
+    _reachable(current, database=True)
     with spark_session(master, app="seamq-kpis", settings=current.pipeline) as spark:
         frame = compute(spark, dsn, _utc(since), _utc(until))
         frame.write.mode("overwrite").parquet(str(out / "kpis.parquet"))
@@ -121,6 +125,7 @@ def replay(
     from seamq.pipeline.spark import spark_session
 
     current = settings()
+    _reachable(current, nats=True, lake=path)
     with (spark_session(master, app="seamq-lake-replay", settings=current.pipeline) as spark,
           Progress(console=console) as bar):
         task = bar.add_task("replaying", total=None)
@@ -128,6 +133,37 @@ def replay(
                             event_type=event_type,
                             progress=lambda done, total: bar.update(task, completed=done, total=total))
     console.print(f"re-published {stored} events from {path}")
+
+
+def _reachable(current, *, database: bool = False, nats: bool = False, stream: str | None = None,
+               lake: Path | None = None) -> None:
+    """What the job needs, checked before a JVM starts: an unreachable service or a missing stream
+    or lake is said in seconds as error[CODE], not as a Spark stack trace."""
+    if lake is not None and not any(lake.glob("context=*")):
+        raise SeamqError(ErrorCode.NOT_FOUND, f"no event lake at {lake}: run `seamq pipeline lake` first, "
+                                              "or give --lake")
+
+    async def check() -> None:
+        if database:
+            import psycopg
+
+            async with await psycopg.AsyncConnection.connect(current.database_dsn(), connect_timeout=5) as conn:
+                await conn.execute("SELECT 1")
+        if nats or stream:
+            from nats.js.errors import NotFoundError
+
+            from seamq.nats.connect import connect
+
+            nc = await connect(current.nats, name="seamq-pipeline-check", persistent=False)
+            try:
+                if stream:
+                    await nc.jetstream().stream_info(stream)
+            except NotFoundError:
+                raise SeamqError(ErrorCode.NOT_FOUND, f"no stream {stream!r} on {current.nats.url}") from None
+            finally:
+                await nc.close()
+
+    run(check())
 
 
 def _utc(moment: datetime | None) -> datetime | None:

@@ -44,6 +44,9 @@ class JobsClient:
 
     # ---- producers ------------------------------------------------------------------------------
 
+    async def health(self) -> dict:
+        return await self._call("GET", "/ojs/v1/health")
+
     async def push(self, type: str, args: list | None = None, *, queue: str | None = None,
                    options: dict | None = None, **fields: Any) -> dict:
         """Enqueue one job; `options` as OJS defines them (priority, scheduled_at, retry, unique, ...)."""

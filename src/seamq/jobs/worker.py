@@ -27,8 +27,14 @@ import socket
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import aiohttp
+
 from seamq.jobs.client import JobsClient, JobsError
+from seamq.model import ErrorCode, SeamqError
 from seamq.observability import log
+from seamq.redact import redact
+
+STARTUP_WAIT = 5.0  # seconds the job server may take to answer a starting worker
 
 
 @dataclass(frozen=True)
@@ -156,6 +162,11 @@ def _jsonable(value: Any) -> Any:
 async def run_worker(url: str, handler: Callable, config: WorkerConfig) -> None:
     """The CLI's entry: a worker that stops cleanly on SIGTERM and SIGINT."""
     async with JobsClient(url) as client:
+        try:  # at start, a wrong or unreachable URL is said, not retried forever (the supervisor restarts us)
+            await asyncio.wait_for(client.health(), STARTUP_WAIT)
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            raise SeamqError(ErrorCode.BROKER_UNAVAILABLE, f"cannot reach the job server at {redact(url)}: "
+                             f"{type(exc).__name__}: {exc}") from None
         worker = Worker(client, handler, config)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

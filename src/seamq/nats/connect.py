@@ -7,6 +7,7 @@ policy are the same everywhere, and secrets are read only at connect time.
 
 from __future__ import annotations
 
+import math
 import ssl
 
 import nats
@@ -16,6 +17,7 @@ from seamq.observability import log
 from seamq.settings import NatsSettings
 
 _CRLF = b"\r\n"
+_RECONNECT_WAIT = 0.5  # seconds between attempts at one server
 
 
 def parse_header_lines(raw: bytes) -> dict[str, str]:
@@ -61,15 +63,16 @@ async def _log_error(exc: Exception) -> None:
 
 
 async def connect(settings: NatsSettings, *, name: str = "seamq", persistent: bool = True, **callbacks) -> Client:
-    """Connect. Workers (`persistent`) reconnect forever, riding out broker restarts,
-    and also wait for a broker that is not up yet; one-shot commands fail fast."""
+    """Connect. Workers (`persistent`) wait `startup_wait` for a broker that is not up yet, then
+    fail (their supervisor restarts them, and a wrong URL is said rather than waited on forever);
+    once connected they reconnect forever, riding out broker restarts. One-shot commands fail fast."""
     secret = lambda s: s.get_secret_value() if s else None  # noqa: E731
     options = dict(
         servers=[s.strip() for s in settings.url.split(",")],
         name=name,
         connect_timeout=settings.connect_timeout,
-        max_reconnect_attempts=-1 if persistent else 2,
-        reconnect_time_wait=0.5,
+        max_reconnect_attempts=max(1, math.ceil(settings.startup_wait / _RECONNECT_WAIT)) if persistent else 2,
+        reconnect_time_wait=_RECONNECT_WAIT,
         ping_interval=settings.ping_interval,
         max_outstanding_pings=2,
         user=settings.user,
@@ -81,4 +84,7 @@ async def connect(settings: NatsSettings, *, name: str = "seamq", persistent: bo
         error_cb=_log_error,
         **callbacks,
     )
-    return await nats.connect(**{k: v for k, v in options.items() if v is not None})
+    client = await nats.connect(**{k: v for k, v in options.items() if v is not None})
+    if persistent:
+        client.options["max_reconnect_attempts"] = -1  # read on every reconnect: from now on, forever
+    return client
