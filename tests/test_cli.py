@@ -138,3 +138,38 @@ def test_every_command_without_its_service_ends_in_a_coded_error_within_10s(scen
             failures.append(f"{command}: error[{found[1]}] exited {result.returncode}, documented "
                             f"{documented.get(found[1])}")
     assert failures == []
+
+
+def test_json_output_for_scripts(dsn, nats_server, tmp_path):
+    """--json prints one JSON document with whole ids and ISO times, whatever the terminal."""
+    import json
+    import uuid
+
+    import psycopg
+
+    from test_consumer import CONSUMER
+
+    env = dict(SEAMQ_DATABASE_URL=dsn, SEAMQ_NATS__URL=nats_server.url)
+    plan = json.loads(seamq("provision", "--dry-run", "--json", **env).stdout)
+    assert any(c["name"] == "SEA_EVENTS" and c["action"] == "create" for c in plan)
+    assert seamq("provision", **env).returncode == 0
+    assert all(c["action"] == "unchanged" for c in json.loads(seamq("provision", "--dry-run", "--json", **env).stdout))
+
+    dead = uuid.uuid4()
+    with psycopg.connect(dsn) as conn:
+        conn.execute("INSERT INTO inbox_messages (message_id, subject, consumer, status, attempts, dlq_metadata) "
+                     "VALUES (%s, 'vibespro.event.vibe_created.v1', %s, 'dead_lettered', 3, %s)",
+                     (dead, CONSUMER, json.dumps({"reason": "handler_rejected", "detail": "no"})))
+    [row] = json.loads(seamq("dlq", "list", "--json", **env).stdout)
+    assert row["message_id"] == str(dead) and row["dlq_metadata"]["reason"] == "handler_rejected"
+    [shown] = json.loads(seamq("dlq", "show", str(dead), "--json", **env).stdout)
+    assert shown["message_id"] == str(dead) and "dlq_copy" in shown
+    status = json.loads(seamq("db", "status", "--json", **env).stdout)
+    assert status[0]["version"] == 1 and status[0]["applied_at"].startswith("20")
+    backlog = json.loads(seamq("backlog", "--json", **env).stdout)
+    assert set(backlog) == {"outbox", "inbox"}
+    (tmp_path / "manifests").mkdir()
+    (tmp_path / "manifests" / "m.yaml").write_text(
+        "context: sea\nsubscriptions:\n  - {event: e, source: vibespro, versions: {1: {handler: 'a:b'}}}\n")
+    checked = subprocess.run([*SEAMQ, "registry", "check", "--json"], cwd=tmp_path, capture_output=True, text=True)
+    assert checked.returncode == 1 and json.loads(checked.stdout)["up_to_date"] is False

@@ -31,6 +31,18 @@ INPUT_ERRORS = {
 }
 
 TopologyOption = typer.Option(None, "--topology", "-t", help="Topology YAML (default: the shipped SDS-047 §10 one).")
+JsonOption = typer.Option(False, "--json", help="Print one JSON document instead of tables, for scripts.")
+
+
+def print_json(data) -> None:
+    """Machine-readable output: times as ISO 8601, ids as strings, nothing cut to fit a terminal."""
+    import json
+
+    typer.echo(json.dumps(data, indent=2, default=_plain, ensure_ascii=False))
+
+
+def _plain(value):
+    return value.isoformat() if hasattr(value, "isoformat") else str(value)
 
 
 def report(error: SeamqError) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 from rich.table import Table
 
-from seamq.cli.common import console, run, settings
+from seamq.cli.common import JsonOption, console, print_json, run, settings
 
 app = typer.Typer(help="Database schema: versioned migrations shipped in the package.", no_args_is_help=True)
 
@@ -23,11 +23,14 @@ def upgrade() -> None:
 
 
 @app.command("status")
-def status() -> None:
+def status(as_json: bool = JsonOption) -> None:
     """List migrations and when each was applied."""
     from seamq.pg import migrate
 
+    migrations = run(migrate.status(settings().database_dsn()))
+    if as_json:
+        return print_json([{"version": s.version, "name": s.name, "applied_at": s.applied_at} for s in migrations])
     table = Table("version", "name", "applied at")
-    for s in run(migrate.status(settings().database_dsn())):
+    for s in migrations:
         table.add_row(f"{s.version:04d}", s.name, str(s.applied_at) if s.applied_at else "[yellow]pending[/yellow]")
     console.print(table)

@@ -13,7 +13,7 @@ from rich.syntax import Syntax
 from rich.table import Table
 
 from seamq import dead_letter
-from seamq.cli.common import TopologyOption, console, exit_with, run, settings, topology
+from seamq.cli.common import JsonOption, TopologyOption, console, exit_with, print_json, run, settings, topology
 from seamq.model import ErrorCode, SeamqError
 from seamq.topology import parse_duration
 
@@ -52,9 +52,12 @@ async def _select(dsn: str, selection: DlqFilter) -> list[dict]:
 
 @app.command("list")
 def list_(consumer: Optional[str] = Consumer, context: Optional[str] = Context, event_type: Optional[str] = EventType,
-          reason: Optional[str] = ReasonOpt, older_than: Optional[str] = OlderThan, limit: int = Limit) -> None:
+          reason: Optional[str] = ReasonOpt, older_than: Optional[str] = OlderThan, limit: int = Limit,
+          as_json: bool = JsonOption) -> None:
     """Dead-lettered and exhausted messages, oldest first."""
     rows = run(_select(settings().database_dsn(), _filter(consumer, context, event_type, reason, older_than, limit)))
+    if as_json:
+        return print_json(rows)  # every inbox column, the DLQ metadata as stored
     table = Table("message id", "consumer", "event", "reason", "status", "attempts", "replays", "next replay",
                   "dead-lettered at", title=f"{len(rows)} dead letters")
     for row in rows:
@@ -68,7 +71,7 @@ def list_(consumer: Optional[str] = Consumer, context: Optional[str] = Context, 
 
 @app.command()
 def show(message_id: str = typer.Argument(..., help="The message id."),
-         topology_file: Optional[Path] = TopologyOption) -> None:
+         topology_file: Optional[Path] = TopologyOption, as_json: bool = JsonOption) -> None:
     """One dead letter: its inbox record and the DLQ copy with the original payload and headers."""
     current = settings()
     topo = topology(topology_file, current)
@@ -94,6 +97,8 @@ def show(message_id: str = typer.Argument(..., help="The message id."),
     rows, copies = run(go())
     if not rows:
         exit_with(SeamqError(ErrorCode.NOT_FOUND, f"no dead letter with message id {message_id}"))
+    if as_json:
+        return print_json([{**row, "dlq_copy": copy} for row, copy in zip(rows, copies)])
     for row, copy in zip(rows, copies):
         table = Table("field", "value", title=f"dead letter {message_id} ({row['consumer']})", show_header=False)
         for key in ("subject", "status", "attempts", "last_error", "received_at"):

@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from seamq.cli.common import TopologyOption, console, exit_with, run, settings, topology
+from seamq.cli.common import JsonOption, TopologyOption, console, exit_with, print_json, run, settings, topology
 from seamq.model import ErrorCode, SeamqError
 from seamq.topology import inbox_retention_floor, parse_duration
 
@@ -72,7 +72,7 @@ def inbox_purge(
     console.print(f"deleted {run(go())} processed inbox rows older than {older_than}")
 
 
-def backlog() -> None:
+def backlog(as_json: bool = JsonOption) -> None:
     """Unpublished outbox rows per context (QRY-050) and unprocessed inbox rows per consumer (QRY-051)."""
     current = settings()
 
@@ -88,6 +88,9 @@ def backlog() -> None:
             return outbox, inbox
 
     outbox, inbox = run(go())
+    if as_json:
+        return print_json({"outbox": [dict(row) for row in outbox],
+                           "inbox": [{"consumer": c, "unprocessed": n, "oldest_at": t} for c, n, t in inbox]})
     table = Table("outbox context", "unpublished", "failing", "oldest", title="outbox (QRY-050)")
     for row in outbox:
         table.add_row(row["context"], str(row["count"]), str(row["failing"]), str(row["oldest_at"]))

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from seamq.cli.common import console, err_console, exit_with, settings
+from seamq.cli.common import JsonOption, console, exit_with, print_json, report, settings
 from seamq.model import ErrorCode, SeamqError
 
 app = typer.Typer(help="Handler registry: generate from manifests (REQ-060), check in CI.", no_args_is_help=True)
@@ -35,7 +35,7 @@ def generate(manifests: Optional[Path] = Manifests, out: Optional[Path] = Out) -
 
 
 @app.command()
-def check(manifests: Optional[Path] = Manifests, out: Optional[Path] = Out) -> None:
+def check(manifests: Optional[Path] = Manifests, out: Optional[Path] = Out, as_json: bool = JsonOption) -> None:
     """Exit 1 when the generated module is stale or a released version's schema changed."""
     from seamq.registry import check as verify
 
@@ -44,8 +44,11 @@ def check(manifests: Optional[Path] = Manifests, out: Optional[Path] = Out) -> N
         problems = verify(folder, module)
     except SeamqError as exc:
         exit_with(exc)
+    if as_json:
+        print_json({"module": str(module), "manifests": str(folder), "up_to_date": not problems, "problems": problems})
+        raise typer.Exit(1 if problems else 0)
     for problem in problems:
-        err_console.print(f"[red]error[REGISTRY_STALE][/red]: {problem}", highlight=False)
+        report(SeamqError(ErrorCode.REGISTRY_STALE, problem))
     if problems:
         raise typer.Exit(1)
     console.print(f"{module} is up to date with {folder}")

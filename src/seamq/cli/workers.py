@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from seamq.cli.common import TopologyOption, console, exit_with, run, settings, topology
+from seamq.cli.common import JsonOption, TopologyOption, console, exit_with, print_json, run, settings, topology
 from seamq.model import ErrorCode, SeamqError
 
 
@@ -20,6 +20,7 @@ def provision(
     migrate_partitions: bool = typer.Option(
         False, "--migrate-partitions",
         help="Move consumers whose `partitions` changed, where they left off (their processes must be stopped)."),
+    as_json: bool = JsonOption,
 ) -> None:
     """Create or update streams, DLQ streams and consumers to match the topology."""
     current = settings()
@@ -37,7 +38,12 @@ def provision(
             await nc.close()
 
     changes = run(go())
-    print_changes(changes, dry_run=dry_run)
+    if as_json:
+        print_json([{"kind": c.kind, "name": c.name, "action": c.action, "destructive": c.destructive_reasons,
+                     "differences": [{"field": f, "server": have, "file": want} for f, have, want in c.diffs]}
+                    for c in changes])
+    else:
+        print_changes(changes, dry_run=dry_run)
     if dry_run and any(c.destructive for c in changes):
         raise typer.Exit(3)
 
