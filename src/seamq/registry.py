@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-import yaml
 
 from seamq.compat import breaking_changes
 from seamq.model import ErrorCode, EventSubject, SeamqError, validate_token
@@ -90,6 +89,7 @@ def read_manifests(directory: Path) -> list[Route]:
 
 def subscriptions(directory: Path) -> list[tuple[str, Route]]:
     """(the consuming context, its route) for every route of the manifests, in a stable order."""
+    import yaml  # here, not at the top: producers import seamq without the worker extra
     from jsonschema import Draft202012Validator
     from jsonschema.exceptions import SchemaError
 
@@ -206,6 +206,8 @@ def render_module(routes: list[Route], contexts: list[str]) -> str:
 
 
 def manifest_contexts(directory: Path) -> list[str]:
+    import yaml
+
     return sorted({yaml.safe_load(p.read_text()).get("context") for p in Path(directory).glob("*.yaml")})
 
 
