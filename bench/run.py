@@ -18,7 +18,7 @@ from rich.table import Table
 
 from bench.common import machine
 
-SCENARIOS = ["relay", "consumer", "e2e", "http", "spark", "peer", "jobs"]
+SCENARIOS = ["relay", "consumer", "e2e", "delayed", "http", "spark", "peer", "jobs"]
 
 
 async def main() -> None:

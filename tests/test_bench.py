@@ -14,7 +14,7 @@ def test_quick_bench_runs_every_scenario(tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads((tmp_path / "latest.json").read_text())
     scenarios = {s["scenario"]: s for s in report["scenarios"]}
-    assert set(scenarios) == {"relay", "relay_latency", "producer_commits", "consumer", "e2e", "http", "spark",
+    assert set(scenarios) == {"relay", "relay_latency", "producer_commits", "consumer", "e2e", "delayed", "http", "spark",
                               "peer", "jobs"}
     for scenario in scenarios.values():
         assert scenario["rows"], scenario["scenario"]

@@ -350,7 +350,8 @@ class InboxConsumer:
         metrics.handler_seconds.observe(time.perf_counter() - started)
         if result.done:
             metrics.processed(envelope.event_type).inc()
-            metrics.e2e_seconds.observe(max(0.0, (datetime.now(timezone.utc) - envelope.occurred_at).total_seconds()))
+            since = max(envelope.occurred_at, envelope.deliver_at or envelope.occurred_at)  # a delayed one: its time
+            metrics.e2e_seconds.observe(max(0.0, (datetime.now(timezone.utc) - since).total_seconds()))
         return result
 
     async def _guarded(self, item: _Handling, call, reraise: bool = False) -> HandlerResult:

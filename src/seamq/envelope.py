@@ -60,6 +60,8 @@ class Envelope(Generic[P]):
     # transaction was rolled back: the consumer redoes a lane with a savepoint
     # per message when another handler in it failed (in-process handlers only).
     rerun: bool = False
+    # A delayed event's time (outbox.add(..., deliver_at=)): it was not published before.
+    deliver_at: datetime | None = None
 
     @property
     def context(self) -> str:
@@ -79,6 +81,7 @@ class Envelope(Generic[P]):
             "aggregate_id": self.aggregate_id,
             "payload": self.payload,
             "delivery_attempt": self.delivery_attempt,
+            "deliver_at": self.deliver_at.isoformat() if self.deliver_at else None,
         }
 
     @classmethod
@@ -101,6 +104,7 @@ class Envelope(Generic[P]):
             aggregate_type=str(body["aggregate_type"]), aggregate_id=str(body["aggregate_id"]),
             payload=body["payload"],
             delivery_attempt=_int(body.get("delivery_attempt", 1), "delivery_attempt"),
+            deliver_at=_time(body["deliver_at"], "deliver_at") if body.get("deliver_at") else None,
         )
 
 
@@ -132,11 +136,11 @@ def _int(value: Any, name: str) -> int:
     return value
 
 
-def _time(value: Any) -> datetime:
+def _time(value: Any, name: str = "occurred_at") -> datetime:
     try:
         parsed = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
     except ValueError:
-        raise ValueError(f"occurred_at {value!r} is not an ISO-8601 time") from None
+        raise ValueError(f"{name} {str(value)[:100]!r} is not an ISO-8601 time") from None
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
 
 
@@ -183,6 +187,7 @@ def parse_message(subject: str, headers: Mapping[str, str] | None, data: bytes,
             aggregate_type=headers[Header.AGGREGATE_TYPE], aggregate_id=headers[Header.AGGREGATE_ID],
             payload=payload, replay_attempt=int(headers.get(REPLAY_ATTEMPT, "0") or 0),
             delivery_attempt=delivery_attempt,
+            deliver_at=_time(headers[Header.DELIVER_AT], "deliver_at") if headers.get(Header.DELIVER_AT) else None,
         )
     except ValueError as exc:
         return Rejected(Reason.INVALID_ENVELOPE, str(exc), message_id)

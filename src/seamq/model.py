@@ -137,6 +137,7 @@ class Event:
     occurred_at: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
     correlation_id: uuid.UUID | None = None
     causation_id: uuid.UUID | None = None
+    deliver_at: datetime | None = None  # not published before (the relay holds the row: migration 0004)
 
     @property
     def subject(self) -> EventSubject:
@@ -166,6 +167,8 @@ def check_outbox_policies(event: Event, now: datetime | None = None) -> Event:
     occurred = event.occurred_at
     if occurred.tzinfo is None:
         raise SeamqError(ErrorCode.INVALID_OUTBOX, "occurred_at must be timezone-aware")
+    if event.deliver_at is not None and (not isinstance(event.deliver_at, datetime) or event.deliver_at.tzinfo is None):
+        raise SeamqError(ErrorCode.INVALID_OUTBOX, f"deliver_at must be a timezone-aware datetime, got {event.deliver_at!r}")
     now = now or datetime.now(timezone.utc)
     if occurred > now + CLOCK_SKEW:
         raise SeamqError(ErrorCode.FUTURE_EVENT, f"occurred_at {occurred.isoformat()} is in the future")
@@ -199,6 +202,7 @@ class Header:
     AGGREGATE_TYPE = "Seamq-Aggregate-Type"
     AGGREGATE_ID = "Seamq-Aggregate-Id"
     OCCURRED_AT = "Seamq-Occurred-At"
+    DELIVER_AT = "Seamq-Deliver-At"  # a delayed event's time: its latency counts from there
     CORRELATION_ID = "Seamq-Correlation-Id"
     CAUSATION_ID = "Seamq-Causation-Id"
     TRACEPARENT = "traceparent"
@@ -217,6 +221,8 @@ def message_headers(event: Event | Any, traceparent: str | None = None) -> dict[
         headers[Header.CORRELATION_ID] = str(event.correlation_id)
     if event.causation_id:
         headers[Header.CAUSATION_ID] = str(event.causation_id)
+    if event.deliver_at:
+        headers[Header.DELIVER_AT] = event.deliver_at.isoformat()
     if traceparent:
         headers[Header.TRACEPARENT] = traceparent
     return headers

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from datetime import datetime
 from typing import Any, Awaitable, Iterable
 
 from opentelemetry import trace
@@ -47,7 +48,7 @@ def _row(event: Event | EventModel) -> dict[str, Any]:
         id=event.id, context=event.context, aggregate_type=event.aggregate_type,
         aggregate_id=event.aggregate_id, event_type=event.event_type, event_version=event.event_version,
         payload=payload, occurred_at=event.occurred_at, correlation_id=event.correlation_id,
-        causation_id=event.causation_id, traceparent=_traceparent(event),
+        causation_id=event.causation_id, traceparent=_traceparent(event), deliver_at=event.deliver_at,
     )
 
 
@@ -67,11 +68,15 @@ def _kind(conn: Any) -> str:
     )
 
 
-def add(conn: Any, event: Event | EventModel) -> Awaitable[None] | None:
+def add(conn: Any, event: Event | EventModel, *, deliver_at: datetime | None = None) -> Awaitable[None] | None:
     """Insert one event in the caller's transaction. Await the result for async connections.
 
     `event` is an Event (its payload a dict or a typed EventModel) or an EventModel whose class
-    declares its aggregate (seamq.typed)."""
+    declares its aggregate (seamq.typed). `deliver_at`: handlers see it no earlier (and, with a
+    relay running, within about 100 ms after); it does not hold back its aggregate's other events
+    (docs/operations.md, "Delayed delivery")."""
+    if deliver_at is not None:
+        event = dataclasses.replace(event.event() if isinstance(event, EventModel) else event, deliver_at=deliver_at)
     return add_many(conn, [event])
 
 

@@ -50,6 +50,7 @@ class OutboxRow(NamedTuple):
     traceparent: str | None
     publish_attempts: int
     bucket: int  # the aggregate's (model.BUCKETS): a partitioned context puts it in the subject
+    deliver_at: datetime | None  # a delayed event's time (Event.deliver_at)
 
 
 class ClaimedBatch(Protocol):
@@ -57,6 +58,7 @@ class ClaimedBatch(Protocol):
 
     rows: list[OutboxRow]
     more: bool  # pending rows exist that this claim did not take (held by others, or beyond it)
+    next_due: float | None  # seconds until the next delayed row is due (<= 0: due), None when none waits
 
     async def mark_published(self, ids: list[uuid.UUID], stream_seqs: list[int]) -> None: ...
 
@@ -65,6 +67,9 @@ class ClaimedBatch(Protocol):
 
 class OutboxRepository(Protocol):
     """PORT-047-001: findUnpublished (as a claim), markPublished, incrementAttempts."""
+
+    async def release_due(self) -> int:
+        """Delayed rows whose deliver_at has come: no longer held back from claims; how many."""
 
     def unavailable(self, exc: BaseException) -> bool:
         """True when `exc` says the database is away (the relay waits), not that a batch is bad."""

@@ -14,7 +14,9 @@ with `OutboxWakeup`, so producers NOTIFY from then on, and claims once more
 producer that skipped its NOTIFY is still open) it polls, from 2 ms doubling
 to 100 ms; registered, it polls every `poll_interval` as a fallback. When
 NATS is unreachable it waits with capped backoff instead of burning
-attempts; when PostgreSQL is, it reconnects.
+attempts; when PostgreSQL is, it reconnects. A row written with a later
+`deliver_at` is held in the outbox; each claim says when the next one is due,
+and the relay releases it then (waking for it when idle) and publishes it.
 """
 
 from __future__ import annotations
@@ -54,6 +56,9 @@ class Relay:
         self.wakeup = wakeup
         self.wake = self.wakeup.wake  # NOTIFY, or a loop that found more work than it took
         self.published_total = 0
+        # When the next delayed row is due (monotonic), as the last claim said; at start, now: rows
+        # that fell due while no relay ran are released by the first batch.
+        self.due_at: float | None = time.monotonic()
 
     def _message(self, row: OutboxRow) -> OutMessage | str:
         """The message for a row, or why it cannot be published."""
@@ -79,7 +84,10 @@ class Relay:
     async def run_once(self) -> _Batch:
         """One batch: claim, publish, mark, commit."""
         started = time.perf_counter()
+        if self.due_at is not None and time.monotonic() >= self.due_at:
+            await self.outbox.release_due()
         async with self.outbox.claim(self.config.batch_size) as batch:
+            self.due_at = None if batch.next_due is None else time.monotonic() + batch.next_due
             if not batch.rows:
                 return _Batch(0, batch.more, False)
             marks = _Marks()
@@ -177,6 +185,8 @@ class Relay:
         """
         beat.rest()
         deadline = time.monotonic() + timeout
+        if self.due_at is not None:  # a delayed row falls due sooner: be there (within ms) to publish it
+            deadline = min(deadline, self.due_at)
         while not stop.is_set():
             if self.wake.is_set():
                 self.wake.clear()
@@ -201,7 +211,8 @@ class Relay:
             OUTBOX_OLDEST_SECONDS.labels(ctx).set(0)
         for row in rows:
             OUTBOX_BACKLOG.labels(row["context"]).set(row["count"])
-            OUTBOX_OLDEST_SECONDS.labels(row["context"]).set(max(0.0, now - row["oldest_at"].timestamp()))
+            if row["oldest_at"]:  # None when every row waits for its deliver_at
+                OUTBOX_OLDEST_SECONDS.labels(row["context"]).set(max(0.0, now - row["oldest_at"].timestamp()))
 
 
 # Seconds between polls while a producer that skipped its NOTIFY is open: doubling,

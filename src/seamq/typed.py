@@ -60,7 +60,8 @@ class EventModel(BaseModel):
 
     def event(self, aggregate_id: str | None = None, *, aggregate_type: str | None = None,
               id: uuid.UUID | None = None, occurred_at: datetime | None = None,
-              correlation_id: uuid.UUID | None = None, causation_id: uuid.UUID | None = None) -> Event:
+              correlation_id: uuid.UUID | None = None, causation_id: uuid.UUID | None = None,
+              deliver_at: datetime | None = None) -> Event:
         """The outbox Event for this payload; the aggregate comes from the class keywords unless given."""
         cls = type(self)
         if aggregate_id is None and cls.seamq_aggregate_key:
@@ -73,7 +74,7 @@ class EventModel(BaseModel):
         extra = {k: v for k, v in (("id", id), ("occurred_at", occurred_at)) if v is not None}
         return Event(context=subject.context, aggregate_type=aggregate_type, aggregate_id=aggregate_id,
                      event_type=subject.name, event_version=subject.version, payload=self,
-                     correlation_id=correlation_id, causation_id=causation_id, **extra)
+                     correlation_id=correlation_id, causation_id=causation_id, deliver_at=deliver_at, **extra)
 
     @classmethod
     def json_schema(cls) -> dict[str, Any]:

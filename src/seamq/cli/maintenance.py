@@ -91,9 +91,11 @@ def backlog(as_json: bool = JsonOption) -> None:
     if as_json:
         return print_json({"outbox": [dict(row) for row in outbox],
                            "inbox": [{"consumer": c, "unprocessed": n, "oldest_at": t} for c, n, t in inbox]})
-    table = Table("outbox context", "unpublished", "failing", "oldest", title="outbox (QRY-050)")
+    table = Table("outbox context", "unpublished", "failing", "oldest", "delayed (deliver_at later)",
+                  title="outbox (QRY-050)")
     for row in outbox:
-        table.add_row(row["context"], str(row["count"]), str(row["failing"]), str(row["oldest_at"]))
+        table.add_row(row["context"], str(row["count"]), str(row["failing"]), str(row["oldest_at"] or "-"),
+                      str(row["delayed"]))
     console.print(table)
     table = Table("inbox consumer", "unprocessed", "oldest", title="inbox (QRY-051)")
     for consumer, count, oldest in inbox:

@@ -92,6 +92,7 @@ class PgClaimedBatch:
 
     rows: list[OutboxRow]
     more: bool
+    next_due: float | None
     base_backoff: float
     max_backoff: float
     statements: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
@@ -132,11 +133,11 @@ class PgOutbox:
                     await cur.execute(f"BEGIN; {_statement(cur, 'claim_buckets', params)}; "
                                       f"{_statement(cur, 'claim_rows', params)}")
                     cur.nextset()
-                    _, more = await cur.fetchone()
+                    _, more, next_due = await cur.fetchone()
                     cur.nextset()
                     make = OutboxRow._make
                     rows = [make(row) for row in await cur.fetchall()]
-                batch = PgClaimedBatch(rows, more, self.base_backoff, self.max_backoff)
+                batch = PgClaimedBatch(rows, more, next_due, self.base_backoff, self.max_backoff)
                 yield batch
                 async with AsyncClientCursor(conn) as cur:
                     marks = "".join(f"{_statement(cur, name, p)};\n" for name, p in batch.statements)
@@ -145,6 +146,11 @@ class PgOutbox:
                 with suppress(Exception):  # a broken connection: the server rolls back anyway
                     await conn.execute("ROLLBACK")
                 raise
+
+    async def release_due(self) -> int:
+        """Stop holding the delayed rows that are due; how many."""
+        async with self.pool.connection() as conn:
+            return (await conn.execute(query("release_due"))).rowcount
 
     async def backlog(self) -> list[dict]:
         async with self.pool.connection() as conn:

@@ -3,12 +3,14 @@
 -- text also works through SQLAlchemy's text() and asyncpg.
 
 -- name: insert_outbox
+-- A row due later than now is held (migration 0004): the relay publishes it once due.
 INSERT INTO outbox_events
   (id, context, aggregate_type, aggregate_id, event_type, event_version, payload,
-   occurred_at, correlation_id, causation_id, traceparent)
+   occurred_at, correlation_id, causation_id, traceparent, deliver_at, held)
 VALUES
   (%(id)s, %(context)s, %(aggregate_type)s, %(aggregate_id)s, %(event_type)s, %(event_version)s,
-   CAST(%(payload)s AS jsonb), %(occurred_at)s, %(correlation_id)s, %(causation_id)s, %(traceparent)s)
+   CAST(%(payload)s AS jsonb), %(occurred_at)s, %(correlation_id)s, %(causation_id)s, %(traceparent)s,
+   CAST(%(deliver_at)s AS timestamptz), coalesce(CAST(%(deliver_at)s AS timestamptz) > now(), false))
 
 -- name: wake_register
 -- A relay about to sleep asks producers to NOTIFY (migration 0002): it takes
@@ -39,7 +41,7 @@ WITH blocked AS MATERIALIZED (
 ), pending AS MATERIALIZED (
   SELECT bucket, min(seq) AS first_seq
   FROM (SELECT o.bucket, o.seq FROM outbox_events o
-        WHERE o.published_at IS NULL
+        WHERE o.published_at IS NULL AND NOT o.held
           AND NOT EXISTS (SELECT 1 FROM blocked b
                           WHERE b.aggregate_type = o.aggregate_type AND b.aggregate_id = o.aggregate_id
                             AND b.from_seq <= o.seq)
@@ -52,11 +54,14 @@ WITH blocked AS MATERIALIZED (
   LIMIT %(buckets)s
 )
 -- Also: whether pending work was left to others (buckets taken, or beyond
--- this claim's share), so the relay goes on instead of waiting for a NOTIFY.
--- The buckets go to claim_rows through a transaction-local setting, so the
--- relay can send BEGIN and both statements in one round trip.
+-- this claim's share), so the relay goes on
+-- instead of waiting for a NOTIFY; and in how many seconds the next held row
+-- is due (negative: due already), so the relay releases it then. The buckets go to
+-- claim_rows through a transaction-local setting, so the relay can send BEGIN
+-- and both statements in one round trip.
 SELECT set_config('seamq.relay_buckets', coalesce((SELECT array_agg(bucket) FROM mine), '{}')::text, true),
-       (SELECT count(*) FROM pending) > (SELECT count(*) FROM mine)
+       (SELECT count(*) FROM pending) > (SELECT count(*) FROM mine),
+       (SELECT extract(epoch FROM min(deliver_at) - now())::float8 FROM outbox_events WHERE held)
 
 -- name: claim_rows
 -- A statement of its own, after claim_buckets: its snapshot must be taken
@@ -66,9 +71,9 @@ SELECT set_config('seamq.relay_buckets', coalesce((SELECT array_agg(bucket) FROM
 -- while its aggregate's later rows, unchanged, are not, and go out first.
 SELECT o.id, o.context, o.aggregate_type, o.aggregate_id, o.event_type, o.event_version,
        o.payload::text AS payload, o.occurred_at, o.correlation_id, o.causation_id,
-       o.traceparent, o.publish_attempts, o.bucket
+       o.traceparent, o.publish_attempts, o.bucket, o.deliver_at
 FROM outbox_events o
-WHERE o.published_at IS NULL
+WHERE o.published_at IS NULL AND NOT o.held
   -- Subqueries, so the setting is read once, not per row, and no bucket
   -- (all held by other relays) means no scan at all.
   AND (SELECT current_setting('seamq.relay_buckets')) <> '{}'
@@ -84,6 +89,18 @@ WHERE o.published_at IS NULL
 ORDER BY o.seq
 LIMIT %(limit)s
 FOR UPDATE OF o
+
+-- name: release_due
+-- Delayed rows whose time has come stop being held (migration 0004), run by a
+-- relay when the claim said one would be due. Its own short transaction, not
+-- part of the claim: the claim stays a read that locks rows, and SKIP LOCKED
+-- keeps two relays releasing at once from waiting on each other. A released
+-- row does not wait for its aggregate's later rows: it goes out in seq order
+-- with whatever of its aggregate is still unpublished, so a delayed event
+-- never holds its aggregate back.
+UPDATE outbox_events SET held = false
+WHERE id IN (SELECT id FROM outbox_events WHERE held AND deliver_at <= now()
+             ORDER BY deliver_at LIMIT 10000 FOR UPDATE SKIP LOCKED)
 
 -- name: mark_published
 UPDATE outbox_events o
@@ -114,8 +131,12 @@ WHERE id IN (SELECT id FROM outbox_events
              ORDER BY published_at LIMIT %(batch)s)
 
 -- name: outbox_backlog
-SELECT context, count(*) AS count, min(occurred_at) AS oldest_at,
-       count(*) FILTER (WHERE publish_error IS NOT NULL) AS failing
+-- Rows held for a later deliver_at are counted apart ("delayed"): they are not
+-- late. The oldest row is by when it could first be published.
+SELECT context, count(*) FILTER (WHERE NOT held) AS count,
+       min(greatest(occurred_at, deliver_at)) FILTER (WHERE NOT held) AS oldest_at,
+       count(*) FILTER (WHERE publish_error IS NOT NULL) AS failing,
+       count(*) FILTER (WHERE held) AS delayed
 FROM outbox_events WHERE published_at IS NULL
 GROUP BY context ORDER BY context
 
