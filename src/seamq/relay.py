@@ -56,9 +56,10 @@ class Relay:
         self.wakeup = wakeup
         self.wake = self.wakeup.wake  # NOTIFY, or a loop that found more work than it took
         self.published_total = 0
-        # When the next delayed row is due (monotonic), as the last claim said; at start, now: rows
-        # that fell due while no relay ran are released by the first batch.
-        self.due_at: float | None = time.monotonic()
+        # When the next delayed row is due (monotonic), as the last claim said (rows that fell due while
+        # no relay ran: the first claim says "now"). Nothing is released unless one is: an UPDATE that
+        # finds no row would still take its table lock.
+        self.due_at: float | None = None
 
     def _message(self, row: OutboxRow) -> OutMessage | str:
         """The message for a row, or why it cannot be published."""

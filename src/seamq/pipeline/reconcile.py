@@ -127,6 +127,7 @@ class _Published:
         self.aggregate_type, self.aggregate_id, self.occurred_at = row.aggregate_type, row.aggregate_id, row.occurred_at
         self.correlation_id = uuid.UUID(row.correlation_id) if row.correlation_id else None
         self.causation_id = uuid.UUID(row.causation_id) if row.causation_id else None
+        self.deliver_at = None  # long due by the time a repair runs
 
 
 def report_text(report: Report) -> str:
