@@ -15,6 +15,7 @@ from seamq.model import ErrorCode
 from conftest import SEAMQ
 
 README = (Path(__file__).parent.parent / "README.md").read_text()
+ERRORS = (Path(__file__).parent.parent / "docs" / "errors.md").read_text()
 
 
 def seamq(*args: str, **env: str) -> subprocess.CompletedProcess:
@@ -45,7 +46,8 @@ def test_version():
 
 
 def test_every_error_code_is_documented_with_its_exit_code():
-    documented = dict(re.findall(r"^\| `([A-Z_]+)` \| (\d) \|", README, re.M))
+    documented = dict(re.findall(r"^\| `([A-Z_]+)` \| (\d) \|", ERRORS, re.M))
+    assert "docs/errors.md" in README
     assert set(documented) == {code.value for code in ErrorCode}
     for code in ErrorCode:
         assert int(documented[code.value]) == (2 if code in INPUT_ERRORS else 1), code
@@ -110,7 +112,7 @@ def test_the_matrix_names_every_command():
 def test_every_command_without_its_service_ends_in_a_coded_error_within_10s(scenario, tmp_path, request):
     """Each command whose service is missing or away: `error[CODE]` with its documented exit code, and
     an end within 10 s (the subprocess' timeout), never a traceback or a hang."""
-    documented = dict(re.findall(r"^\| `([A-Z_]+)` \| (\d) \|", README, re.M))
+    documented = dict(re.findall(r"^\| `([A-Z_]+)` \| (\d) \|", ERRORS, re.M))
     env = {}
     if scenario != "nothing configured":  # the other service is up, so the missing one is what fails
         dsn, nats = request.getfixturevalue("dsn"), request.getfixturevalue("nats_server").url

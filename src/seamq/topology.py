@@ -42,6 +42,15 @@ def parse_duration(value: str | int | float) -> float:
     return float(match[1]) * _DURATION_UNITS[match[2]]
 
 
+def format_duration(seconds: float) -> str:
+    """The inverse, for people: 604800 -> '7d', 120 -> '2m', 0.5 -> '500ms', 90 -> '90s'."""
+    for unit in ("d", "h", "m", "s", "ms"):
+        count = seconds / _DURATION_UNITS[unit]
+        if count >= 1 and abs(count - round(count)) < 1e-9:
+            return f"{round(count)}{unit}"
+    return f"{seconds:g}s"
+
+
 def parse_size(value: str | int) -> int:
     if isinstance(value, int) and not isinstance(value, bool):
         return value

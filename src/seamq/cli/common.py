@@ -46,7 +46,7 @@ def _plain(value):
 
 
 def report(error: SeamqError) -> int:
-    """Print `error[CODE]: message`; the exit code it calls for (README, "Exit codes")."""
+    """Print `error[CODE]: message`; the exit code it calls for (docs/errors.md)."""
     err_console.print(f"[red]error[{error.code.value}][/red]: {redact(error.message)}", highlight=False,
                       markup=True)
     return 2 if error.code in INPUT_ERRORS else 1

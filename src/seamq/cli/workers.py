@@ -53,11 +53,23 @@ def print_changes(changes, *, dry_run: bool = False) -> None:
                   title="dry run: nothing changed" if dry_run else None)
     colours = {"create": "green", "update": "yellow", "recreate": "red", "unchanged": "dim", "migrate": "red"}
     for c in changes:
-        diffs = "\n".join(f"{f}: {have!r} -> {want!r}" for f, have, want in c.diffs)
+        diffs = "\n".join(f"{f}: {_shown(f, have)} -> {_shown(f, want)}" for f, have, want in c.diffs)
         if c.destructive:
             diffs += "\n[red]destructive: " + "; ".join(c.destructive_reasons) + "[/red]"
         table.add_row(c.kind, c.name, f"[{colours[c.action]}]{c.action}[/]", diffs)
     console.print(table)
+
+
+_DURATIONS = {"max_age", "duplicate_window", "ack_wait", "priority_timeout"}  # seconds in every diff
+
+
+def _shown(field: str, value) -> str:
+    """A diff's value as the topology file would write it: durations as 7d, 2m."""
+    from seamq.topology import format_duration
+
+    if field in _DURATIONS and isinstance(value, (int, float)) and value:
+        return format_duration(value)
+    return repr(value)
 
 
 def _serve(current, worker) -> None:

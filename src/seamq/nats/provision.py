@@ -216,6 +216,8 @@ async def _plan_partition(js: JetStreamContext, spec: ConsumerSpec, k: int) -> C
         if isinstance(mine, list):
             mine, theirs = sorted(mine), sorted(theirs or [])
         if mine != theirs:
+            if key in ("ack_wait", "priority_timeout"):  # nanoseconds in the raw API; seconds in every diff
+                mine, theirs = mine / 1e9, (theirs or 0) / 1e9
             diffs.append((key, theirs, mine))
     return Change("consumer", name, "update" if diffs else "unchanged", diffs, stream=spec.stream)
 
