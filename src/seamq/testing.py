@@ -47,7 +47,6 @@ class MemoryTransaction:
 
     def __init__(self) -> None:
         self.statements: list[tuple[str, Any]] = []
-        self.committed = False
 
     async def execute(self, query: Any, params: Any = None, **kwargs: Any) -> "MemoryTransaction":
         self.statements.append((str(query), params))
@@ -133,11 +132,7 @@ class Harness:
             return self._decided(parsed, None, Rejected(Reason.NO_HANDLER, f"no handler for {parsed.subject}"),
                                  delivered, False, [])
         memory = MemoryTransaction() if conn is None else None
-        if memory is not None:
-            result = await call(parsed, memory)
-            memory.committed = result.done
-        else:
-            result = await self._in_transaction(conn, call, parsed)
+        result = await call(parsed, memory) if memory else await self._in_transaction(conn, call, parsed)
         return self._decided(seen[0] if seen else parsed, result, None, delivered, result.done,
                              memory.statements if memory else [])
 
