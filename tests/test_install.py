@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -32,7 +33,11 @@ print(json.dumps(sorted(m.split(".")[0] for m in sys.modules)))
 
 
 def test_a_clean_virtualenv_with_seamq_alone_can_write_the_outbox(tmp_path, dsn):
-    run = lambda *args: subprocess.run(args, capture_output=True, text=True, timeout=600)  # noqa: E731
+    clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}  # nothing of ours leaks in
+
+    def run(*args):
+        return subprocess.run(args, capture_output=True, text=True, timeout=600, env=clean)
+
     built = run(sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path / "dist"), str(ROOT))
     assert built.returncode == 0, built.stderr
     [wheel] = (tmp_path / "dist").glob("seamq-*.whl")
