@@ -80,3 +80,22 @@ async def test_worker_runs_every_job_once_with_retries_and_survives_sigterm(nats
         assert (parse_time(job["started_at"]) - failed_at).total_seconds() >= 0.29, "retried before its backoff"
     # The second worker took what the first had not begun: the stop lost nothing.
     assert any(job.get("worker_id") == "second" for job in jobs.values()) or stopped_at == JOBS
+
+
+def test_a_url_that_is_no_ojs_server_is_said_at_start(tmp_path):
+    """Something answers, but 404 to the health check: a wrong URL, said at once (not retried forever)."""
+    import http.server
+    import threading
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SEAMQ_")}
+        result = subprocess.run([sys.executable, "-m", "seamq", "jobs", "worker", "--url",
+                                 f"http://127.0.0.1:{server.server_port}/ojs/v1", "--queue", "q",
+                                 "--handler", "json:dumps"], env=env, cwd=tmp_path, capture_output=True, text=True,
+                                timeout=30)
+    finally:
+        server.shutdown()
+    assert result.returncode == 2 and "error[INVALID_CONFIG]" in result.stderr
+    assert "is not an OJS server" in " ".join(result.stderr.split()) and "Traceback" not in result.stderr

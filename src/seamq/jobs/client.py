@@ -45,7 +45,7 @@ class JobsClient:
     # ---- producers ------------------------------------------------------------------------------
 
     async def health(self) -> dict:
-        return await self._call("GET", "/ojs/v1/health")
+        return await self._call("GET", "/health")
 
     async def push(self, type: str, args: list | None = None, *, queue: str | None = None,
                    options: dict | None = None, **fields: Any) -> dict:
@@ -93,7 +93,11 @@ class JobsClient:
         for attempt in range(1, attempts + 1):
             try:
                 async with self._session.request(method, self.url + path, json=body) as response:
-                    answer = await response.json(content_type=None)
+                    try:
+                        answer = await response.json(content_type=None)
+                    except ValueError:  # not an OJS server's answer (an HTML error page, say)
+                        raise JobsError(response.status, "invalid_response",
+                                        f"{response.reason or ''}: the answer is not JSON".strip()) from None
                     if response.status >= 400:
                         error = (answer or {}).get("error") or {}
                         raise JobsError(response.status, error.get("code", "error"),

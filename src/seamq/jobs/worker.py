@@ -167,6 +167,9 @@ async def run_worker(url: str, handler: Callable, config: WorkerConfig) -> None:
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
             raise SeamqError(ErrorCode.BROKER_UNAVAILABLE, f"cannot reach the job server at {redact(url)}: "
                              f"{type(exc).__name__}: {exc}") from None
+        except JobsError as exc:  # something answers, but not an OJS server's health check
+            raise SeamqError(ErrorCode.INVALID_CONFIG, f"{redact(url)} is not an OJS server "
+                             f"(GET /ojs/v1/health answered {exc}): give the server's root, e.g. http://host:8080") from None
         worker = Worker(client, handler, config)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
