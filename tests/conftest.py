@@ -1,8 +1,8 @@
 """Real services for every test: nats-server (or a cluster of three) and PostgreSQL on free ports in temp dirs.
 
-PostgreSQL starts once per session (fsync off: tests, not data); each test
-gets its own database cloned from a migrated template, so tests never see
-each other's rows. nats-server is cheap (~60 ms), so each test gets its own,
+PostgreSQL starts once per session (fsync off: tests, not data), from
+seamq.testing, the plugin users get; each test gets its own database cloned
+from a migrated template, so tests never see each other's rows. nats-server is cheap (~60 ms), so each test gets its own,
 which also lets a test stop, restart or kill it. Everything is stopped and
 removed at the end, also when a test fails.
 """
@@ -10,15 +10,12 @@ removed at the end, also when a test fails.
 from __future__ import annotations
 
 import os
-import shutil
 import sys
-import tempfile
 import uuid
-from pathlib import Path
 
 import pytest
 
-from seamq.dev.embedded import NatsCluster, NatsServer, PostgresServer
+from seamq.dev.embedded import NatsCluster, NatsServer
 from seamq.nats.connect import connect
 from seamq.nats.provision import apply
 from seamq.settings import NatsSettings
@@ -26,44 +23,26 @@ from seamq.topology import load_topology
 
 from handler_service import HandlerService
 
-TEMPLATE_DB = "seamq_template"
+# The users' pytest plugin provides PostgreSQL: a session server and a migrated database per test.
+pytest_plugins = ["seamq.testing"]
 
 
 @pytest.fixture(scope="session")
-def pg_server():
-    root = Path(tempfile.mkdtemp(prefix="seamq-pg-"))
-    server = PostgresServer(root / "data", durable=False)
-    server.start()
-    try:
-        import asyncio
-
-        from seamq.pg import migrate
-
-        asyncio.run(migrate.upgrade(server.create_database(TEMPLATE_DB)))
-        yield server
-    finally:
-        server.remove_data()
-        shutil.rmtree(root, ignore_errors=True)
-
-
-def _new_database(pg_server, template: str | None) -> tuple[str, str]:
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    return name, pg_server.create_database(name, template=template)
+def pg_server(seamq_postgres):
+    return seamq_postgres
 
 
 @pytest.fixture
-def dsn(pg_server):
+def dsn(seamq_database):
     """A migrated database of this test's own."""
-    name, url = _new_database(pg_server, TEMPLATE_DB)
-    yield url
-    pg_server.drop_database(name)
+    return seamq_database
 
 
 @pytest.fixture
 def empty_dsn(pg_server):
     """A database with no schema yet, for migration tests."""
-    name, url = _new_database(pg_server, None)
-    yield url
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    yield pg_server.create_database(name)
     pg_server.drop_database(name)
 
 
