@@ -204,6 +204,20 @@ def bench_topology(root: Path, max_ack_pending: int = 1000) -> Path:
     return path
 
 
+async def relay_and_consumer(svc: Services, database: str, **env) -> tuple[str, subprocess.Popen, subprocess.Popen]:
+    """A migrated database, the bench topology provisioned, one relay and one consumer process (in-process
+    no-op handler, bench.handlers) connected and idle: (dsn, relay, consumer); end them with `stop`."""
+    topology_file = bench_topology(svc.root)
+    await provision(svc.nats.url, load_topology(topology_file))
+    dsn = await fresh_database(svc, database)
+    env = svc.env(SEAMQ_TOPOLOGY_FILE=topology_file, SEAMQ_CONSUMER__REGISTRY="bench.handlers:REGISTRY",
+                  PYTHONPATH=os.getcwd(), **env)
+    relay = spawn([*SEAMQ, "relay"], env)
+    consumer = spawn([*SEAMQ, "consume", "--consumer", "sea__from_vibespro"], env)
+    await asyncio.sleep(2.0)
+    return dsn, relay, consumer
+
+
 async def publish_events(nats_url: str, count: int, size: int, context: str = "vibespro") -> None:
     """Publish `count` well-formed events straight into the context's stream (no outbox),
     with the headers the relay would send (the traceparent included)."""

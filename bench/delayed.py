@@ -11,18 +11,16 @@ process for the same deadlines (the floor for any timer).
 from __future__ import annotations
 
 import asyncio
-import os
 import statistics
 import time
 from datetime import datetime, timedelta, timezone
 
 import psycopg
 
-from bench.common import SEAMQ, Result, bench_topology, fresh_database, payload, provision, services, spawn, stop
+from bench.common import Result, payload, relay_and_consumer, services, stop
 from bench.e2e import offer, percentile
 from seamq import outbox
 from seamq.model import Event
-from seamq.topology import load_topology
 
 
 async def timer_lateness(deadlines: list[float]) -> list[float]:
@@ -38,14 +36,7 @@ async def run(count: int, size: int) -> Result:
     delayed_count, spread = (50, 2.0) if quick else (500, 8.0)
     result = Result("delayed")
     with services() as svc:
-        topology_file = bench_topology(svc.root)
-        await provision(svc.nats.url, load_topology(topology_file))
-        dsn = await fresh_database(svc, "delayed")
-        env = svc.env(SEAMQ_TOPOLOGY_FILE=topology_file, SEAMQ_CONSUMER__REGISTRY="bench.handlers:REGISTRY",
-                      PYTHONPATH=os.getcwd())
-        relay = spawn([*SEAMQ, "relay"], env)
-        consumer = spawn([*SEAMQ, "consume", "--consumer", "sea__from_vibespro"], env)
-        await asyncio.sleep(2.0)
+        dsn, relay, consumer = await relay_and_consumer(svc, "delayed")
         try:
             start = datetime.now(timezone.utc) + timedelta(seconds=1)
             due = {}

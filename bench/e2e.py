@@ -9,19 +9,15 @@ handler's transaction) - the writer's clock right after its commit returned.
 from __future__ import annotations
 
 import asyncio
-import os
 import statistics
 import time
 import uuid
 
 import psycopg
 
-from bench.common import (
-    SEAMQ, Result, bench_topology, fresh_database, payload, provision, services, spawn, stop,
-)
+from bench.common import Result, payload, relay_and_consumer, services, stop
 from seamq import outbox
 from seamq.model import Event
-from seamq.topology import load_topology
 
 TICK = 0.005
 
@@ -64,14 +60,7 @@ async def run(count: int, size: int) -> Result:
     rates = [1000, 2000] if quick else [1000, 2000, 5000, 10000]
     result = Result("e2e")
     with services() as svc:
-        topology_file = bench_topology(svc.root)
-        await provision(svc.nats.url, load_topology(topology_file))
-        dsn = await fresh_database(svc, "e2e")
-        env = svc.env(SEAMQ_TOPOLOGY_FILE=topology_file, SEAMQ_CONSUMER__REGISTRY="bench.handlers:REGISTRY",
-                      SEAMQ_CONSUMER__BATCH_SIZE=500, PYTHONPATH=os.getcwd())
-        relay = spawn([*SEAMQ, "relay"], env)
-        consumer = spawn([*SEAMQ, "consume", "--consumer", "sea__from_vibespro"], env)
-        await asyncio.sleep(2.0)  # both workers connected and idle
+        dsn, relay, consumer = await relay_and_consumer(svc, "e2e", SEAMQ_CONSUMER__BATCH_SIZE=500)
         # Warm-up, not measured: first statements, caches and the young tables'
         # first autovacuum are start-up effects, not steady-state latency.
         await offer(dsn, 500, 1.0 if quick else 3.0, size)
