@@ -6,7 +6,9 @@ import asyncio
 import time
 
 import psycopg
+from nats.errors import NoRespondersError
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.errors import ServiceUnavailableError
 
 
 async def read_stream(js, stream: str, subject: str = ">", timeout: float = 30.0) -> list:
@@ -27,6 +29,10 @@ async def read_stream(js, stream: str, subject: str = ">", timeout: float = 30.0
                 messages += await sub.fetch(min(1000, total - len(messages)), timeout=2)
             except asyncio.TimeoutError:
                 pass
+            except (ServiceUnavailableError, NoRespondersError):
+                # In a cluster the new consumer's leader may not be known on our route yet (the request
+                # reached no one, so nothing was delivered): ask again
+                await asyncio.sleep(0.1)
     finally:
         await sub.unsubscribe()
     return messages

@@ -8,6 +8,9 @@ import random
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from helpers import wait_for
+
+from seamq.nats import pull
 from seamq.nats.connect import NATS_PARSE_HEADER_LINES, parse_header_lines
 from seamq.nats.pull import JsDelivery, ack_fields
 
@@ -43,3 +46,20 @@ async def test_ack_fields_match_nats_py_metadata(nc):
         assert ack_fields(msg) == (meta.stream, meta.num_delivered, meta.sequence.stream, meta.sequence.consumer,
                                   meta.num_pending)
     assert JsDelivery(msgs[-1]).delivered == 2
+
+
+async def test_a_pull_that_reaches_no_consumer_is_asked_again_not_waited_out(nc, monkeypatch):
+    """A 503 (no responders) ends the request: during a consumer leader's election the pull must not stall
+    until its expiry. EXPIRES is made long so that only the server's answer can end the request."""
+    monkeypatch.setattr(pull, "EXPIRES", 60.0)
+    js = nc.jetstream()
+    await js.add_stream(name="NOLEADER", subjects=["noleader.>"])
+    source = await pull.PullSource(nc, "NOLEADER", "late", buffer=10).start()
+    try:
+        assert await source.fetch(10, timeout=0.2) == []  # the consumer does not exist yet
+        await wait_for(lambda: source.idle, timeout=10, what="the 503 to end the pull request")
+        await js.add_consumer("NOLEADER", durable_name="late", ack_policy="explicit")
+        await js.publish("noleader.1", b"x")
+        assert [m.data for m in await source.fetch(10, timeout=10)] == [b"x"]
+    finally:
+        await source.close()

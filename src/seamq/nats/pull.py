@@ -70,6 +70,11 @@ class PullSource:
             left = msg.headers.get("Nats-Pending-Messages")
             self._requested = max(0, self._requested - int(left)) if left else 0
             self._arrived.set()  # let fetch() top the pull up again
+        elif status == "503":
+            # No responders: the request reached no consumer leader (an election, or a new leader's interest
+            # not yet known on our route), so nothing will come for it. fetch() asks again within a second,
+            # not after the request's expiry, and not at once, which would spin while there is no leader.
+            self._requested = 0
 
     def stop_requesting(self) -> None:
         self._stopping = True
