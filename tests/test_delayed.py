@@ -64,6 +64,10 @@ async def test_delayed_events_arrive_when_due_and_do_not_hold_their_aggregate(ds
     assert max(late.values()) < 5, late  # woken for it: the poll would have been 30 s
     assert handled[shipped.id] < handled[reminder.id]  # the delayed event did not hold its aggregate
     assert (handled[overdue.id] - now).total_seconds() < 5
+    # The inbox keeps each event's deliver_at (NULL for one not delayed): the KPIs count latency from it
+    assert scalar(dsn, "SELECT count(*) FROM inbox_messages i JOIN outbox_events o ON o.id = i.message_id "
+                       "WHERE i.deliver_at IS NOT DISTINCT FROM o.deliver_at") == len(delayed) + 1
+    assert scalar(dsn, "SELECT count(*) FROM inbox_messages WHERE deliver_at IS NOT NULL") == len(delayed)
 
 
 async def test_rows_that_fell_due_while_no_relay_ran_go_out_at_its_start(dsn, nats_server, nc, topo):

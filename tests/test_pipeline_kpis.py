@@ -33,18 +33,20 @@ def seed(dsn: str) -> None:
                    CASE WHEN i <= 995 THEN t + i * interval '1 millisecond' END, CASE WHEN i <= 10 THEN 1 ELSE 0 END
             FROM generate_series(1, 1000) AS i, LATERAL (SELECT '{HOUR}'::timestamptz
                                                          + (i % 3600) * interval '1 second' AS t) x""")
-        # vibespro.vibe_created: healthy.
+        # vibespro.vibe_created: healthy. Every other event was delayed by an hour (deliver_at), then
+        # published 2 ms and handled 10 ms after it fell due, like the others after they occurred.
+        due = "CASE WHEN i % 2 = 0 THEN t + interval '1 hour' END"
         conn.execute(f"""
             INSERT INTO outbox_events (id, context, aggregate_type, aggregate_id, event_type, payload,
-                                       occurred_at, created_at, published_at)
-            SELECT gen_random_uuid(), 'vibespro', 'vibe', 'v', 'vibe_created', '{{}}', t, t,
-                   t + interval '2 milliseconds'
+                                       occurred_at, created_at, deliver_at, published_at)
+            SELECT gen_random_uuid(), 'vibespro', 'vibe', 'v', 'vibe_created', '{{}}', t, t, {due},
+                   coalesce({due}, t) + interval '2 milliseconds'
             FROM generate_series(1, 100) AS i, LATERAL (SELECT '{HOUR}'::timestamptz + i * interval '1 second' AS t) x""")
         conn.execute(f"""
             INSERT INTO inbox_messages (consumer, message_id, subject, event_type, event_version, status,
-                                        occurred_at, received_at, processed_at)
+                                        occurred_at, deliver_at, received_at, processed_at)
             SELECT 'sea__from_vibespro', gen_random_uuid(), 'vibespro.event.vibe_created.v1', 'vibe_created', 1,
-                   'processed', t, t, t + interval '10 milliseconds'
+                   'processed', t, {due}, t, coalesce({due}, t) + interval '10 milliseconds'
             FROM generate_series(1, 100) AS i, LATERAL (SELECT '{HOUR}'::timestamptz + i * interval '1 second' AS t) x""")
 
 
@@ -67,6 +69,9 @@ def test_kpis_on_known_data(spark, dsn, tmp_path):
     lags = np.array([i % 100 for i in range(1, 9991)], dtype=float)
     assert sea.relay_lag_p50_ms == pytest.approx(np.percentile(lags, 50), rel=0.01)
     assert sea.relay_lag_p99_ms == pytest.approx(np.percentile(lags, 99), rel=0.01)
+
+    vibespro = by_context["vibespro"]  # its delayed events count from deliver_at: not an hour late
+    assert (vibespro.e2e_p99_ms, vibespro.relay_lag_p99_ms) == (pytest.approx(10, rel=1e-3), pytest.approx(2, rel=1e-3))
 
     report = summary(rows)
     assert report["contexts"]["sea"]["breaches"] == ["delivery_rate", "duplicate_rate", "dlq_rate", "p99_latency"]

@@ -427,5 +427,6 @@ def _inbox_items(items: list[_Handling]) -> list[InboxItem]:
             message_id=message_id, subject=item.msg.subject,
             event_type=env.event_type if env else None, event_version=env.event_version if env else None,
             occurred_at=env.occurred_at if env else None, replay=bool(env and env.replay_attempt),
+            deliver_at=env.deliver_at if env else None,
         ))
     return out

@@ -150,6 +150,7 @@ class InboxItem:
     event_version: int | None
     occurred_at: datetime | None
     replay: bool = False
+    deliver_at: datetime | None = None  # a delayed event's time: its latency counts from there
 
 
 @dataclass(frozen=True, slots=True)

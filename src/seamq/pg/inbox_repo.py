@@ -60,7 +60,8 @@ class PgInbox:
         texts = [str(i.message_id) for i in items]
         by_text = {text: i.message_id for text, i in zip(texts, items)}
         rows = json.dumps([
-            [text, i.subject, i.event_type, i.event_version, i.occurred_at.isoformat() if i.occurred_at else None]
+            [text, i.subject, i.event_type, i.event_version, i.occurred_at.isoformat() if i.occurred_at else None,
+             i.deliver_at.isoformat() if i.deliver_at else None]
             for text, i in zip(texts, items)
         ])
         cur = await conn.execute(query("inbox_insert"), dict(consumer=self.consumer, items=rows))

@@ -176,10 +176,11 @@ SELECT to_regclass('seamq_migrations') IS NOT NULL AS present
 -- write per message (an UPDATE touching three indexes) cost PostgreSQL about
 -- 40 us per message and the consumer a round trip per transaction (measured).
 -- The rows come as one JSON array of [id, subject, type, version,
--- occurred_at]: five typed arrays cost the consumer more CPU to send.
+-- occurred_at, deliver_at]: six typed arrays cost the consumer more CPU to send.
 INSERT INTO inbox_messages
-  (consumer, message_id, subject, event_type, event_version, occurred_at, attempts, status, processed_at)
-SELECT %(consumer)s, (m->>0)::uuid, m->>1, m->>2, (m->>3)::int, (m->>4)::timestamptz, 1,
+  (consumer, message_id, subject, event_type, event_version, occurred_at, deliver_at, attempts, status,
+   processed_at)
+SELECT %(consumer)s, (m->>0)::uuid, m->>1, m->>2, (m->>3)::int, (m->>4)::timestamptz, (m->>5)::timestamptz, 1,
        'processed', clock_timestamp()
 FROM jsonb_array_elements(CAST(%(items)s AS jsonb)) AS m
 ORDER BY 2

@@ -35,14 +35,15 @@ class Read(NamedTuple):
 
 
 READS = {
+    # `due_at`: when the event was to go out (a delayed one: its deliver_at); lag and latency count from it.
     "outbox_kpis": Read(
-        "context string, event_type string, occurred_at timestamp, created_at timestamp, published_at timestamp",
-        "outbox_events", "context, event_type, occurred_at, created_at, published_at", "true"),
+        "context string, event_type string, occurred_at timestamp, due_at timestamp, published_at timestamp",
+        "outbox_events", "context, event_type, occurred_at, greatest(created_at, deliver_at), published_at", "true"),
     "inbox_kpis": Read(
         "consumer string, event_type string, status string, duplicates int, occurred_at timestamp, "
-        "processed_at timestamp",
-        "inbox_messages", "consumer, event_type, status, duplicates, occurred_at, processed_at",
-        "occurred_at IS NOT NULL"),
+        "due_at timestamp, processed_at timestamp",
+        "inbox_messages", "consumer, event_type, status, duplicates, occurred_at, greatest(occurred_at, deliver_at), "
+        "processed_at", "occurred_at IS NOT NULL"),
     "outbox_published": Read(
         "message_id string, context string, aggregate_type string, aggregate_id string, event_type string, "
         "event_version int, payload string, occurred_at timestamp, correlation_id string, causation_id string, "
