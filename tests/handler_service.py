@@ -41,8 +41,10 @@ class ScriptedHandler:
 
 
 class HandlerService:
-    def __init__(self, secret: str | None = "test-secret") -> None:
-        self.handler = ScriptedHandler()
+    """`handler`: the service's function (handler_app's argument); a ScriptedHandler by default."""
+
+    def __init__(self, secret: str | None = "test-secret", handler=None) -> None:
+        self.handler = handler or ScriptedHandler()
         self.secret = secret
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/handle"

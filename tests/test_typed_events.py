@@ -13,6 +13,7 @@ from seamq import Envelope, Event, EventModel, outbox
 from seamq.model import ErrorCode, SeamqError
 from seamq.registry import Registry, Route
 
+from handler_service import HandlerService
 from helpers import read_stream, wait_for
 from test_consumer import consuming, inbox, publish, vibe
 
@@ -95,9 +96,43 @@ async def test_a_typed_handler_gets_the_model_and_a_payload_that_does_not_fit_is
     assert "vibe_id: Field required" in body["detail"] and "score: Input should be a valid integer" in body["detail"]
 
 
+async def test_a_typed_handler_service_gets_the_model_and_its_misfits_are_dead_lettered_as_such(
+        dsn, nats_server, nc, topo):
+    """The same over HTTP: seamq.http.server parses the payload into the function's model, and a payload
+    that does not fit comes back as a 422 the consumer dead-letters as schema_mismatch, naming the fields."""
+    received: dict[uuid.UUID, VibeCreatedV1] = {}
+
+    async def on_vibe_over_http(envelope: Envelope[VibeCreatedV1]) -> None:
+        received[envelope.message_id] = envelope.payload
+
+    js = nc.jetstream()
+    good, bad = VibeCreatedV1(vibe_id="v-1", mood="calm").event(), vibe("v-3", score="high")
+    other = vibe("v-4", version=2, vibe_id="v-4", mood="x")  # routed to it by mistake: not its version
+    await publish(js, [good, bad, other])
+    with HandlerService(handler=on_vibe_over_http) as service:
+        async with consuming(dsn, nats_server.url, topo, handler_url=service.url):
+            await wait_for(lambda: all(inbox(dsn, e.id).get("status") == "dead_lettered" for e in (bad, other)),
+                           what="misfits dead-lettered")
+            await wait_for(lambda: good.id in received, what="the good one handled")
+    assert received == {good.id: VibeCreatedV1(vibe_id="v-1", mood="calm")}
+    dead = {json.loads(m.data)["message_id"]: json.loads(m.data) for m in await read_stream(js, "SEA_DLQ")}
+    assert {d["reason"] for d in dead.values()} == {"schema_mismatch"}
+    assert "vibe_id: Field required" in dead[str(bad.id)]["detail"]
+    assert "takes vibespro.event.vibe_created.v1, not vibespro.event.vibe_created.v2" in dead[str(other.id)]["detail"]
+
+
 def test_a_route_whose_handler_takes_another_version_is_refused_at_start():
     from seamq.wiring import build_handlers
 
     with pytest.raises(SeamqError, match="takes vibespro.event.vibe_created.v1") as exc:
         build_handlers(Registry(routes=(Route("vibe_created", 2, on_vibe, source="vibespro"),)), source="vibespro")
     assert exc.value.code == ErrorCode.INVALID_CONFIG
+
+
+def test_a_handler_service_can_name_no_other_reason_than_schema_mismatch():
+    from seamq.envelope import Reason
+    from seamq.http.client import _reason
+
+    assert _reason('{"reason": "schema_mismatch", "error": "x"}') is Reason.SCHEMA_MISMATCH
+    for text in ('{"reason": "max_deliver"}', '{"error": "negative total"}', "[1]", "not json", "[" * 100_000):
+        assert _reason(text) is None, text[:30]

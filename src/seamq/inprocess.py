@@ -11,13 +11,12 @@ raise Poison (422), AlreadyProcessed (409), or anything else (retry).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import weakref
 from typing import Any, Awaitable, Callable
 
 from seamq.envelope import AlreadyProcessed, Envelope, HandlerResult, Outcome, Poison, Reason
-from seamq.typed import EventModel, model_of_handler, parse_payload
+from seamq.typed import EventModel, model_of_handler, typed_envelope
 
 Fn = Callable[[Envelope, Any], Awaitable[Any]]
 
@@ -107,17 +106,12 @@ class _Watch:
 
 def typed(model: type[EventModel], fn: Callable[..., Awaitable[HandlerResult]]):
     """`envelope: Envelope[Model]`: the payload parsed into the model; one that does not fit is poison."""
-    subject = model.seamq_subject
 
     async def wrapped(envelope: Envelope, conn: Any) -> HandlerResult:
-        if (envelope.context, envelope.event_type, envelope.event_version) != \
-                (subject.context, subject.name, subject.version):
-            return HandlerResult(Outcome.POISON, f"the handler takes {subject}, not {envelope.subject}",
-                                 reason=Reason.SCHEMA_MISMATCH)
-        parsed = parse_payload(model, envelope.payload)
+        parsed = typed_envelope(model, envelope)
         if isinstance(parsed, str):
             return HandlerResult(Outcome.POISON, parsed, reason=Reason.SCHEMA_MISMATCH)
-        return await fn(dataclasses.replace(envelope, payload=parsed), conn)
+        return await fn(parsed, conn)
 
     return wrapped
 

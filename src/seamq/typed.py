@@ -19,6 +19,7 @@ reads events that gained an optional field. No I/O here.
 
 from __future__ import annotations
 
+import dataclasses
 import typing
 import uuid
 from datetime import datetime
@@ -117,3 +118,15 @@ def parse_payload(model: type[EventModel], payload: Any) -> EventModel | str:
                          for e in exc.errors()[:5])
     except RecursionError:
         return "payload: nested too deeply to validate"
+
+
+def typed_envelope(model: type[EventModel], envelope: Any) -> Any:
+    """The envelope with its payload parsed into `model`, or why it cannot be (a str: a schema
+    mismatch). The one rule for typed handlers, in-process (seamq.inprocess) and over HTTP
+    (seamq.http.server)."""
+    subject = model.seamq_subject
+    if (envelope.context, envelope.event_type, envelope.event_version) != \
+            (subject.context, subject.name, subject.version):
+        return f"the handler takes {subject}, not {envelope.subject}"
+    parsed = parse_payload(model, envelope.payload)
+    return parsed if isinstance(parsed, str) else dataclasses.replace(envelope, payload=parsed)

@@ -10,6 +10,11 @@
 It verifies the signature (401), parses the envelope (422 when malformed),
 and maps the function's outcome: return -> 200, AlreadyProcessed -> 409,
 Poison -> 422, any other exception -> 500 (redelivered).
+
+A function declared `envelope: Envelope[Model]` (seamq.typed) gets the payload
+parsed into the model, as an in-process handler does; a payload that does not
+fit is a 422 with `"reason": "schema_mismatch"`, which the consumer
+dead-letters under that reason, naming the fields.
 """
 
 from __future__ import annotations
@@ -20,14 +25,16 @@ from typing import Awaitable, Callable
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from seamq.envelope import AlreadyProcessed, Envelope, Poison
+from seamq.envelope import AlreadyProcessed, Envelope, Poison, Reason
 from seamq.http.signing import SIGNATURE_HEADER, verify
+from seamq.typed import model_of_handler, typed_envelope
 
 EventFunction = Callable[[Envelope], Awaitable[None]]
 
 
 def handler_router(handle: EventFunction, *, secret: str | None, path: str = "/handle") -> APIRouter:
     router = APIRouter()
+    model = model_of_handler(handle)
 
     @router.post(path)
     async def _handle(request: Request) -> JSONResponse:
@@ -40,6 +47,10 @@ def handler_router(handle: EventFunction, *, secret: str | None, path: str = "/h
             envelope = Envelope.from_json(json.loads(body))
         except (ValueError, TypeError, KeyError, RecursionError) as exc:
             return JSONResponse({"error": f"invalid envelope: {exc}"}, status_code=422)
+        if model is not None:
+            envelope = typed_envelope(model, envelope)
+            if isinstance(envelope, str):
+                return JSONResponse({"error": envelope, "reason": Reason.SCHEMA_MISMATCH.value}, status_code=422)
         try:
             await handle(envelope)
         except AlreadyProcessed as exc:
