@@ -177,8 +177,9 @@ def test_json_output_for_scripts(dsn, nats_server, tmp_path):
     assert checked.returncode == 1 and json.loads(checked.stdout)["up_to_date"] is False
 
 
-def test_a_worker_command_collects_garbage_less_often_than_python_would():
-    """10% of a consumer's CPU went to the collector walking objects that live as long as the process."""
+def test_a_worker_command_collects_garbage_less_often_than_python_would(monkeypatch):
+    """10% of a consumer's CPU went to the collector walking objects that live as long as the process.
+    And its PostgreSQL sessions carry its name (the relay's test finds its processes by it)."""
     import gc
 
     from seamq.cli import workers
@@ -188,11 +189,14 @@ def test_a_worker_command_collects_garbage_less_often_than_python_would():
 
     async def worker(stop, health) -> None:
         seen["threshold"], seen["frozen"] = gc.get_threshold(), gc.get_freeze_count()
+        seen["name"] = os.environ["PGAPPNAME"]
 
+    monkeypatch.delenv("PGAPPNAME", raising=False)  # and gone again after the test: subprocesses inherit it
     before = gc.get_threshold()
     try:
-        workers._serve(Settings(), worker)
+        workers._serve(Settings(), "test", worker)
     finally:
         gc.set_threshold(*before)
         gc.unfreeze()
     assert seen["threshold"][0] >= 10_000 > before[0] and seen["frozen"] > 0
+    assert seen["name"] == f"seamq test pid {os.getpid()}"

@@ -181,11 +181,12 @@ async def test_three_relay_processes_20k_events_exactly_once_in_order(dsn, nats_
     env = dict(service_env, SEAMQ_RELAY__BATCH_SIZE="300")
     relays = [subprocess.Popen([*SEAMQ, "relay"], env=env, stderr=subprocess.DEVNULL) for _ in range(3)]
     try:
-        # All three up first (each LISTENs for the outbox): one still importing could otherwise be sent
+        # All three up first (each names its sessions): one still importing could otherwise be sent
         # the SIGTERM below before its handler is installed, and die of it (-15)
-        await wait_for(lambda: scalar(dsn, "SELECT count(*) FROM pg_stat_activity "
-                                           "WHERE query = 'LISTEN seamq_outbox'") == 3, timeout=60,
-                       what="three relays listening")
+        names = {f"seamq relay pid {relay.pid}" for relay in relays}
+        await wait_for(lambda: names <= set(scalar(dsn, "SELECT array_agg(DISTINCT application_name) "
+                                                        "FROM pg_stat_activity")), timeout=60,
+                       what="three relays connected, each by its name")
         write(dsn, events[:10_000], per_tx=250)  # relays claim while rows are still being written
         write(dsn, events[10_000:], per_tx=250)
         await wait_for(lambda: unpublished(dsn) == 0, timeout=120, what="20k events published")

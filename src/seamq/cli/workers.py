@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -73,8 +74,12 @@ def _shown(field: str, value) -> str:
     return repr(value)
 
 
-def _serve(current, worker) -> None:
-    """Run one worker coroutine until SIGTERM/SIGINT, with /metrics, /healthz and /readyz if a port is set."""
+def _serve(current, name: str, worker) -> None:
+    """Run one worker coroutine until SIGTERM/SIGINT, with /metrics, /healthz and /readyz if a port is set.
+
+    `name` is what its PostgreSQL sessions show in pg_stat_activity (`application_name`), with the
+    process id, unless the DSN or PGAPPNAME names them already: which process holds a lock, or waits."""
+    os.environ.setdefault("PGAPPNAME", f"seamq {name} pid {os.getpid()}"[:63])
     _collect_less()
 
     async def go():
@@ -110,7 +115,7 @@ def relay(topology_file: Optional[Path] = TopologyOption) -> None:
 
     current = settings()
     topo = topology(topology_file, current)
-    _serve(current, lambda stop, health: run_relay(current, topo, stop, health))
+    _serve(current, "relay", lambda stop, health: run_relay(current, topo, stop, health))
 
 
 def consume(
@@ -130,7 +135,8 @@ def consume(
     if consumer not in topo.consumers:
         exit_with(SeamqError(ErrorCode.INVALID_TOPOLOGY,
                              f"no consumer {consumer!r}; known: {', '.join(sorted(topo.consumers))}"))
-    _serve(current, lambda stop, health: run_consumer(current, topo, consumer, stop, health=health))
+    _serve(current, f"consume {consumer}", lambda stop, health: run_consumer(current, topo, consumer, stop,
+                                                                             health=health))
 
 
 def replay(topology_file: Optional[Path] = TopologyOption) -> None:
@@ -139,7 +145,7 @@ def replay(topology_file: Optional[Path] = TopologyOption) -> None:
 
     current = settings()
     topo = topology(topology_file, current)
-    _serve(current, lambda stop, health: run_replay(current, topo, stop, health))
+    _serve(current, "replay", lambda stop, health: run_replay(current, topo, stop, health))
 
 
 def dev(
