@@ -101,8 +101,9 @@ async def publish_path(request, nc, provisioned):
 
 @pytest.fixture
 def service_env(dsn, nats_server):
-    """Environment for running `seamq ...` in a subprocess against this test's services."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SEAMQ_")}
+    """Environment for running `seamq ...` in a subprocess against this test's services (and without
+    the developer's PGAPPNAME: workers name their sessions themselves, and tests find them by it)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SEAMQ_") and k != "PGAPPNAME"}
     env.update(SEAMQ_DATABASE_URL=dsn, SEAMQ_NATS__URL=nats_server.url, PYTHONUNBUFFERED="1")
     return env
 

@@ -177,10 +177,11 @@ def test_json_output_for_scripts(dsn, nats_server, tmp_path):
     assert checked.returncode == 1 and json.loads(checked.stdout)["up_to_date"] is False
 
 
-def test_a_worker_command_collects_garbage_less_often_than_python_would(monkeypatch):
+def test_a_worker_command_collects_garbage_less_often_than_python_would():
     """10% of a consumer's CPU went to the collector walking objects that live as long as the process.
     And its PostgreSQL sessions carry its name (the relay's test finds its processes by it)."""
     import gc
+    from unittest import mock
 
     from seamq.cli import workers
     from seamq.settings import Settings
@@ -191,10 +192,11 @@ def test_a_worker_command_collects_garbage_less_often_than_python_would(monkeypa
         seen["threshold"], seen["frozen"] = gc.get_threshold(), gc.get_freeze_count()
         seen["name"] = os.environ["PGAPPNAME"]
 
-    monkeypatch.delenv("PGAPPNAME", raising=False)  # and gone again after the test: subprocesses inherit it
     before = gc.get_threshold()
     try:
-        workers._serve(Settings(), "test", worker)
+        with mock.patch.dict(os.environ):  # as it was after the test: later tests' subprocesses inherit it
+            os.environ.pop("PGAPPNAME", None)
+            workers._serve(Settings(), "test", worker)
     finally:
         gc.set_threshold(*before)
         gc.unfreeze()
