@@ -43,7 +43,7 @@ CONSUMER_HANDLER_SECONDS = Histogram(
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
 CONSUMER_E2E_SECONDS = Histogram(
-    "seamq_consumer_end_to_end_seconds", "occurred_at -> handled", ["consumer"],
+    "seamq_consumer_end_to_end_seconds", "occurred_at (a delayed event: deliver_at) -> handled", ["consumer"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 60),
 )
 
