@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from seamq.jobs.client import JobsClient
+from seamq.jobs.client import JobsClient, JobsError
 from seamq.jobs.model import parse_time
 
 from jobs_harness import JobServer
@@ -99,3 +99,41 @@ def test_a_url_that_is_no_ojs_server_is_said_at_start(tmp_path):
         server.shutdown()
     assert result.returncode == 2 and "error[INVALID_CONFIG]" in result.stderr
     assert "is not an OJS server" in " ".join(result.stderr.split()) and "Traceback" not in result.stderr
+
+
+async def test_an_answer_that_is_no_ojs_answer_is_a_coded_error_not_a_crash():
+    """A proxy's HTML page, JSON that is not an object, an `error` that is a string: each a JobsError
+    with a code and a message a person can read, never a TypeError from deep in the client."""
+    from aiohttp import web
+
+    async def proxy_page(_):
+        return web.Response(status=502, text="<html>bad</html>", content_type="text/html")
+
+    async def a_list(_):
+        return web.json_response([1, 2])
+
+    async def string_error(_):
+        return web.json_response({"error": "nope"}, status=404)
+
+    app = web.Application()
+    app.router.add_post("/ojs/v1/jobs", proxy_page)
+    app.router.add_get("/ojs/v1/health", a_list)
+    app.router.add_get("/ojs/v1/jobs/{id}", string_error)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    try:
+        async with JobsClient(f"http://127.0.0.1:{port}", retries=1) as jobs:
+            seen = []
+            for call in (jobs.push("t", []), jobs.health(), jobs.info("x")):
+                try:
+                    await call
+                except JobsError as exc:
+                    seen.append((exc.status, exc.code, exc.message))
+    finally:
+        await runner.cleanup()
+    assert seen == [(502, "invalid_response", "the answer is not a JSON object (Bad Gateway)"),
+                    (200, "invalid_response", "the answer is not a JSON object (OK)"),
+                    (404, "error", "Not Found")]

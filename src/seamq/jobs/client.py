@@ -23,7 +23,8 @@ MEDIA_TYPE = "application/openjobspec+json"
 class JobsError(Exception):
     def __init__(self, status: int, code: str, message: str, details: dict | None = None) -> None:
         super().__init__(f"{status} {code}: {message}")
-        self.status, self.code, self.message, self.details = status, code, message, details or {}
+        self.status, self.code, self.message = status, code, message
+        self.details = details if isinstance(details, dict) else {}
 
 
 class JobsClient:
@@ -95,13 +96,16 @@ class JobsClient:
                 async with self._session.request(method, self.url + path, json=body) as response:
                     try:
                         answer = await response.json(content_type=None)
-                    except ValueError:  # not an OJS server's answer (an HTML error page, say)
-                        raise JobsError(response.status, "invalid_response",
-                                        f"{response.reason or ''}: the answer is not JSON".strip()) from None
+                    except ValueError:
+                        answer = None
+                    if not isinstance(answer, dict):  # not an OJS server's answer (an HTML error page, say)
+                        reason = f" ({response.reason})" if response.reason else ""
+                        raise JobsError(response.status, "invalid_response", f"the answer is not a JSON object{reason}")
                     if response.status >= 400:
-                        error = (answer or {}).get("error") or {}
-                        raise JobsError(response.status, error.get("code", "error"),
-                                        error.get("message", response.reason or ""), error.get("details"))
+                        error = answer.get("error")
+                        error = error if isinstance(error, dict) else {}
+                        raise JobsError(response.status, str(error.get("code", "error")),
+                                        str(error.get("message", response.reason or "")), error.get("details"))
                     return answer
             except (aiohttp.ClientConnectionError, asyncio.TimeoutError):
                 if attempt == attempts:
