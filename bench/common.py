@@ -132,6 +132,28 @@ def cpu_seconds(pid: int, children: bool = False) -> float:
     return ticks / _TICK
 
 
+class CpuWindow:
+    """CPU seconds of each process between `start` and `end`, from /proc."""
+
+    def __init__(self, **pids: tuple[int, ...]) -> None:
+        self.pids = pids
+
+    def _read(self) -> dict[str, float]:
+        return {name: sum(cpu_seconds(pid, children=(name == "pg")) for pid in pids)
+                for name, pids in self.pids.items()}
+
+    def start(self) -> None:
+        self.before = self._read()
+
+    def end(self) -> dict[str, float]:
+        after = self._read()
+        return {name: after[name] - self.before[name] for name in after}
+
+
+def per_event_us(cpu: dict[str, float], events: int) -> dict[str, float]:
+    return {f"cpu_us_{name}": round(seconds / events * 1e6, 1) for name, seconds in cpu.items()}
+
+
 def self_peak_rss_mb() -> float:
     return peak_rss_mb(os.getpid())
 

@@ -3,7 +3,9 @@
 The raw baselines post the same envelopes straight to the same handler with
 the same concurrency: with httpx (what the issue names) and with aiohttp
 (the client seamq uses, since httpx measured 18x slower at this concurrency).
-seamq's numbers include JetStream, the inbox and the ACKs.
+seamq's numbers include JetStream, the inbox and the ACKs. Each row has the
+CPU per message of the client (the raw client, or the consumer), the
+handler's uvicorn, PostgreSQL and nats-server: all share the same 2 cores.
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ import httpx
 import psycopg
 
 from bench.common import (
-    SEAMQ, Result, bench_topology, fresh_database, histogram_quantiles, provision, publish_events,
-    self_peak_rss_mb, serve_http_app, services, spawn, stop, wait_until,
+    SEAMQ, CpuWindow, Result, bench_topology, fresh_database, histogram_quantiles, per_event_us, provision,
+    publish_events, self_peak_rss_mb, serve_http_app, services, spawn, stop, wait_until,
 )
 from seamq.dev.embedded import free_port
 from seamq.topology import load_topology
@@ -88,13 +90,17 @@ async def run(count: int, size: int) -> Result:
     try:
         ms = lambda v: round(v * 1000, 2)  # noqa: E731
         for name, client in (("httpx", raw_httpx), ("aiohttp", raw_aiohttp)):
+            cpu = CpuWindow(server=(server.pid,))
+            cpu.start()
+            started = time.process_time()
             client_rate, latencies = await client(url, count, size)
+            used = {"client": time.process_time() - started, **cpu.end(), "pg": 0.0, "nats": 0.0}
             if name == "httpx":
                 rate = client_rate  # the issue's baseline
             result.add(case=f"raw {name} -> handler ({CONCURRENCY} concurrent)", msgs_per_s=round(client_rate),
                        ratio=round(client_rate / rate, 2), p50_ms=ms(statistics.median(latencies)),
                        p99_ms=ms(sorted(latencies)[int(0.99 * len(latencies))]),
-                       peak_rss_mb=round(self_peak_rss_mb()))
+                       peak_rss_mb=round(self_peak_rss_mb()), **per_event_us(used, count))
         with services() as svc:
             topology_file = bench_topology(svc.root)
             await provision(svc.nats.url, load_topology(topology_file))
@@ -104,9 +110,16 @@ async def run(count: int, size: int) -> Result:
                           SEAMQ_CONSUMER__CONCURRENCY=CONCURRENCY, SEAMQ_CONSUMER__BATCH_SIZE=500,
                           SEAMQ_METRICS_PORT=metrics_port, PYTHONPATH=os.getcwd())
             consumer = spawn([*SEAMQ, "consume", "--consumer", "sea__from_vibespro"], env)
-            done = lambda: psycopg.connect(dsn).execute(  # noqa: E731
-                "SELECT count(*) >= %s FROM inbox_messages WHERE status = 'processed'", (count,)).fetchone()[0]
-            await wait_until(done, timeout=600, interval=0.2)
+            cpu = CpuWindow(client=(consumer.pid,), server=(server.pid,), pg=(svc.pg.proc.pid,),
+                            nats=(svc.nats.proc.pid,))
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                processed = lambda: conn.execute(  # noqa: E731
+                    "SELECT count(*) FROM inbox_messages WHERE status = 'processed'").fetchone()[0]
+                await wait_until(lambda: processed() > 0, timeout=120, interval=0.01)
+                cpu.start()
+                first = processed()
+                await wait_until(lambda: processed() >= count, timeout=600, interval=0.2)
+                used = cpu.end()
             metrics = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics").read().decode()
             rss = stop(consumer)
             with psycopg.connect(dsn) as conn:
@@ -116,10 +129,12 @@ async def run(count: int, size: int) -> Result:
             q = histogram_quantiles(metrics, "seamq_consumer_handler_seconds")
             result.add(case=f"seamq consume, HTTP handler ({CONCURRENCY} lanes)", msgs_per_s=round(ours),
                        ratio=round(ours / rate, 2), p50_ms=ms(q.get(0.5, 0)), p99_ms=ms(q.get(0.99, 0)),
-                       peak_rss_mb=round(rss))
+                       peak_rss_mb=round(rss), **per_event_us(used, count - first))
     finally:
         server.terminate()
         server.wait(10)
     result.notes.append("ratio is against raw httpx; latency = one handler call (seamq: from its histogram, "
-                        "bucket-interpolated); uvicorn runs one worker process on the same 2 cores")
+                        "bucket-interpolated); uvicorn runs one worker process on the same 2 cores; cpu_us_* = CPU per message of "
+                        "the client (raw client or seamq consume), uvicorn, PostgreSQL (all its processes) and "
+                        "nats-server, seamq's from the first inbox row to the last")
     return result

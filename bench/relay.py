@@ -20,8 +20,8 @@ import nats
 import psycopg
 
 from bench.common import (
-    SEAMQ, Result, cpu_seconds, fresh_database, provision, self_peak_rss_mb, services, spawn, stop, wait_until,
-    write_outbox,
+    SEAMQ, CpuWindow, Result, fresh_database, per_event_us, provision, self_peak_rss_mb, services, spawn, stop,
+    wait_until, write_outbox,
 )
 from bench.e2e import offer, percentile
 from seamq.dev.embedded import postgres_bin_dir
@@ -78,28 +78,6 @@ def relay_rate(dsn: str) -> float:
             "SELECT count(*), extract(epoch FROM max(published_at) - min(published_at)) FROM outbox_events"
         ).fetchone()
     return n / float(seconds) if seconds else float("nan")
-
-
-class CpuWindow:
-    """CPU seconds of each process between `start` and `end`, from /proc."""
-
-    def __init__(self, **pids: tuple[int, ...]) -> None:
-        self.pids = pids
-
-    def _read(self) -> dict[str, float]:
-        return {name: sum(cpu_seconds(pid, children=(name == "pg")) for pid in pids)
-                for name, pids in self.pids.items()}
-
-    def start(self) -> None:
-        self.before = self._read()
-
-    def end(self) -> dict[str, float]:
-        after = self._read()
-        return {name: after[name] - self.before[name] for name in after}
-
-
-def per_event_us(cpu: dict[str, float], events: int) -> dict[str, float]:
-    return {f"cpu_us_{name}": round(seconds / events * 1e6, 1) for name, seconds in cpu.items()}
 
 
 async def relay_processes(svc, processes: int, count: int, size: int) -> dict:

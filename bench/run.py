@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
+import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -28,6 +30,9 @@ async def main() -> None:
     parser.add_argument("--size", type=int, default=256, help="payload bytes")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = parser.parse_args()
+    # SIGTERM (a timeout, a CI job cancelled) cancels the run, so every scenario's `services()`
+    # stops its nats-server and PostgreSQL and removes their folders instead of leaving them running.
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, asyncio.current_task().cancel)
     console = Console(width=140)
     count = 2_000 if args.quick else 100_000
     results = []
@@ -55,4 +60,7 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    except asyncio.CancelledError:
+        sys.exit(128 + signal.SIGTERM)
