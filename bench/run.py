@@ -20,7 +20,7 @@ from rich.table import Table
 
 from bench.common import machine
 
-SCENARIOS = ["relay", "consumer", "e2e", "delayed", "http", "spark", "peer", "jobs"]
+SCENARIOS = ["relay", "consumer", "e2e", "delayed", "http", "spark", "peer", "jobs", "floors"]
 
 
 async def main() -> None:
@@ -43,9 +43,10 @@ async def main() -> None:
         produced = await module.run(count=count, size=args.size)
         for result in produced if isinstance(produced, list) else [produced]:  # a scenario may have tables
             results.append(result)
-            table = Table(*result.rows[0].keys(), title=f"{result.scenario} ({count} events, {args.size} B payloads)")
+            columns = list(dict.fromkeys(k for row in result.rows for k in row))  # rows may differ in columns
+            table = Table(*columns, title=f"{result.scenario} ({count} events, {args.size} B payloads)")
             for row in result.rows:
-                table.add_row(*(str(row.get(k, "")) for k in result.rows[0]))
+                table.add_row(*(str(row.get(k, "")) for k in columns))
             console.print(table)
             for note in result.notes:
                 console.print(f"  note: {note}")

@@ -15,7 +15,7 @@ def test_quick_bench_runs_every_scenario(tmp_path):
     report = json.loads((tmp_path / "latest.json").read_text())
     scenarios = {s["scenario"]: s for s in report["scenarios"]}
     assert set(scenarios) == {"relay", "relay_latency", "producer_commits", "consumer", "e2e", "delayed", "http", "spark",
-                              "peer", "jobs"}
+                              "peer", "jobs", "floors"}
     for scenario in scenarios.values():
         assert scenario["rows"], scenario["scenario"]
         for row in scenario["rows"]:
