@@ -10,7 +10,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from seamq import Event, Poison
+from seamq import Envelope, Event, EventModel, Poison
 from seamq.registry import Registry, Route
 from seamq.testing import Harness
 
@@ -31,7 +31,7 @@ def run_kit(tmp_path, tests: str) -> subprocess.CompletedProcess:
 def test_a_users_handler_tests_run_with_one_line_and_no_services(tmp_path):
     result = run_kit(tmp_path, "shop_tests.py")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "4 passed" in result.stdout
+    assert "5 passed" in result.stdout
 
 
 def test_the_kits_service_fixtures_start_migrate_and_provision(tmp_path):
@@ -88,3 +88,81 @@ async def test_a_handler_that_overruns_is_retried():
 
     out = await Harness(handler_timeout=0.05).deliver(slow, event(1))
     assert out.retried and "timed out" in out.detail and not out.committed
+
+
+async def test_an_http_handler_service_is_judged_in_process_as_the_consumer_judges_it():
+    """handler_app's answers, from a request posted to its ASGI app in process: the consumer's
+    own request (signed, traced) and its own reading of the status codes."""
+    import asyncio
+
+    from seamq import AlreadyProcessed
+    from seamq.http.server import handler_app
+
+    seen = []
+
+    async def on_event(envelope) -> None:
+        seen.append(envelope)
+        n = envelope.payload["n"]
+        if n == 0:
+            raise AlreadyProcessed("did that already")
+        if n < 0:
+            raise Poison("n must not be negative")
+        if n == 13:
+            raise RuntimeError("flaky")
+        if n == 99:
+            await asyncio.sleep(10)
+
+    app = handler_app(on_event, secret="s3cret")
+    harness = Harness(max_deliver=3, handler_timeout=0.2)
+    deliver = lambda n, **kw: harness.deliver_http(app, event(n), secret="s3cret", **kw)  # noqa: E731
+    ok = await deliver(1)
+    assert ok.acked and ok.committed and ok.result.outcome.value == "ok" and seen[-1].payload == {"n": 1}
+    assert seen[-1].message_id == ok.envelope.message_id and seen[-1].delivery_attempt == 1
+    assert (await deliver(0)).result.outcome.value == "already_processed"
+    bad = await deliver(-1)
+    assert bad.dead_lettered and bad.reason == "handler_rejected" and "n must not be negative" in bad.detail
+    flaky = await deliver(13)
+    assert flaky.retried and flaky.detail.startswith("HTTP 500") and not flaky.committed
+    last = await deliver(13, delivered=3)
+    assert last.dead_lettered and last.reason == "max_deliver"
+    slow = await deliver(99)
+    assert slow.retried and slow.detail == "handler timed out after 0.2s"
+    unsigned = await harness.deliver_http(app, event(1))  # a wrong secret must not dead-letter good messages
+    assert unsigned.retried and unsigned.detail.startswith("HTTP 401")
+    hostile = await harness.deliver_http(app, message=("vibespro.event.vibe_created.v1", {}, b"{}"))
+    assert hostile.reason == "missing_msg_id" and hostile.result is None
+
+
+class Scored(EventModel, context="vibespro", name="vibe_created", version=1):
+    n: int
+
+
+async def on_scored(envelope: Envelope[Scored]) -> None:
+    assert isinstance(envelope.payload, Scored)
+
+
+async def test_a_typed_http_service_dead_letters_a_payload_that_does_not_fit_as_schema_mismatch():
+    from seamq.http.server import handler_app
+
+    out = await Harness().deliver_http(handler_app(on_scored, secret=None), event("one"))
+    assert out.dead_lettered and out.reason == "schema_mismatch" and "n" in out.detail
+    assert (await Harness().deliver_http(handler_app(on_scored, secret=None), event(2))).acked
+
+
+async def test_any_asgi_app_can_be_the_service_and_an_exception_it_lets_out_is_a_500():
+    from fastapi import FastAPI
+
+    plain = FastAPI()
+
+    @plain.post("/events")
+    async def handle() -> None:
+        raise RuntimeError("boom")
+
+    async def broken(scope, receive, send) -> None:
+        raise RuntimeError("boom before answering")
+
+    for app, path in ((plain, "/events"), (broken, "/handle")):
+        out = await Harness().deliver_http(app, event(1), path=path)
+        assert out.retried and out.detail.startswith("HTTP 500"), out.detail
+    missing = await Harness().deliver_http(plain, event(1))  # nothing at /handle: 404, retried, not dead-lettered
+    assert missing.retried and missing.detail.startswith("HTTP 404")

@@ -129,6 +129,24 @@ def test_a_route_whose_handler_takes_another_version_is_refused_at_start():
     assert exc.value.code == ErrorCode.INVALID_CONFIG
 
 
+def test_a_model_the_annotation_cannot_reach_is_said_at_start_not_a_dict_on_every_message():
+    """Under `from __future__ import annotations` a model defined inside a function is out of the
+    annotation's reach: the handler would silently get dict payloads and fail on each message."""
+    from seamq.http.server import handler_app
+    from seamq.inprocess import InProcessHandler
+
+    class Local(EventModel, context="sea", name="local_thing", version=1):
+        n: int
+
+    async def on_local(envelope: Envelope[Local]) -> None:
+        pass
+
+    for build in (InProcessHandler, lambda fn: handler_app(fn, secret=None)):
+        with pytest.raises(SeamqError, match="'Envelope\\[Local\\]' does not resolve") as exc:
+            build(on_local)
+        assert exc.value.code == ErrorCode.INVALID_CONFIG and "module level" in str(exc.value)
+
+
 def test_a_handler_service_can_name_no_other_reason_than_schema_mismatch():
     from seamq.envelope import Reason
     from seamq.http.client import _reason

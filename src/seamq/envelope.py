@@ -210,6 +210,11 @@ class HandlerResult:
     def done(self) -> bool:
         return self.outcome in (Outcome.OK, Outcome.ALREADY_PROCESSED)
 
+    @classmethod
+    def timed_out(cls, seconds: float) -> "HandlerResult":
+        """A handler that overran its limit: like a 5xx, tried again later."""
+        return cls(Outcome.RETRY, f"handler timed out after {seconds:g}s")
+
 
 class Poison(Exception):
     """Raise from a handler: this message can never succeed (422). It goes to the DLQ."""

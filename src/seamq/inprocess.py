@@ -55,7 +55,7 @@ def timeout(seconds: float, fn: Callable[..., Awaitable[HandlerResult]]):
             result = await fn(envelope, conn)
         except asyncio.CancelledError:
             if watch.fired and task.uncancel() <= cancelling:  # ours, not a shutdown's
-                return HandlerResult(Outcome.RETRY, f"handler timed out after {seconds:g}s")
+                return HandlerResult.timed_out(seconds)
             raise
         finally:
             watch.end()

@@ -11,14 +11,18 @@ publish, parses it as the consumer does, runs the handler inside a
 transaction (the test's own PostgreSQL connection, or an in-memory one that
 records statements) and decides ACK, retry or dead letter with the
 consumer's own rules (seamq.verdict), so a test sees what production would
-do. For tests that do want the real thing, `seamq_nats`, `seamq_postgres`,
-`seamq_database` (a migrated database of the test's own) and
-`seamq_topology` (provisioned) start embedded services on free ports, once
-per session, and remove them afterwards.
+do. `deliver_http` does the same for an HTTP handler service: it posts the
+consumer's request to the service's ASGI app in process (no server, no
+port) and reads the answer with the consumer's own mapping. For tests that
+do want the real thing, `seamq_nats`, `seamq_postgres`, `seamq_database` (a
+migrated database of the test's own) and `seamq_topology` (provisioned)
+start embedded services on free ports, once per session, and remove them
+afterwards.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import functools
 import json
@@ -136,6 +140,28 @@ class Harness:
         return self._decided(seen[0] if seen else parsed, result, None, delivered, result.done,
                              memory.statements if memory else [])
 
+    async def deliver_http(self, app: Any, event: Event | EventModel | None = None, *, path: str = "/handle",
+                           secret: str | None = None, delivered: int = 1,
+                           message: tuple[str, dict, bytes] | None = None) -> Delivered:
+        """Deliver `event` (or a raw `message`) to an HTTP handler service, given as its ASGI app
+        (`seamq.http.server.handler_app`, or any FastAPI or Starlette app): the POST the consumer
+        sends (signed with `secret`, carrying the trace), called in process, and its answer read as
+        the consumer reads it. The app's lifespan is not run: start what it needs in the test."""
+        from seamq.http.client import request_of, result_of  # aiohttp: imported only by tests that use it
+
+        subject, headers, body = message or self.message(event)
+        parsed = parse_message(subject, headers, body, delivered)
+        if isinstance(parsed, Rejected):
+            return self._decided(None, None, parsed, delivered, False, [])
+        data, request_headers = request_of(parsed, secret=secret, traceparent=headers.get("traceparent"))
+        try:
+            status, text = await asyncio.wait_for(_post(app, path, data, request_headers), self.handler_timeout)
+        except asyncio.TimeoutError:
+            result = HandlerResult.timed_out(self.handler_timeout)
+        else:
+            result = result_of(status, text)
+        return self._decided(parsed, result, None, delivered, result.done, [])
+
     def _handler(self, handler: Callable | Registry, envelope: Envelope, source: str, seen: list):
         from seamq.wiring import build_handlers
 
@@ -176,6 +202,42 @@ def _spy(target: str | Callable, seen: list) -> str | Callable:
         return await target(envelope, conn)
 
     return spy
+
+
+async def _post(app: Any, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, str]:
+    """One POST to an ASGI app, as a server would make it: (status, body text). An exception the
+    app lets out before it answered is a 500, as uvicorn would send."""
+    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
+             "method": "POST", "scheme": "http", "path": path, "raw_path": path.encode(), "root_path": "",
+             "query_string": b"", "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 80),
+             "headers": [(name.lower().encode(), value.encode()) for name, value in
+                         {**headers, "content-length": str(len(body)), "host": "127.0.0.1"}.items()]}
+    answered = asyncio.Event()
+    request = [{"type": "http.request", "body": body, "more_body": False}]
+    status: int | None = None
+    chunks: list[bytes] = []
+
+    async def receive() -> dict:
+        if request:
+            return request.pop()
+        await answered.wait()  # the client stays until the answer is complete, then goes
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        nonlocal status
+        if message["type"] == "http.response.start":
+            status = message["status"]
+        elif message["type"] == "http.response.body":
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body"):
+                answered.set()
+
+    try:
+        await app(scope, receive, send)
+    except Exception:
+        if status is None:
+            return 500, "Internal Server Error"
+    return status or 500, b"".join(chunks).decode(errors="replace")
 
 
 class _Rollback(Exception):

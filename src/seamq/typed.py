@@ -20,6 +20,7 @@ reads events that gained an optional field. No I/O here.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import typing
 import uuid
 from datetime import datetime
@@ -100,13 +101,30 @@ def model_of_handler(fn: Any) -> type[EventModel] | None:
 
     try:
         hints = typing.get_type_hints(fn)
-    except Exception:  # annotations that do not resolve: an untyped handler, as before
+    except Exception as exc:  # annotations that do not resolve: an untyped handler, as before...
+        written = _envelope_annotation(fn)
+        if written:  # ...unless it asks for a model: it would get dicts and fail on every message
+            raise SeamqError(ErrorCode.INVALID_CONFIG, f"{getattr(fn, '__qualname__', fn)}: its annotation "
+                             f"{written!r} does not resolve ({type(exc).__name__}: {exc}); define the model "
+                             "where the function's module can see it (at module level)") from None
         return None
     params = [h for name, h in hints.items() if name != "return"]
     if not params or typing.get_origin(params[0]) is not Envelope:
         return None
     (model,) = typing.get_args(params[0]) or (None,)
     return model if isinstance(model, type) and issubclass(model, EventModel) else None
+
+
+def _envelope_annotation(fn: Any) -> str | None:
+    """The first parameter's annotation when it is the text `Envelope[...]` (a postponed one)."""
+    try:
+        first = next(iter(inspect.signature(fn).parameters.values()), None)
+    except (TypeError, ValueError):
+        return None
+    written = first.annotation if first is not None else None
+    if isinstance(written, str) and written.replace(" ", "").startswith(("Envelope[", "seamq.Envelope[")):
+        return written
+    return None
 
 
 def parse_payload(model: type[EventModel], payload: Any) -> EventModel | str:

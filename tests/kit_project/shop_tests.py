@@ -25,3 +25,14 @@ async def test_bad_payload(seamq_harness):
     out = await seamq_harness.deliver(on_vibe_created, bad)
     assert out.reason == "schema_mismatch", out
     assert "vibe_id" in out.detail and "score" in out.detail
+
+async def test_the_http_service(seamq_harness):
+    from shop import app
+    out = await seamq_harness.deliver_http(app, VibeCreatedV1(vibe_id="v-1", mood="calm"), secret="kit-secret")
+    assert out.acked and out.committed, out
+    out = await seamq_harness.deliver_http(app, VibeCreatedV1(vibe_id="v-1", mood="angry"), secret="kit-secret")
+    assert out.reason == "handler_rejected" and "no angry vibes" in out.detail
+    out = await seamq_harness.deliver_http(app, Event(context="vibespro", aggregate_type="vibe", aggregate_id="v-2",
+                                                      event_type="vibe_created", payload={"mood": "calm"}),
+                                           secret="kit-secret")
+    assert out.reason == "schema_mismatch" and "vibe_id" in out.detail

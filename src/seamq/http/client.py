@@ -42,23 +42,35 @@ class HttpHandler:
         return f"HttpHandler({self.url})"
 
     async def __call__(self, envelope: Envelope, conn=None, traceparent: str | None = None) -> HandlerResult:
-        body = json.dumps(envelope.to_json(), separators=(",", ":")).encode()
-        headers = {"content-type": "application/json"}
-        if self.secret:
-            headers[SIGNATURE_HEADER] = sign(self.secret, body)
-        if traceparent:
-            headers["traceparent"] = traceparent
+        body, headers = request_of(envelope, secret=self.secret, traceparent=traceparent)
         try:
             async with self.client.post(self.url, data=body, headers=headers,
                                         timeout=aiohttp.ClientTimeout(total=self.timeout)) as response:
                 status, text = response.status, await response.text()
         except (asyncio.TimeoutError, TimeoutError):
-            return HandlerResult(Outcome.RETRY, f"handler timed out after {self.timeout:g}s")
+            return HandlerResult.timed_out(self.timeout)
         except aiohttp.ClientError as exc:
             return HandlerResult(Outcome.RETRY, f"handler unreachable: {type(exc).__name__}: {exc}")
-        outcome = _OUTCOMES.get(status, Outcome.RETRY)
-        detail = None if outcome == Outcome.OK else f"HTTP {status}: {text[:500]}"
-        return HandlerResult(outcome, detail, reason=_reason(text) if status == 422 else None)
+        return result_of(status, text)
+
+
+def request_of(envelope: Envelope, *, secret: str | None = None,
+               traceparent: str | None = None) -> tuple[bytes, dict[str, str]]:
+    """The body and headers of the POST for this envelope (seamq.testing sends the same)."""
+    body = json.dumps(envelope.to_json(), separators=(",", ":")).encode()
+    headers = {"content-type": "application/json"}
+    if secret:
+        headers[SIGNATURE_HEADER] = sign(secret, body)
+    if traceparent:
+        headers["traceparent"] = traceparent
+    return body, headers
+
+
+def result_of(status: int, text: str) -> HandlerResult:
+    """A handler service's answer as an outcome: the one mapping, for the consumer and seamq.testing."""
+    outcome = _OUTCOMES.get(status, Outcome.RETRY)
+    detail = None if outcome == Outcome.OK else f"HTTP {status}: {text[:500]}"
+    return HandlerResult(outcome, detail, reason=_reason(text) if status == 422 else None)
 
 
 def _reason(text: str) -> Reason | None:
