@@ -112,11 +112,15 @@ SEAMQ = [sys.executable, "-m", "seamq"]
 
 
 @pytest.fixture(scope="session")
-def spark():
-    """One Spark local[2] session for the pipeline tests (the JVM takes seconds to start)."""
+def spark(tmp_path_factory):
+    """One Spark local[2] session for the pipeline tests (the JVM takes seconds to start). Its
+    scratch goes to a pytest folder: this JVM does not get to clean /tmp when pytest ends."""
     from seamq.pipeline.spark import session
+    from seamq.settings import PipelineSettings
 
-    spark = session("local[2]", app="seamq-tests")
+    scratch = tmp_path_factory.mktemp("spark-scratch")
+    spark = session("local[2]", app="seamq-tests", settings=PipelineSettings(conf={
+        "spark.local.dir": str(scratch), "spark.driver.extraJavaOptions": f"-Djava.io.tmpdir={scratch}"}))
     yield spark
     spark.stop()
 

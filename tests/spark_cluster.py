@@ -80,8 +80,14 @@ class SparkCluster:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SEAMQ_", "PYSPARK_", "SPARK_", "VIRTUAL_ENV"))}
         env.update(SPARK_HOME=str(self.spark_home), SPARK_LOCAL_IP="127.0.0.1", SPARK_NO_DAEMONIZE="1",
                    PATH=f"{self.python.parent}:/usr/local/bin:/usr/bin:/bin",
-                   SPARK_LOG_DIR=str(self.root / "logs"), SPARK_WORKER_DIR=str(self.root / "work"))
+                   SPARK_LOG_DIR=str(self.root / "logs"), SPARK_WORKER_DIR=str(self.root / "work"),
+                   # scratch in our folder: stop() kills, so the JVMs' own clean-up of /tmp never runs
+                   SPARK_LOCAL_DIRS=str(self.root / "local"), SPARK_DAEMON_JAVA_OPTS=f"-Djava.io.tmpdir={self.tmp}")
         return env
+
+    @property
+    def tmp(self) -> Path:
+        return self.root / "tmp"
 
     def _start(self, argv: list[str], log: Path) -> None:
         with open(log, "ab") as out:
@@ -89,7 +95,8 @@ class SparkCluster:
                                                stderr=subprocess.STDOUT, start_new_session=True))
 
     def start(self, timeout: float = 90) -> "SparkCluster":
-        (self.root / "logs").mkdir(parents=True, exist_ok=True)
+        for folder in ("logs", "local", "tmp"):
+            (self.root / folder).mkdir(parents=True, exist_ok=True)
         spark_class = str(self.spark_home / "bin" / "spark-class")
         self._start([spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
                      "--port", str(self.port), "--webui-port", str(self.ui_port)], self.root / "logs" / "master.log")
@@ -131,5 +138,6 @@ class SparkCluster:
         """What `seamq pipeline ... --master` needs to use this cluster, as a user would set it."""
         return {"SEAMQ_PIPELINE__MASTER": self.master, "SEAMQ_PIPELINE__EXECUTOR_PYTHON": str(self.python),
                 "SEAMQ_PIPELINE__DRIVER_HOST": "127.0.0.1", "SEAMQ_PIPELINE__DRIVER_BIND_ADDRESS": "127.0.0.1",
-                "SEAMQ_PIPELINE__CONF": json.dumps({"spark.executor.memory": "512m", "spark.cores.max": "2"}),
+                "SEAMQ_PIPELINE__CONF": json.dumps({"spark.executor.memory": "512m", "spark.cores.max": "2",
+                                                    "spark.executor.extraJavaOptions": f"-Djava.io.tmpdir={self.tmp}"}),
                 "SPARK_LOCAL_IP": "127.0.0.1"}

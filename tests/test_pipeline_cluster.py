@@ -43,8 +43,10 @@ def spark_cluster(tmp_path_factory):
 def test_executors_see_seamq_only_from_the_job(spark_cluster):
     """What runs on an executor: its own Python, seamq from the zip the driver shipped, and (as root)
     an empty checkout."""
-    probe = ("import os, sys; from seamq.pipeline.spark import session; from seamq.settings import load_settings\n"
+    probe = ("import os, sys; from seamq.pipeline.spark import session, _seamq_zip\n"
+             "from seamq.settings import load_settings\n"
              "spark = session(None, 'probe', settings=load_settings().pipeline)\n"
+             "print('zip', _seamq_zip())\n"
              "def where(_):\n"
              "    import seamq\n"
              f"    yield (sys.executable, seamq.__file__, tuple(sorted(os.listdir({str(CHECKOUT)!r}))))\n"
@@ -55,6 +57,8 @@ def test_executors_see_seamq_only_from_the_job(spark_cluster):
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     seen = ast.literal_eval(result.stdout.strip().splitlines()[-1])
+    shipped = Path(next(line for line in result.stdout.splitlines() if line.startswith("zip "))[4:])
+    assert shipped.name == "seamq.zip" and not shipped.parent.exists()  # the driver's zip goes with the driver
     assert {Path(python).parent for python, _, _ in seen} == {spark_cluster.python.parent}  # its own venv
     assert all(module.startswith("./seamq.zip/") or "/seamq.zip/" in module for _, module, _ in seen)
     if spark_cluster.isolated:

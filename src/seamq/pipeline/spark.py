@@ -14,8 +14,10 @@ given stand. Spark's console noise is quiet unless asked for.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
+import shutil
 import sys
 import tempfile
 import zipfile
@@ -77,7 +79,9 @@ def _seamq_zip() -> Path:
     Its dependencies are the executors' environment's: they include compiled extensions,
     which Python cannot import from a zip."""
     package = Path(__file__).resolve().parent.parent
-    target = Path(tempfile.mkdtemp(prefix="seamq-spark-")) / "seamq.zip"
+    folder = tempfile.mkdtemp(prefix="seamq-spark-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)  # in use until the driver ends, gone after
+    target = Path(folder) / "seamq.zip"
     with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as archive:
         for path in sorted(package.rglob("*")):
             if path.is_file() and "__pycache__" not in path.parts:
