@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -29,8 +30,13 @@ async def test_lake_kill_9_and_restart_holds_exactly_n_rows(spark, nats_server, 
     checkpoint = lake / "_checkpoints" / "VIBESPRO_EVENTS"
     events = await publish(nc, 3000)
     argv = [*SEAMQ, "pipeline", "lake", "--stream", "VIBESPRO_EVENTS", "--lake", str(lake), "--max-records", "250"]
-    # Its own session, so kill -9 takes the Spark JVM and Python workers down with it.
-    job = subprocess.Popen(argv, env=service_env, start_new_session=True,
+    # Its own session, so kill -9 takes the Spark JVM and Python workers down with it; and its
+    # scratch in our folder, since a killed JVM leaves it behind.
+    scratch = tmp_path / "spark-scratch"
+    scratch.mkdir()
+    killed_env = {**service_env, "SEAMQ_PIPELINE__CONF": json.dumps({
+        "spark.local.dir": str(scratch), "spark.driver.extraJavaOptions": f"-Djava.io.tmpdir={scratch}"})}
+    job = subprocess.Popen(argv, env=killed_env, start_new_session=True,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         await wait_for(lambda: committed_batches(checkpoint) >= 3, timeout=120, what="three committed batches")
