@@ -12,6 +12,7 @@ import sys
 import tempfile
 import time
 from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -152,6 +153,16 @@ class CpuWindow:
 
 def per_event_us(cpu: dict[str, float], events: int) -> dict[str, float]:
     return {f"cpu_us_{name}": round(seconds / events * 1e6, 1) for name, seconds in cpu.items()}
+
+
+async def cpu_per_row(cpu: CpuWindow, done: Callable[[], int], total: int, timeout: float) -> dict[str, float]:
+    """CPU per row of each process from the first row `done()` counts to the `total`-th:
+    process start excluded."""
+    await wait_until(lambda: done() > 0, timeout=120, interval=0.01)
+    cpu.start()
+    first = done()
+    await wait_until(lambda: done() >= total, timeout=timeout, interval=0.2)
+    return per_event_us(cpu.end(), total - first)
 
 
 def self_peak_rss_mb() -> float:

@@ -16,8 +16,8 @@ import psycopg
 from nats.js.api import AckPolicy, ConsumerConfig
 
 from bench.common import (
-    SEAMQ, CpuWindow, Result, bench_topology, fresh_database, per_event_us, provision, publish_events,
-    self_peak_rss_mb, services, spawn, stop, wait_until,
+    SEAMQ, CpuWindow, Result, bench_topology, cpu_per_row, fresh_database, per_event_us, provision,
+    publish_events, self_peak_rss_mb, services, spawn, stop,
 )
 from seamq.topology import load_topology
 
@@ -83,16 +83,11 @@ async def run(count: int, size: int) -> Result:
             cpu = CpuWindow(consumer=tuple(w.pid for w in workers), pg=(svc.pg.proc.pid,), nats=(svc.nats.proc.pid,))
             with psycopg.connect(dsn, autocommit=True) as conn:
                 rows = lambda: conn.execute("SELECT count(*) FROM inbox_messages").fetchone()[0]  # noqa: E731
-                await wait_until(lambda: rows() > 0, timeout=120, interval=0.01)
-                cpu.start()
-                first = rows()
-                await wait_until(lambda: rows() >= count, timeout=900, interval=0.2)
-                used = cpu.end()
+                used = await cpu_per_row(cpu, rows, count, timeout=900)
             rss = max(stop(w) for w in workers)
             rate = inbox_rate(dsn)
             result.add(case=f"seamq consume x{processes} (inbox + no-op in-process handler)",
-                       msgs_per_s=round(rate), ratio=round(rate / raw, 2), peak_rss_mb=round(rss),
-                       **per_event_us(used, count - first))
+                       msgs_per_s=round(rate), ratio=round(rate / raw, 2), peak_rss_mb=round(rss), **used)
     result.notes.append("consumer rate = rows / (last processed_at - first processed_at); max_ack_pending 1000; "
                         "cpu_us_* = CPU per message of the consumer processes (or the raw client), PostgreSQL (all "
                         "its processes) and nats-server, from the first inbox row to the last")

@@ -8,7 +8,7 @@ docs/benchmarks.md can be checked on any machine:
 
 - receive: client CPU per message of seamq's `PullSource` with an ack per
   message and nothing else, next to nats-py's `fetch` + ack (the consumer
-  scenario's raw baseline);
+  scenario's raw baseline, measured by the same function);
 - claim and mark: PostgreSQL's CPU per row for the simplest claim and
   published mark on a table like the outbox (a row update), and for an
   immutable row with a narrow queue row deleted on publish; with what each
@@ -29,6 +29,7 @@ from nats.js.api import AckPolicy, ConsumerConfig
 from bench.common import (
     CpuWindow, Result, bench_topology, cpu_seconds, per_event_us, provision, publish_events, services,
 )
+from bench.consumer import raw_fetch_ack
 from seamq.nats.pull import JsDelivery, PullSource
 from seamq.topology import load_topology
 
@@ -63,32 +64,25 @@ CLAIM_AND_MARK = {
 
 
 async def receive(svc, count: int) -> list[dict]:
+    rows = [dict(case="receive: nats-py fetch(500) + ack", **await raw_fetch_ack(svc, count))]
     nc = await nats.connect(svc.nats.url)
     js = nc.jetstream()
-    rows = []
-    for case in ("nats-py fetch(500) + ack", "PullSource + ack", "PullSource + JsDelivery + ack"):
+    for wrap in (False, True):
         durable = f"floor{len(rows)}"
         await js.add_consumer(STREAM, ConsumerConfig(durable_name=durable, ack_policy=AckPolicy.EXPLICIT,
                                                      max_ack_pending=1000, filter_subject="vibespro.event.>"))
         cpu = CpuWindow(nats=(svc.nats.proc.pid,))
         cpu.start()
         client, started, done = time.process_time(), time.perf_counter(), 0
-        if case.startswith("nats-py"):
-            sub = await js.pull_subscribe_bind(durable=durable, stream=STREAM)
-            while done < count:
-                for msg in await sub.fetch(500, timeout=5):
-                    await msg.ack()
-                    done += 1
-        else:
-            source = await PullSource(nc, STREAM, durable).start()
-            wrap = case.startswith("PullSource + JsDelivery")
-            while done < count:
-                for msg in await source.fetch(500, 5):
-                    await (JsDelivery(msg) if wrap else msg).ack()
-                    done += 1
-            await source.close()
+        source = await PullSource(nc, STREAM, durable).start()
+        while done < count:
+            for msg in await source.fetch(500, 5):
+                await (JsDelivery(msg) if wrap else msg).ack()
+                done += 1
+        await source.close()
         rate = count / (time.perf_counter() - started)
-        used = {"client": time.process_time() - client, **cpu.end()}
+        used = {"consumer": time.process_time() - client, **cpu.end()}
+        case = "PullSource + JsDelivery + ack" if wrap else "PullSource + ack"
         rows.append(dict(case=f"receive: {case}", msgs_per_s=round(rate), **per_event_us(used, count)))
     await nc.close()
     return rows
@@ -143,7 +137,7 @@ async def run(count: int, size: int) -> Result:
         await publish_events(svc.nats.url, count, size)
         for row in await receive(svc, count) + claim_and_mark(svc, count, size):
             result.add(**row)
-    result.notes.append("receive: cpu_us_client = the consuming process, cpu_us_nats = nats-server; claim + mark: "
+    result.notes.append("receive: cpu_us_consumer = the consuming process, cpu_us_nats = nats-server; claim + mark: "
                         "PostgreSQL (all its processes) per row, batches of 500; producer_tx_cpu_us_pg = PostgreSQL "
                         "per one-row producer transaction (fsync on)")
     return result

@@ -23,8 +23,8 @@ import httpx
 import psycopg
 
 from bench.common import (
-    SEAMQ, CpuWindow, Result, bench_topology, fresh_database, histogram_quantiles, per_event_us, provision,
-    publish_events, self_peak_rss_mb, serve_http_app, services, spawn, stop, wait_until,
+    SEAMQ, CpuWindow, Result, bench_topology, cpu_per_row, fresh_database, histogram_quantiles, per_event_us,
+    provision, publish_events, self_peak_rss_mb, serve_http_app, services, spawn, stop,
 )
 from seamq.dev.embedded import free_port
 from seamq.topology import load_topology
@@ -115,11 +115,7 @@ async def run(count: int, size: int) -> Result:
             with psycopg.connect(dsn, autocommit=True) as conn:
                 processed = lambda: conn.execute(  # noqa: E731
                     "SELECT count(*) FROM inbox_messages WHERE status = 'processed'").fetchone()[0]
-                await wait_until(lambda: processed() > 0, timeout=120, interval=0.01)
-                cpu.start()
-                first = processed()
-                await wait_until(lambda: processed() >= count, timeout=600, interval=0.2)
-                used = cpu.end()
+                used = await cpu_per_row(cpu, processed, count, timeout=600)
             metrics = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics").read().decode()
             rss = stop(consumer)
             with psycopg.connect(dsn) as conn:
@@ -129,7 +125,7 @@ async def run(count: int, size: int) -> Result:
             q = histogram_quantiles(metrics, "seamq_consumer_handler_seconds")
             result.add(case=f"seamq consume, HTTP handler ({CONCURRENCY} lanes)", msgs_per_s=round(ours),
                        ratio=round(ours / rate, 2), p50_ms=ms(q.get(0.5, 0)), p99_ms=ms(q.get(0.99, 0)),
-                       peak_rss_mb=round(rss), **per_event_us(used, count - first))
+                       peak_rss_mb=round(rss), **used)
     finally:
         server.terminate()
         server.wait(10)

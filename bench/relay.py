@@ -20,8 +20,8 @@ import nats
 import psycopg
 
 from bench.common import (
-    SEAMQ, CpuWindow, Result, fresh_database, per_event_us, provision, self_peak_rss_mb, services, spawn, stop,
-    wait_until, write_outbox,
+    SEAMQ, CpuWindow, Result, cpu_per_row, fresh_database, per_event_us, provision, self_peak_rss_mb, services,
+    spawn, stop, write_outbox,
 )
 from bench.e2e import offer, percentile
 from seamq.dev.embedded import postgres_bin_dir
@@ -89,16 +89,11 @@ async def relay_processes(svc, processes: int, count: int, size: int) -> dict:
     relays = [spawn([*SEAMQ, "relay"], svc.env(SEAMQ_RELAY__BATCH_SIZE=500)) for _ in range(processes)]
     cpu = CpuWindow(relay=tuple(p.pid for p in relays), pg=(svc.pg.proc.pid,), nats=(svc.nats.proc.pid,))
     with psycopg.connect(dsn, autocommit=True) as conn:
-        query = lambda sql: conn.execute(sql).fetchone()[0]  # noqa: E731
-        await wait_until(lambda: query("SELECT EXISTS (SELECT 1 FROM outbox_events WHERE published_at IS NOT NULL)"),
-                         timeout=120, interval=0.01)
-        cpu.start()
-        first = query("SELECT count(*) FROM outbox_events WHERE published_at IS NOT NULL")
-        await wait_until(lambda: query("SELECT count(*) = 0 FROM outbox_events WHERE published_at IS NULL"),
-                         timeout=600, interval=0.2)
-        used = cpu.end()
+        published = lambda: count - conn.execute(  # noqa: E731  (the pending index: cheap to poll)
+            "SELECT count(*) FROM outbox_events WHERE published_at IS NULL").fetchone()[0]
+        used = await cpu_per_row(cpu, published, count, timeout=600)
     rss = max(stop(p) for p in relays)
-    return dict(events_per_s=round(relay_rate(dsn)), peak_rss_mb=round(rss), **per_event_us(used, count - first))
+    return dict(events_per_s=round(relay_rate(dsn)), peak_rss_mb=round(rss), **used)
 
 
 async def latency(svc, rates: list[int], seconds: float, size: int) -> Result:

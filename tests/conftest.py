@@ -118,11 +118,16 @@ def spark(tmp_path_factory):
     from seamq.pipeline.spark import session
     from seamq.settings import PipelineSettings
 
-    scratch = tmp_path_factory.mktemp("spark-scratch")
-    spark = session("local[2]", app="seamq-tests", settings=PipelineSettings(conf={
-        "spark.local.dir": str(scratch), "spark.driver.extraJavaOptions": f"-Djava.io.tmpdir={scratch}"}))
+    spark = session("local[2]", app="seamq-tests",
+                    settings=PipelineSettings(conf=spark_scratch(tmp_path_factory.mktemp("spark-scratch"))))
     yield spark
     spark.stop()
+
+
+def spark_scratch(folder) -> dict[str, str]:
+    """Spark settings that keep a driver's scratch (local dir, temp files) in `folder`, for a JVM
+    that will not get to clean up /tmp itself."""
+    return {"spark.local.dir": str(folder), "spark.driver.extraJavaOptions": f"-Djava.io.tmpdir={folder}"}
 
 # Fast timings, so redeliveries happen within a test: JetStream redelivers
 # an unacked message after ack_wait, and stops after max_deliver.

@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("pyspark")
 
-from conftest import SEAMQ  # noqa: E402
+from conftest import SEAMQ, spark_scratch  # noqa: E402
 from seamq.settings import NatsSettings  # noqa: E402
 from helpers import wait_for  # noqa: E402
 from test_pipeline_source import publish  # noqa: E402
@@ -34,8 +34,7 @@ async def test_lake_kill_9_and_restart_holds_exactly_n_rows(spark, nats_server, 
     # scratch in our folder, since a killed JVM leaves it behind.
     scratch = tmp_path / "spark-scratch"
     scratch.mkdir()
-    killed_env = {**service_env, "SEAMQ_PIPELINE__CONF": json.dumps({
-        "spark.local.dir": str(scratch), "spark.driver.extraJavaOptions": f"-Djava.io.tmpdir={scratch}"})}
+    killed_env = {**service_env, "SEAMQ_PIPELINE__CONF": json.dumps(spark_scratch(scratch))}
     job = subprocess.Popen(argv, env=killed_env, start_new_session=True,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
