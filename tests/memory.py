@@ -20,10 +20,11 @@ from seamq.ports import Admission, InboxItem, InboxOutcome, OutMessage, PubResul
 @dataclass
 class Row:
     status: str = "received"
-    attempts: int = 1
+    attempts: int = 0
     duplicates: int = 0
     last_error: str | None = None
     dead_letter: tuple | None = None
+    history: list[tuple[int, str]] = field(default_factory=list)  # failed attempts: (attempt, error)
 
 
 class MemoryInbox:
@@ -49,13 +50,12 @@ class MemoryInbox:
             row = self.rows.get(item.message_id)
             if row is None:
                 self.rows[item.message_id] = Row()
-                out[item.message_id] = (Admission.NEW, 1)
+                out[item.message_id] = (Admission.NEW, 0)
             elif row.status == "received":
-                row.attempts += 1
                 out[item.message_id] = (Admission.RETRY, row.attempts)
             elif row.status == "dead_lettered" and item.replay:
-                row.attempts, row.status = row.attempts + 1, "received"
-                out[item.message_id] = (Admission.REPLAY, row.attempts)
+                row.attempts, row.status = 0, "received"
+                out[item.message_id] = (Admission.REPLAY, 0)
             else:
                 row.duplicates += 0 if item.replay else 1
                 out[item.message_id] = (Admission.DUPLICATE, row.attempts)
@@ -65,12 +65,22 @@ class MemoryInbox:
         for o in outcomes:
             row = self.rows[o.message_id]
             row.duplicates += o.copies
+            row.attempts = o.attempts
+            if o.attempted and not o.done:
+                row.history.append((o.attempts, o.dead_letter.detail if o.dead_letter else o.error))
             if o.dead_letter is not None:
                 row.status, row.dead_letter = "dead_lettered", o.dead_letter
             elif o.done:
-                row.status, row.last_error = "processed", None
+                row.status = "processed"
             elif o.error is not None:
                 row.last_error = o.error
+
+    async def failed_alone(self, item: InboxItem, error: str) -> int:
+        row = self.rows.setdefault(item.message_id, Row())
+        row.attempts += 1
+        row.last_error = error
+        row.history.append((row.attempts, error))
+        return row.attempts
 
 
 @dataclass

@@ -57,6 +57,13 @@ async def consuming(dsn, nats_url, topology, registry=None, **consumer):
         await asyncio.wait_for(task, 30)
 
 
+def attempts(dsn, message_id) -> list[tuple[int, str]]:
+    """A message's failed attempts, from its history: (attempt, error)."""
+    with psycopg.connect(dsn) as conn:
+        return conn.execute("SELECT attempt, error FROM inbox_attempts WHERE message_id = %s ORDER BY failed_at",
+                            (message_id,)).fetchall()
+
+
 def inbox(dsn, message_id) -> dict:
     with psycopg.connect(dsn) as conn:
         cur = conn.execute("SELECT * FROM inbox_messages WHERE message_id = %s", (message_id,))
@@ -102,7 +109,9 @@ async def test_500_then_recovery_redelivers_and_counts_attempts(dsn, nats_server
     assert service.handler.calls[str(event.id)] == 3
     assert service.handler.handled[str(event.id)] == 1
     row = inbox(dsn, event.id)
-    assert row["attempts"] == 3 and row["last_error"] is None and row["processed_at"] >= row["received_at"]
+    assert row["attempts"] == 3 and row["processed_at"] >= row["received_at"]
+    assert "scripted transient failure" in row["last_error"], "the last error stays after the retry succeeded"
+    assert [(n, "HTTP 500" in error) for n, error in attempts(dsn, event.id)] == [(1, True), (2, True)]
 
 
 async def test_messages_held_behind_a_failure_keep_their_order_and_are_not_lost(dsn, nats_server, nc, topo, service):
@@ -119,13 +128,33 @@ async def test_messages_held_behind_a_failure_keep_their_order_and_are_not_lost(
     assert all(service.handler.handled[str(e.id)] == 1 for e in events)
     rows = [inbox(dsn, e.id) for e in events]
     assert all(r["status"] == "processed" and r["processed_at"] >= r["received_at"] for r in rows)
-    assert rows[0]["attempts"] == 3 and rows[0]["last_error"] is None
+    assert rows[0]["attempts"] == 3 and [n for n, _ in attempts(dsn, events[0].id)] == [1, 2]
+    assert all(r["attempts"] == 1 and not attempts(dsn, r["message_id"]) for r in rows[1:]), "holds are no attempts"
+
+
+async def test_a_good_message_held_more_often_than_max_deliver_is_handled_not_dead_lettered(
+        dsn, nats_server, nc, topo, service):
+    """Found in the soak: every delivery that held a message behind its aggregate counted against
+    max_deliver (4 here), and JetStream's own limit stopped delivering it. A message that fails
+    twice while held behind one that fails three times is good: it must be handled, in order."""
+    js = nc.jetstream()
+    blocker, patient, last = [vibe("patient", n) for n in range(3)]
+    service.handler.script["patient"] = ["fail"] * 3 + ["ok"] + ["fail"] * 2  # calls come in stream order
+    await publish(js, [blocker, patient, last])
+    async with consuming(dsn, nats_server.url, topo, handler_url=service.url):
+        await wait_for(lambda: settled(js), what="all handled")
+    assert [n for aggregate, n in service.handler.order if aggregate == "patient"] == [0, 1, 2]
+    assert [inbox(dsn, e.id)["status"] for e in (blocker, patient, last)] == ["processed"] * 3
+    assert [inbox(dsn, e.id)["attempts"] for e in (blocker, patient, last)] == [4, 3, 1]
+    assert not await read_stream(js, "SEA_DLQ")
+    info = await js.consumer_info("VIBESPRO_EVENTS", CONSUMER)
+    assert info.config.max_deliver == -1, "JetStream never stops delivering in silence"
 
 
 async def test_messages_held_behind_a_message_that_exhausts_max_deliver_are_handled(
         dsn, nats_server, nc, topo, service):
-    """Each hold costs the held messages a delivery too; when the failing one is dead-lettered
-    at max_deliver (4 here) they must still be handled, not left undeliverable."""
+    """When the failing one is dead-lettered at max_deliver (4 here), the messages held behind it
+    must be handled, not left undeliverable."""
     js = nc.jetstream()
     blocker, *later = [vibe("stuck", n) for n in range(3)]
     service.handler.script["stuck"] = ["fail"] * 4

@@ -78,7 +78,8 @@ async def test_a_retry_comes_back_and_is_handled_on_its_second_delivery():
     publish(source, e)
     await run(source, inbox, dlq, handler, lambda: len(source.acked) == 1)
     row = inbox.rows[e.id]
-    assert (row.status, row.attempts, row.last_error) == ("processed", 2, None)
+    assert (row.status, row.attempts, row.last_error) == ("processed", 2, "503")
+    assert row.history == [(1, "503")], "the failed attempt is kept after the retry succeeded"
     assert source.acked[0].delivered == 2 and len(source.naks) == 1
 
 
@@ -127,3 +128,20 @@ async def test_a_dead_letter_that_cannot_be_published_is_not_acked():
     assert not source.acked
     assert inbox.rows[e.id].status == "received"
     assert inbox.rows[e.id].last_error.startswith("DLQ publish failed (no responders)")
+
+
+async def test_holds_cost_no_attempts_a_good_message_held_many_times_is_never_dead_lettered():
+    """The soak's case: every delivery that only held a message behind its aggregate counted
+    against max_deliver, so a message that failed once was dead-lettered as `max_deliver`."""
+    source, inbox, dlq = MemoryDeliveries(), MemoryInbox(), MemoryPublisher()
+    retry = HandlerResult(Outcome.RETRY, "503")
+    handler = Script({("a", 0): [retry, retry], ("a", 1): [retry, retry]})  # max_deliver is 3: both fit
+    events = [event("a", n) for n in range(3)]
+    for e in events:
+        publish(source, e)
+    await run(source, inbox, dlq, handler, lambda: len(source.acked) == 3, lane_batch=1)
+    assert not dlq.published, [m.headers.get("Seamq-Dlq-Reason") for m in dlq.published]
+    assert [n for _, n in handler.calls] == [0, 0, 0, 1, 1, 1, 2], "in order, each failed one retried"
+    assert {d.seq: d.delivered for d in source.acked}[2] > SPEC.max_deliver, "held, then failed twice"
+    assert [inbox.rows[e.id].attempts for e in events] == [3, 3, 1]
+    assert inbox.rows[events[2].id].history == [], "held, never failed: no attempt in its history"

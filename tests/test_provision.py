@@ -19,7 +19,7 @@ async def test_apply_creates_everything_then_nothing(nc, topology):
     info = await js.stream_info("SEA_EVENTS")
     assert info.config.subjects == ["sea.event.>"] and info.config.duplicate_window == 120
     consumer = await js.consumer_info("VIBESPRO_EVENTS", "sea__from_vibespro")
-    assert (consumer.config.ack_wait, consumer.config.max_deliver, consumer.config.max_ack_pending) == (120, 20, 50)
+    assert (consumer.config.ack_wait, consumer.config.max_deliver, consumer.config.max_ack_pending) == (120, -1, 50)
 
 
 async def test_drift_is_detected_and_repaired(nc, provisioned):
@@ -33,7 +33,7 @@ async def test_drift_is_detected_and_repaired(nc, provisioned):
 
     drift = {(c.kind, c.name): c for c in await plan(js, provisioned) if c.action != "unchanged"}
     assert drift[("stream", "SEA_EVENTS")].diffs == [("max_age", 3600.0, 7 * 86400.0)]
-    assert drift[("consumer", "sea__from_vibespro")].diffs == [("max_deliver", 3, 20)]
+    assert drift[("consumer", "sea__from_vibespro")].diffs == [("max_deliver", 3, -1)]
     assert not any(c.destructive for c in drift.values())
 
     await apply(js, provisioned)

@@ -14,7 +14,7 @@ OK = HandlerResult(Outcome.OK)
 
 
 def verdict(**known):
-    args = dict(duplicate=False, rejected=None, hold=None, result=OK, delivered=1, max_deliver=5, backoff=BACKOFF,
+    args = dict(duplicate=False, rejected=None, hold=None, result=OK, attempt=1, max_deliver=5, backoff=BACKOFF,
                 rng=random.Random(7))
     return decide(**{**args, **known})
 
@@ -22,11 +22,11 @@ def verdict(**known):
 def test_a_message_the_inbox_has_done_is_a_duplicate_whatever_else_is_true():
     """POL-047-005: processed or dead-lettered already -> ACK without calling the handler."""
     assert verdict(duplicate=True, rejected=Rejected(Reason.INVALID_JSON, "x", None), hold=3.0,
-                   result=HandlerResult(Outcome.RETRY, "down"), delivered=9) == Duplicate()
+                   result=HandlerResult(Outcome.RETRY, "down"), attempt=9) == Duplicate()
 
 
 def test_a_message_that_can_never_be_parsed_is_dead_lettered_at_once_with_its_reason():
-    assert verdict(rejected=Rejected(Reason.NO_HANDLER, "no handler for a.v1", None), delivered=1) == \
+    assert verdict(rejected=Rejected(Reason.NO_HANDLER, "no handler for a.v1", None), attempt=1) == \
         DeadLetter(Reason.NO_HANDLER, "no handler for a.v1")
 
 
@@ -48,15 +48,15 @@ def test_poison_422_is_dead_lettered_with_the_handlers_reason_or_handler_rejecte
 
 
 def test_a_retry_before_max_deliver_is_a_nak_with_backoff_and_the_error():
-    got = verdict(result=HandlerResult(Outcome.RETRY, "503 from handler"), delivered=3)
+    got = verdict(result=HandlerResult(Outcome.RETRY, "503 from handler"), attempt=3)
     assert isinstance(got, Nak) and got.error == "503 from handler"
     assert 2.0 <= got.delay <= 4.0  # base * 2^(3-1) = 4, equal jitter: [2, 4]
 
 
-def test_a_retry_on_the_last_delivery_is_dead_lettered_not_left_to_jetstream():
-    """POL-047-007: JetStream stops delivering at max_deliver without telling anyone."""
-    assert verdict(result=HandlerResult(Outcome.RETRY, "timeout"), delivered=5) == \
-        DeadLetter(Reason.MAX_DELIVER, "5 deliveries; last: timeout")
+def test_a_retry_on_the_last_attempt_is_dead_lettered():
+    """POL-047-007: max_deliver counts the handler's attempts (holds and crashes are none)."""
+    assert verdict(result=HandlerResult(Outcome.RETRY, "timeout"), attempt=5) == \
+        DeadLetter(Reason.MAX_DELIVER, "5 attempts; last: timeout")
 
 
 def test_a_message_that_may_run_needs_a_result():
@@ -71,16 +71,16 @@ def test_backoff_is_exponential_capped_with_equal_jitter():
         assert full / 2 <= delay <= full
 
 
-def test_a_failed_lane_sends_everything_back_except_a_lone_message_on_its_last_delivery():
-    back = lane_failed(error="boom", alone=False, delivered=5, max_deliver=5, database_away=False, backoff=BACKOFF)
+def test_a_failed_lane_sends_everything_back_except_a_lone_message_on_its_last_attempt():
+    back = lane_failed(error="boom", alone=False, attempt=5, max_deliver=5, database_away=False, backoff=BACKOFF)
     assert isinstance(back, Nak) and back.error == "boom"
-    assert lane_failed(error="boom", alone=True, delivered=5, max_deliver=5, database_away=False,
+    assert lane_failed(error="boom", alone=True, attempt=5, max_deliver=5, database_away=False,
                        backoff=BACKOFF) == DeadLetter(Reason.CONSUMER_ERROR,
-                                                      "its transaction failed on every delivery: boom")
-    away = lane_failed(error="down", alone=True, delivered=5, max_deliver=5, database_away=True, backoff=BACKOFF)
+                                                      "its transaction failed on all 5 attempts: boom")
+    away = lane_failed(error="down", alone=True, attempt=5, max_deliver=5, database_away=True, backoff=BACKOFF)
     assert isinstance(away, Nak), "the database being away is nobody's fault: never a dead letter"
 
 
 def test_a_dead_letter_that_cannot_be_published_is_not_acked():
-    got = dead_letter_failed(DeadLetter(Reason.INVALID_JSON, "x"), "no responders", delivered=2, backoff=BACKOFF)
+    got = dead_letter_failed(DeadLetter(Reason.INVALID_JSON, "x"), "no responders", attempt=2, backoff=BACKOFF)
     assert isinstance(got, Nak) and got.error == "DLQ publish failed (no responders); was: invalid_json"

@@ -68,13 +68,19 @@ class _Handling:
     rejected: Rejected | None  # why it can never be handled
     handler: Handler | None = None
     verdict: Verdict | None = None
-    attempts: int = 0
+    attempts: int = 0  # the handler's attempts before this delivery (the inbox counts them: seamq.verdict)
+    attempted: bool = False  # its handler ran in this lane
     dlq_seq: int | None = None  # where its dead letter was stored
     http_result: HandlerResult | None = None  # kept across a lane's redo: never call HTTP twice
 
     @property
     def ack(self) -> bool:
         return isinstance(self.verdict, (Ack, Duplicate, DeadLetter))  # a dead letter once it is published
+
+    @property
+    def attempt(self) -> int:
+        """This attempt's number, or the last one's when the handler did not run now."""
+        return max(1, self.attempts + self.attempted)
 
     @property
     def seq(self) -> int:
@@ -239,10 +245,14 @@ class InboxConsumer:
         log.warning("consumer_lane_failed", consumer=self.spec.name, error=error,
                     message_ids=[str(i.message_id) for i in items[:20]])
         pending = Pending()
+        away = self.inbox.unavailable(exc)
+        alone = len(items) == 1
         for item in items:
-            item.verdict = lane_failed(error=error, alone=len(items) == 1, delivered=item.delivered,
-                                       max_deliver=self.spec.max_deliver, database_away=self.inbox.unavailable(exc),
-                                       backoff=self.backoff)
+            item.attempted = False
+            if alone and not away:
+                item.attempts = await self._count_failed(item, error)
+            item.verdict = lane_failed(error=error, alone=alone, attempt=item.attempts, max_deliver=self.spec.max_deliver,
+                                       database_away=away, backoff=self.backoff)
         await self._dead_letter([i for i in items if isinstance(i.verdict, DeadLetter)])  # nothing to record it in
         for item in items:
             self._follow(item, pending)
@@ -250,9 +260,23 @@ class InboxConsumer:
             self._holds.record(pending)
         await self._settle(items)
 
+    async def _count_failed(self, item: _Handling, error: str) -> int:
+        """A message whose own transaction failed: its attempt is counted apart, so that a bug it
+        shows ends in the DLQ after max_deliver attempts, however often it was delivered."""
+        if item.message_id is None:
+            return item.delivered
+        try:
+            counted = await self.inbox.failed_alone(_inbox_items([item])[0], error)
+        except Exception as exc:  # the database went away too: count nothing, it comes back
+            log.warning("consumer_attempt_not_recorded", consumer=self.spec.name, message_id=str(item.message_id),
+                        error=f"{type(exc).__name__}: {exc}"[:500])
+            return item.attempts
+        return item.delivered if counted is None else counted
+
     async def _attempt(self, items: list[_Handling], with_savepoints: bool, pending: Pending) -> None:
         for item in items:
             item.verdict = None
+            item.attempted = False
         async with self.inbox.transaction() as tx:
             await self._handle_lane(tx, items, with_savepoints, pending)
 
@@ -268,17 +292,20 @@ class InboxConsumer:
                 continue
             if message_id is not None:
                 first_copy[message_id] = item
-            admission, item.attempts = admissions.get(message_id, (Admission.NEW, 1))
+            # Without an inbox (at-least-once mode) nothing counts attempts: JetStream's deliveries do.
+            admission, item.attempts = admissions.get(message_id, (Admission.NEW, item.delivered - 1))
             duplicate = admission == Admission.DUPLICATE
             hold = result = None
             if not duplicate and not item.rejected:
                 if self.config.ordered:  # behind an earlier message of its aggregate that was sent back?
-                    hold = self._holds.delay(item.aggregate, item.seq, item.delivered >= self.spec.max_deliver,
-                                             pending)
+                    hold = self._holds.delay(item.aggregate, item.seq, pending)
                 if hold is None:
+                    item.attempted = True
                     result = await self._call(tx, item, with_savepoints)
             item.verdict = decide(duplicate=duplicate, rejected=item.rejected, hold=hold, result=result,
-                                  delivered=item.delivered, max_deliver=self.spec.max_deliver, backoff=self.backoff)
+                                  attempt=item.attempt, max_deliver=self.spec.max_deliver, backoff=self.backoff)
+            if result is not None and not result.done:
+                self._failed_attempt(item, result)
             self._follow(item, pending)  # a handled message frees what waits behind it, in this lane too
         await self._dead_letter([i for i in items if isinstance(i.verdict, DeadLetter)], pending)
         skipped: dict[uuid.UUID, int] = {}
@@ -296,9 +323,19 @@ class InboxConsumer:
         if isinstance(verdict, DeadLetter):
             dead = DeadLettered(verdict.reason.value, verdict.detail, dead_letter.subject(self.spec, item.msg.subject),
                                 item.dlq_seq)
-        return InboxOutcome(item.message_id, admissions.get(item.message_id, (Admission.NEW, 1))[0],
+        return InboxOutcome(item.message_id, admissions.get(item.message_id, (Admission.NEW, 0))[0],
                             done=isinstance(verdict, Ack), error=verdict.error if isinstance(verdict, Nak) else None,
-                            dead_letter=dead, copies=copies)
+                            dead_letter=dead, copies=copies, attempts=item.attempts + item.attempted,
+                            attempted=item.attempted)
+
+    def _failed_attempt(self, item: _Handling, result: HandlerResult) -> None:
+        """Every failed attempt is told, with what it will cost: a retry in so long, or the DLQ."""
+        verdict = item.verdict
+        log.warning("handler_failed", consumer=self.spec.name, message_id=str(item.message_id),
+                    event_type=f"{item.envelope.event_type}.v{item.envelope.event_version}", attempt=item.attempt,
+                    max_deliver=self.spec.max_deliver, outcome=result.outcome.value, error=result.detail,
+                    then=(f"retry in {verdict.delay:.1f}s" if isinstance(verdict, Nak)
+                          else f"dead letter ({verdict.reason.value})"))
 
     def _follow(self, item: _Handling, pending: Pending, *, copy: bool = False) -> None:
         """What the verdict means for its aggregate's order: done frees it, a NAK waits in line
@@ -383,8 +420,7 @@ class InboxConsumer:
                 log.warning("message_dead_lettered", consumer=self.spec.name, message_id=str(item.message_id),
                             subject=item.msg.subject, reason=verdict.reason.value, detail=verdict.detail[:300])
             else:
-                item.verdict = dead_letter_failed(verdict, result.error, delivered=item.delivered,
-                                                  backoff=self.backoff)
+                item.verdict = dead_letter_failed(verdict, result.error, attempt=item.attempt, backoff=self.backoff)
                 if pending is not None:
                     self._follow(item, pending)
 
@@ -393,7 +429,7 @@ class InboxConsumer:
         return dead_letter.message(
             self.spec, reason=item.verdict.reason, detail=item.verdict.detail, message_id=item.message_id,
             original_subject=msg.subject, headers=msg.headers, data=msg.data, stream=msg.stream, seq=msg.seq,
-            attempts=max(item.attempts, msg.delivered), max_payload=self.max_payload,
+            attempts=item.attempt, max_payload=self.max_payload,
         )
 
     async def _settle(self, items: list[_Handling]) -> None:

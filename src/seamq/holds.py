@@ -13,8 +13,10 @@ held ones, not only behind the failure.
 
 The state outlives a lane transaction, since redelivered messages arrive in
 later ones, and lives in one consumer process. A waiting message that does not
-come back within HOLD_GRACE of its due time (it went to another process, or
-JetStream gave up on it) stops holding the others back.
+come back within HOLD_GRACE of its due time (it went to another process)
+stops holding the others back. A hold is not an attempt: it costs the held
+message none of its max_deliver (seamq.verdict), so a message may be held as
+often as its aggregate needs.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ class Holds:
     def __init__(self) -> None:
         self._waiting: dict[str, dict[int, float]] = {}
 
-    def delay(self, aggregate: str, seq: int, last_delivery: bool, pending: "Pending") -> float | None:
+    def delay(self, aggregate: str, seq: int, pending: "Pending") -> float | None:
         """How long to hold this message (a NAK delay), or None to handle it now.
 
         `pending` holds what the lane transaction in progress decided so far.
@@ -43,7 +45,7 @@ class Holds:
         now = time.monotonic()
         merged = {**waiting, **mine} if waiting and mine else dict(waiting or mine)
         earlier = [due for s, due in merged.items() if s < seq and due is not None and now <= due + HOLD_GRACE]
-        if not earlier or last_delivery:  # JetStream would not deliver it again: handle it, out of order
+        if not earlier:
             return None
         return max(max(earlier) - now, 0.0) + HOLD_MARGIN
 

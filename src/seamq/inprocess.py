@@ -16,6 +16,7 @@ import weakref
 from typing import Any, Awaitable, Callable
 
 from seamq.envelope import AlreadyProcessed, Envelope, HandlerResult, Outcome, Poison, Reason
+from seamq.observability import log
 from seamq.typed import EventModel, model_of_handler, typed_envelope
 
 Fn = Callable[[Envelope, Any], Awaitable[Any]]
@@ -33,7 +34,9 @@ def outcomes(fn: Fn) -> Callable[[Envelope, Any], Awaitable[HandlerResult]]:
             return HandlerResult(Outcome.POISON, str(exc) or "poison")
         except asyncio.CancelledError:
             raise
-        except Exception as exc:
+        except Exception as exc:  # the consumer logs the failed attempt; the traceback is only here
+            log.warning("handler_raised", message_id=str(envelope.message_id), subject=envelope.subject,
+                        error=f"{type(exc).__name__}: {exc}"[:500], exc_info=exc)
             return HandlerResult(Outcome.RETRY, f"{type(exc).__name__}: {exc}")
         return HandlerResult(Outcome.OK)
 

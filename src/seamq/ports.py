@@ -164,7 +164,9 @@ class DeadLettered:
 @dataclass(frozen=True, slots=True)
 class InboxOutcome:
     """What became of one admitted message in the lane: handled, failed with an error, dead-lettered,
-    or none of these (held back); plus how many further copies of it the lane skipped."""
+    or none of these (held back); plus how many further copies of it the lane skipped. `attempts`
+    is how many times its handler has run now (this round: a DLQ replay starts a new one), and
+    `attempted` whether it ran in this lane; a failed attempt is kept in its history."""
 
     message_id: uuid.UUID
     admission: Admission
@@ -172,6 +174,8 @@ class InboxOutcome:
     error: str | None = None
     dead_letter: DeadLettered | None = None
     copies: int = 0
+    attempts: int = 1
+    attempted: bool = True
 
 
 class InboxRepository(Protocol):
@@ -189,9 +193,14 @@ class InboxRepository(Protocol):
     def transaction(self) -> AbstractAsyncContextManager[Any]: ...
 
     async def admit(self, tx: Any, items: list[InboxItem]) -> dict[uuid.UUID, tuple[Admission, int]]:
-        """Per message id: its admission and attempt number; rows stay locked until the commit."""
+        """Per message id: its admission and how many attempts its handler made before (0 when new or
+        replayed); rows stay locked until the commit."""
 
     async def record(self, tx: Any, outcomes: list[InboxOutcome]) -> None: ...
+
+    async def failed_alone(self, item: InboxItem, error: str) -> int:
+        """A message's own transaction failed, so nothing of it was recorded: count the attempt and
+        keep its error, in a transaction of its own; returns its attempts now."""
 
 
 class Handler(Protocol):

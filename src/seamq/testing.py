@@ -184,7 +184,7 @@ class Harness:
             return rollback.result
 
     def _decided(self, envelope, result, rejected, delivered, committed, statements) -> Delivered:
-        verdict = decide(duplicate=False, rejected=rejected, hold=None, result=result, delivered=delivered,
+        verdict = decide(duplicate=False, rejected=rejected, hold=None, result=result, attempt=delivered,
                          max_deliver=self.max_deliver, backoff=self.backoff)
         return Delivered(verdict, envelope, result, committed, statements)
 

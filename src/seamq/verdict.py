@@ -5,9 +5,15 @@ four things: ACK it (handled, or a copy of one handled), skip it as a duplicate
 (ACK without calling anything), NAK it to come back after a delay, or
 dead-letter it with a reason (then ACK). Everything that bears on it (the
 inbox's admission, why it cannot be parsed, whether its aggregate holds it
-back, the handler's result, the delivery count against max_deliver) is an
+back, the handler's result, its attempt number against max_deliver) is an
 argument, and the answer is a value the lane carries out: no I/O here, and a
 unit test per rule beside it (tests/test_verdict.py).
+
+max_deliver bounds the handler's attempts, not JetStream's deliveries: a
+message held behind its aggregate, redelivered after a consumer died, or sent
+again after a broker restart was not attempted, and the inbox counts only what
+was (docs/operations.md, "What max_deliver counts"). JetStream's own delivery
+limit is off for seamq's consumers, so nothing is ever dropped in silence.
 """
 
 from __future__ import annotations
@@ -49,7 +55,7 @@ Verdict = Ack | Duplicate | Nak | DeadLetter
 
 @dataclass(frozen=True, slots=True)
 class Backoff:
-    """Exponential in the delivery count, capped, with equal jitter: the one retry-delay formula."""
+    """Exponential in the attempt number, capped, with equal jitter: the one retry-delay formula."""
 
     base: float = 1.0
     cap: float = 60.0
@@ -60,9 +66,10 @@ class Backoff:
 
 
 def decide(*, duplicate: bool, rejected: Rejected | None, hold: float | None, result: HandlerResult | None,
-           delivered: int, max_deliver: int, backoff: Backoff, rng: random.Random | None = None) -> Verdict:
+           attempt: int, max_deliver: int, backoff: Backoff, rng: random.Random | None = None) -> Verdict:
     """The rules, in the order they apply. `hold` is how long the message's aggregate holds it back
-    (seamq.holds), None when it may run; `result` is the handler's, None when it was not called."""
+    (seamq.holds), None when it may run; `result` is the handler's, None when it was not called;
+    `attempt` is the handler's attempt this result came from (1 on the first)."""
     if duplicate:
         return Duplicate()
     if rejected is not None:  # it can never be handled: retrying would only delay the dead letter
@@ -75,22 +82,23 @@ def decide(*, duplicate: bool, rejected: Rejected | None, hold: float | None, re
         return Ack()
     if result.outcome == Outcome.POISON:
         return DeadLetter(result.reason or Reason.HANDLER_REJECTED, result.detail or "handler rejected it")
-    if delivered >= max_deliver:  # JetStream would stop delivering it in silence: dead-letter instead
-        return DeadLetter(Reason.MAX_DELIVER, f"{delivered} deliveries; last: {result.detail}")
-    return Nak(backoff.delay(delivered, rng), result.detail or "retry")
+    if attempt >= max_deliver:
+        return DeadLetter(Reason.MAX_DELIVER, f"{attempt} attempts; last: {result.detail}")
+    return Nak(backoff.delay(attempt, rng), result.detail or "retry")
 
 
-def lane_failed(*, error: str, alone: bool, delivered: int, max_deliver: int, database_away: bool,
+def lane_failed(*, error: str, alone: bool, attempt: int, max_deliver: int, database_away: bool,
                 backoff: Backoff, rng: random.Random | None = None) -> Verdict:
     """The lane's transaction failed, so nothing of it committed: every message comes back, except one
-    that failed alone on its last delivery for a reason other than the database being away, which
-    is a bug of ours shown by that message (`consumer_error`)."""
-    if alone and delivered >= max_deliver and not database_away:
-        return DeadLetter(Reason.CONSUMER_ERROR, f"its transaction failed on every delivery: {error}")
-    return Nak(backoff.delay(delivered, rng), error)
+    whose transaction failed alone on its last attempt for a reason other than the database being
+    away, which is a bug of ours shown by that message (`consumer_error`). A failure alone counts as
+    an attempt (the consumer records it apart); a lane's or the database's does not."""
+    if alone and attempt >= max_deliver and not database_away:
+        return DeadLetter(Reason.CONSUMER_ERROR, f"its transaction failed on all {attempt} attempts: {error}")
+    return Nak(backoff.delay(attempt, rng), error)
 
 
-def dead_letter_failed(verdict: DeadLetter, error: str, *, delivered: int, backoff: Backoff,
+def dead_letter_failed(verdict: DeadLetter, error: str, *, attempt: int, backoff: Backoff,
                        rng: random.Random | None = None) -> Nak:
     """The DLQ publish failed: the message must not be ACKed; it comes back and is decided again."""
-    return Nak(backoff.delay(delivered, rng), f"DLQ publish failed ({error}); was: {verdict.reason.value}")
+    return Nak(backoff.delay(attempt, rng), f"DLQ publish failed ({error}); was: {verdict.reason.value}")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-import uuid
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
@@ -30,7 +30,10 @@ OlderThan = typer.Option(None, "--older-than", help="Only dead letters older tha
 Limit = typer.Option(1000, "--limit", help="At most this many.")
 
 
-def _filter(consumer, context, event_type, reason, older_than, limit, ids=None) -> DlqFilter:
+Purged = typer.Option(False, "--purged", help="Purged dead letters too (their DLQ copy is gone).")
+
+
+def _filter(consumer, context, event_type, reason, older_than, limit, message_id=None, purged=False) -> DlqFilter:
     from seamq.pg.dlq_repo import DlqFilter  # psycopg loads with the command that needs it
 
     try:
@@ -38,7 +41,27 @@ def _filter(consumer, context, event_type, reason, older_than, limit, ids=None) 
     except ValueError as exc:
         exit_with(SeamqError(ErrorCode.INVALID_CONFIG, f"--older-than: {exc}"))
     return DlqFilter(consumer=consumer, context=context, event_type=event_type, reason=reason,
-                     older_than=age, ids=ids, limit=limit)
+                     older_than=age, prefix=id_prefix(message_id) if message_id else None, purged=purged, limit=limit)
+
+
+def id_prefix(value: str) -> str:
+    """A message id, or the start of one (4 characters at least, as `dlq list` shows them cut)."""
+    text = value.strip().lower().rstrip(".")
+    if not re.fullmatch(r"[0-9a-f-]{4,36}", text):
+        exit_with(SeamqError(ErrorCode.INVALID_CONFIG, f"{value!r} is not a message id (a UUID, or its first "
+                                                       "4 or more characters)"))
+    return text
+
+
+def one_message(rows: list[dict], value: str, what: str) -> list[dict]:
+    """The rows of the one message a prefix names; refused when it names none or several."""
+    ids = sorted({str(row["message_id"]) for row in rows})
+    if not ids:
+        exit_with(SeamqError(ErrorCode.NOT_FOUND, f"no {what} with message id {value}"))
+    if len(ids) > 1:
+        shown = ", ".join(ids[:5]) + (" ..." if len(ids) > 5 else "")
+        exit_with(SeamqError(ErrorCode.INVALID_CONFIG, f"{value} names {len(ids)} {what}s ({shown}): give more of it"))
+    return rows
 
 
 async def _select(dsn: str, selection: DlqFilter) -> list[dict]:
@@ -53,9 +76,10 @@ async def _select(dsn: str, selection: DlqFilter) -> list[dict]:
 @app.command("list")
 def list_(consumer: Optional[str] = Consumer, context: Optional[str] = Context, event_type: Optional[str] = EventType,
           reason: Optional[str] = ReasonOpt, older_than: Optional[str] = OlderThan, limit: int = Limit,
-          as_json: bool = JsonOption) -> None:
-    """Dead-lettered and exhausted messages, oldest first."""
-    rows = run(_select(settings().database_dsn(), _filter(consumer, context, event_type, reason, older_than, limit)))
+          purged: bool = Purged, as_json: bool = JsonOption) -> None:
+    """Dead-lettered and exhausted messages, oldest first (purged ones with --purged)."""
+    rows = run(_select(settings().database_dsn(), _filter(consumer, context, event_type, reason, older_than, limit,
+                                                          purged=purged)))
     if as_json:
         return print_json(rows)  # every inbox column, the DLQ metadata as stored
     table = Table("message id", "consumer", "event", "reason", "status", "attempts", "replays", "next replay",
@@ -63,26 +87,31 @@ def list_(consumer: Optional[str] = Consumer, context: Optional[str] = Context, 
     for row in rows:
         meta = row["dlq_metadata"] or {}
         event = f"{row['event_type']}.v{row['event_version']}" if row["event_type"] else row["subject"]
-        table.add_row(str(row["message_id"]), row["consumer"], event, meta.get("reason", "?"), row["status"],
+        status = "purged" if meta.get("purged_at") else row["status"]
+        table.add_row(str(row["message_id"]), row["consumer"], event, meta.get("reason", "?"), status,
                       str(row["attempts"]), str(meta.get("replay_attempts", 0)),
                       str(meta.get("next_replay_at") or "-")[:19], str(meta.get("dead_lettered_at", "?"))[:19])
     console.print(table)
 
 
 @app.command()
-def show(message_id: str = typer.Argument(..., help="The message id."),
+def show(message_id: str = typer.Argument(..., help="The message id, or its first characters."),
          topology_file: Optional[Path] = TopologyOption, as_json: bool = JsonOption) -> None:
-    """One dead letter: its inbox record and the DLQ copy with the original payload and headers."""
+    """One dead letter: its inbox record, every failed attempt, and the DLQ copy with the original."""
     current = settings()
     topo = topology(topology_file, current)
-    ids = [_uuid(message_id)]
+    selection = _filter(None, None, None, None, None, 50, message_id, purged=True)
 
     async def go():
+        import psycopg
+
         from seamq.nats.connect import connect
+        from seamq.pg import dlq_repo
 
-        from seamq.pg.dlq_repo import DlqFilter
-
-        rows = await _select(current.database_dsn(), DlqFilter(ids=ids))
+        async with await psycopg.AsyncConnection.connect(current.database_dsn(), autocommit=True) as conn:
+            rows = one_message(await dlq_repo.select(conn, selection), message_id, "dead letter")
+            for row in rows:
+                row["failed_attempts"] = await dlq_repo.attempts(conn, row["consumer"], row["message_id"])
         nc = await connect(current.nats, name="seamq-dlq", persistent=False)
         try:
             copies = []
@@ -95,18 +124,24 @@ def show(message_id: str = typer.Argument(..., help="The message id."),
             await nc.close()
 
     rows, copies = run(go())
-    if not rows:
-        exit_with(SeamqError(ErrorCode.NOT_FOUND, f"no dead letter with message id {message_id}"))
     if as_json:
         return print_json([{**row, "dlq_copy": copy} for row, copy in zip(rows, copies)])
     for row, copy in zip(rows, copies):
-        table = Table("field", "value", title=f"dead letter {message_id} ({row['consumer']})", show_header=False)
-        for key in ("subject", "status", "attempts", "last_error", "received_at"):
-            table.add_row(key, str(row[key]))
-        for key, value in sorted((row["dlq_metadata"] or {}).items()):
-            table.add_row(f"dlq.{key}", str(value))
-        console.print(table)
+        console.print(record_table(row, f"dead letter {row['message_id']} ({row['consumer']})"))
         console.print(Syntax(json.dumps(copy, indent=2, ensure_ascii=False), "json", word_wrap=True))
+
+
+def record_table(row: dict, title: str) -> Table:
+    """An inbox row for people: its fields, its DLQ state, and its failed attempts."""
+    table = Table("field", "value", title=title, show_header=False)
+    for key in ("subject", "status", "attempts", "last_error", "received_at", "processed_at"):
+        if key in row:
+            table.add_row(key, str(row[key]))
+    for key, value in sorted((row.get("dlq_metadata") or {}).items()):
+        table.add_row(f"dlq.{key}", str(value))
+    for attempt in row.get("failed_attempts", []):
+        table.add_row(f"attempt {attempt['attempt']}", f"{str(attempt['failed_at'])[:23]}  {attempt['error']}")
+    return table
 
 
 @app.command()
@@ -122,13 +157,14 @@ def replay(
         exit_with(SeamqError(ErrorCode.INVALID_CONFIG, "give one message id, or --all (with optional filters)"))
     current = settings()
     topo = topology(topology_file, current)
-    selection = _filter(consumer, context, event_type, reason, older_than, limit,
-                        ids=[_uuid(message_id)] if message_id else None)
+    selection = _filter(consumer, context, event_type, reason, older_than, limit, message_id)
 
     async def go():
         from seamq.wiring import replay_tools
 
         rows = await _select(current.database_dsn(), selection)
+        if message_id:
+            rows = one_message(rows, message_id, "dead letter")
         if not rows:
             return 0, 0
         replayed = 0
@@ -216,9 +252,3 @@ async def _dlq_copy(js, stream: str, seq) -> dict:
                 original_payload_encoding=f"read from {original.stream} seq {original.seq}")
     return copy
 
-
-def _uuid(value: str) -> uuid.UUID:
-    try:
-        return uuid.UUID(value)
-    except ValueError:
-        exit_with(SeamqError(ErrorCode.INVALID_CONFIG, f"{value!r} is not a message id (UUID)"))

@@ -13,7 +13,8 @@ from seamq.model import ErrorCode, SeamqError
 from seamq.topology import inbox_retention_floor, parse_duration
 
 outbox_app = typer.Typer(help="Outbox maintenance: purge published rows.", no_args_is_help=True)
-inbox_app = typer.Typer(help="Inbox maintenance: purge processed rows.", no_args_is_help=True)
+inbox_app = typer.Typer(help="The inbox: show a message's record and attempts; purge processed rows.",
+                        no_args_is_help=True)
 
 
 def _seconds(option: str, value: str) -> float:
@@ -40,6 +41,33 @@ def outbox_purge(
             return await PgOutbox(pool).purge(seconds, batch)
 
     console.print(f"deleted {run(go())} published rows older than {older_than}")
+
+
+@inbox_app.command("show")
+def inbox_show(message_id: str = typer.Argument(..., help="The message id, or its first characters."),
+               as_json: bool = JsonOption) -> None:
+    """A message as each consumer's inbox has it, in any state, with every failed attempt."""
+    from seamq.cli.dlq import id_prefix, one_message, record_table
+
+    prefix = id_prefix(message_id)
+    current = settings()
+
+    async def go():
+        import psycopg
+
+        from seamq.pg import dlq_repo
+
+        async with await psycopg.AsyncConnection.connect(current.database_dsn(), autocommit=True) as conn:
+            rows = one_message(await dlq_repo.inbox_rows(conn, prefix), message_id, "inbox message")
+            for row in rows:
+                row["failed_attempts"] = await dlq_repo.attempts(conn, row["consumer"], row["message_id"])
+            return rows
+
+    rows = run(go())
+    if as_json:
+        return print_json(rows)
+    for row in rows:
+        console.print(record_table(row, f"{row['message_id']} in {row['consumer']}"))
 
 
 @inbox_app.command("purge")

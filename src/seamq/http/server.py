@@ -20,6 +20,7 @@ dead-letters under that reason, naming the fields.
 from __future__ import annotations
 
 import json
+import logging
 from typing import Awaitable, Callable
 
 from fastapi import APIRouter, FastAPI, Request
@@ -28,6 +29,9 @@ from fastapi.responses import JSONResponse
 from seamq.envelope import AlreadyProcessed, Envelope, Poison, Reason
 from seamq.http.signing import SIGNATURE_HEADER, verify
 from seamq.typed import model_of_handler, typed_envelope
+
+# The standard library's logger: `seamq[http]` has no structlog, and uvicorn shows its warnings.
+log = logging.getLogger("seamq.handler")
 
 EventFunction = Callable[[Envelope], Awaitable[None]]
 
@@ -58,6 +62,8 @@ def handler_router(handle: EventFunction, *, secret: str | None, path: str = "/h
         except Poison as exc:
             return JSONResponse({"error": str(exc) or "poison"}, status_code=422)
         except Exception as exc:  # transient by default: the message is redelivered
+            log.warning("handler_raised message_id=%s event=%s: %s", envelope.message_id, envelope.subject,
+                        f"{type(exc).__name__}: {exc}"[:500], exc_info=exc)
             return JSONResponse({"error": f"{type(exc).__name__}: {exc}"}, status_code=500)
         return JSONResponse({"status": "processed"})
 

@@ -62,13 +62,19 @@ def stream_config(spec: StreamSpec, *, batched: bool = False) -> StreamConfig:
     )
 
 
+# JetStream's own delivery limit stays off: past it, the server stops delivering a message in
+# silence. seamq counts the handler's attempts in the inbox and dead-letters on the last one
+# (seamq.verdict); holds, crashes and broker restarts cost no attempt. `max_deliver` is that count.
+DELIVER_FOREVER = -1
+
+
 def consumer_config(spec: ConsumerSpec) -> ConsumerConfig:
     return ConsumerConfig(
         durable_name=spec.name,
         deliver_policy=DeliverPolicy.ALL,
         ack_policy=AckPolicy.EXPLICIT,
         ack_wait=spec.ack_wait,
-        max_deliver=spec.max_deliver,
+        max_deliver=DELIVER_FOREVER,
         max_ack_pending=spec.max_ack_pending,
         filter_subject=spec.filter_subject,
         num_replicas=spec.replicas,
@@ -110,7 +116,7 @@ def partition_config(spec: ConsumerSpec, k: int) -> dict[str, Any]:
     """Partition k of a partitioned consumer, as the JetStream API takes it."""
     return {
         "durable_name": spec.durables()[k], "deliver_policy": "all", "ack_policy": "explicit",
-        "ack_wait": int(spec.ack_wait * 1e9), "max_deliver": spec.max_deliver, "max_ack_pending": spec.max_ack_pending,
+        "ack_wait": int(spec.ack_wait * 1e9), "max_deliver": DELIVER_FOREVER, "max_ack_pending": spec.max_ack_pending,
         "filter_subjects": spec.partition_filters(k), "priority_groups": [GROUP], "priority_policy": "pinned_client",
         "priority_timeout": int(spec.pinned_ttl * 1e9), "num_replicas": spec.replicas,
     }

@@ -28,11 +28,14 @@ class DlqFilter:
     reason: str | None = None
     older_than: float | None = None
     ids: list[uuid.UUID] | None = None
+    prefix: str | None = None  # of a message id, as `dlq list` shows it cut
+    purged: bool = False  # purged ones too (their DLQ copy is gone; the row stays to deduplicate)
     limit: int = 1000
 
     def params(self) -> dict:
         return dict(consumer=self.consumer, context=self.context, event_type=self.event_type,
-                    reason=self.reason, older_than=self.older_than, ids=self.ids, limit=self.limit)
+                    reason=self.reason, older_than=self.older_than, ids=self.ids, prefix=self.prefix,
+                    purged=self.purged, limit=self.limit)
 
 
 async def schedule(conn: AsyncConnection, policy: ReplayPolicy) -> None:
@@ -59,6 +62,20 @@ async def mark_replayed(conn: AsyncConnection, consumer: str, message_id: uuid.U
 async def select(conn: AsyncConnection, selection: DlqFilter) -> list[dict]:
     async with conn.cursor(row_factory=dict_row) as cur:
         await cur.execute(query("dlq_select"), selection.params())
+        return await cur.fetchall()
+
+
+async def attempts(conn: AsyncConnection, consumer: str, message_id: uuid.UUID) -> list[dict]:
+    """A message's failed attempts, oldest first (attempt, failed_at, error)."""
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(query("inbox_attempts"), dict(consumer=consumer, id=message_id))
+        return await cur.fetchall()
+
+
+async def inbox_rows(conn: AsyncConnection, prefix: str) -> list[dict]:
+    """Inbox rows, in any state, whose message id starts with `prefix`."""
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(query("inbox_show"), dict(prefix=prefix))
         return await cur.fetchall()
 
 

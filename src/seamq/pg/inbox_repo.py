@@ -65,27 +65,26 @@ class PgInbox:
             for text, i in zip(texts, items)
         ])
         cur = await conn.execute(query("inbox_insert"), dict(consumer=self.consumer, items=rows))
-        admitted = {by_text[text]: (Admission.NEW, 1) for (text,) in await cur.fetchall()}
+        admitted = {by_text[text]: (Admission.NEW, 0) for (text,) in await cur.fetchall()}
         existing = [i for i in items if i.message_id not in admitted]
         if not existing:
             return admitted
         replays = {i.message_id for i in existing if i.replay}
         ids = [i.message_id for i in existing]
         cur = await conn.execute(query("inbox_lock"), dict(consumer=self.consumer, ids=ids))
-        again, duplicates = [], []
+        replayed, duplicates = [], []
         for message_id, status, attempts in await cur.fetchall():
             if status == "received":
-                admitted[message_id] = (Admission.RETRY, attempts + 1)
+                admitted[message_id] = (Admission.RETRY, attempts)
             elif status in ("dead_lettered", "exhausted") and message_id in replays:
-                admitted[message_id] = (Admission.REPLAY, attempts + 1)
+                admitted[message_id] = (Admission.REPLAY, 0)
+                replayed.append(message_id)
             else:
                 admitted[message_id] = (Admission.DUPLICATE, attempts)
                 if message_id not in replays:  # a replay reaching a consumer that had succeeded is no failure
                     duplicates.append(message_id)
-                continue
-            again.append(message_id)
-        if again:
-            await conn.execute(query("inbox_retry"), dict(consumer=self.consumer, ids=again))
+        if replayed:
+            await conn.execute(query("inbox_replay"), dict(consumer=self.consumer, ids=replayed))
         if duplicates:
             await conn.execute(query("inbox_duplicate"), dict(consumer=self.consumer, ids=duplicates))
         return admitted
@@ -95,22 +94,33 @@ class PgInbox:
         rows = []
         for o in outcomes:
             dead = o.dead_letter
+            # A failed attempt goes to the history: a handler's failure, or its dead letter.
+            failed = (dead.detail if dead else o.error) if o.attempted and not o.done else None
+            row = {"id": str(o.message_id), "copies": o.copies, "attempts": o.attempts,
+                   "failed": _text(failed) if failed else None}
             if dead is not None:
-                rows.append({"id": str(o.message_id), "state": "dead_lettered", "reason": dead.reason,
-                             "detail": _text(dead.detail), "dlq_subject": dead.dlq_subject, "dlq_seq": dead.dlq_seq,
-                             "copies": o.copies})
+                rows.append({**row, "state": "dead_lettered", "reason": dead.reason, "detail": _text(dead.detail),
+                             "dlq_subject": dead.dlq_subject, "dlq_seq": dead.dlq_seq})
                 continue
-            if o.done:
-                state = "keep" if o.admission == Admission.NEW else "processed"
+            if o.done:  # a new row went in as processed, with one attempt
+                state = "keep" if o.admission == Admission.NEW and o.attempts == 1 else "processed"
             elif o.error is not None or o.admission == Admission.NEW:
                 state = "received"  # failed (with its error), or a new row held back
             else:
                 state = "keep"  # a duplicate, or a row already received held back
             if state != "keep" or o.copies:
-                rows.append({"id": str(o.message_id), "state": state, "copies": o.copies,
-                             "error": _text(o.error) if o.error else None})
+                rows.append({**row, "state": state, "error": _text(o.error) if o.error else None})
         if rows:
             await conn.execute(query("inbox_record"), dict(consumer=self.consumer, rows=json.dumps(rows)))
+
+
+    async def failed_alone(self, item: InboxItem, error: str) -> int:
+        async with self.pool.connection() as conn, conn.transaction():
+            cur = await conn.execute(query("inbox_failed_alone"), dict(
+                consumer=self.consumer, id=item.message_id, subject=item.subject, event_type=item.event_type,
+                event_version=item.event_version, occurred_at=item.occurred_at, deliver_at=item.deliver_at,
+                error=_text(error)))
+            return (await cur.fetchone())[0]
 
 
 def _text(value: str) -> str:
@@ -147,3 +157,6 @@ class NoInbox:
         return {}
 
     async def record(self, tx, outcomes: list[InboxOutcome]) -> None: ...
+
+    async def failed_alone(self, item: InboxItem, error: str) -> None:
+        return None  # nothing counts attempts: the consumer goes by JetStream's deliveries

@@ -195,10 +195,11 @@ WHERE consumer = %(consumer)s AND message_id = ANY(CAST(%(ids)s AS uuid[]))
 ORDER BY message_id
 FOR UPDATE
 
--- name: inbox_retry
--- An earlier attempt failed or crashed (processed_at IS NULL), or a DLQ replay
--- arrived: process again, counting the attempt.
-UPDATE inbox_messages SET attempts = attempts + 1, status = 'received'
+-- name: inbox_replay
+-- A DLQ replay arrived: process again, in a new round of attempts (the
+-- history keeps the old ones). A retry needs no write here: `attempts` counts
+-- what the handler did, and inbox_record writes it with the outcome.
+UPDATE inbox_messages SET attempts = 0, status = 'received'
 WHERE consumer = %(consumer)s AND message_id = ANY(CAST(%(ids)s AS uuid[]))
 
 -- name: inbox_duplicate
@@ -210,12 +211,22 @@ WHERE consumer = %(consumer)s AND message_id = ANY(CAST(%(ids)s AS uuid[]))
 -- change: `processed` (a retry or replay handled), `received` (a new row,
 -- inserted as processed by inbox_insert, that was not handled after all; or
 -- a failed attempt, with its error), `dead_lettered` (with the DLQ copy's
--- place), `keep` (only the count of copies skipped as duplicates).
+-- place), `keep` (only the count of copies skipped as duplicates). `attempts`
+-- is the handler's count now; a failed attempt also goes to its history.
+-- last_error stays when a retry succeeds: it is the last error, not a state.
+WITH u AS (
+  SELECT * FROM jsonb_to_recordset(CAST(%(rows)s AS jsonb)) AS u(
+    id uuid, state text, error text, reason text, detail text, dlq_subject text, dlq_seq bigint, copies int,
+    attempts int, failed text)
+), history AS (
+  INSERT INTO inbox_attempts (consumer, message_id, attempt, error)
+  SELECT %(consumer)s, u.id, u.attempts, left(u.failed, 2000) FROM u WHERE u.failed IS NOT NULL
+)
 UPDATE inbox_messages i
 SET status = CASE u.state WHEN 'keep' THEN i.status ELSE u.state END,
     processed_at = CASE u.state WHEN 'processed' THEN clock_timestamp() WHEN 'keep' THEN i.processed_at END,
+    attempts = coalesce(u.attempts, i.attempts),
     last_error = CASE u.state
-      WHEN 'processed' THEN NULL
       WHEN 'dead_lettered' THEN left(u.reason || ': ' || u.detail, 2000)
       ELSE coalesce(left(u.error, 2000), i.last_error) END,
     duplicates = i.duplicates + u.copies,
@@ -223,9 +234,31 @@ SET status = CASE u.state WHEN 'keep' THEN i.status ELSE u.state END,
       'reason', u.reason, 'detail', left(u.detail, 2000), 'dlq_subject', u.dlq_subject,
       'dlq_seq', u.dlq_seq, 'dead_lettered_at', clock_timestamp(), 'next_replay_at', NULL)
       ELSE i.dlq_metadata END
-FROM jsonb_to_recordset(CAST(%(rows)s AS jsonb))
-  AS u(id uuid, state text, error text, reason text, detail text, dlq_subject text, dlq_seq bigint, copies int)
+FROM u
 WHERE i.consumer = %(consumer)s AND i.message_id = u.id
+
+-- name: inbox_failed_alone
+-- A message whose own transaction failed (nothing of it committed): its
+-- attempt counted and kept apart, so a bug it shows ends in the DLQ after
+-- max_deliver attempts. Returns the attempts now.
+WITH row AS (
+  INSERT INTO inbox_messages (consumer, message_id, subject, event_type, event_version, occurred_at, deliver_at,
+                              attempts, status, last_error)
+  VALUES (%(consumer)s, %(id)s, %(subject)s, %(event_type)s, %(event_version)s, %(occurred_at)s, %(deliver_at)s, 1,
+          'received', left(%(error)s, 2000))
+  ON CONFLICT (consumer, message_id) DO UPDATE
+    SET attempts = inbox_messages.attempts + 1, last_error = excluded.last_error
+  RETURNING attempts
+), history AS (
+  INSERT INTO inbox_attempts (consumer, message_id, attempt, error)
+  SELECT %(consumer)s, %(id)s, attempts, left(%(error)s, 2000) FROM row
+)
+SELECT attempts FROM row
+
+-- name: inbox_attempts
+-- A message's failed attempts, oldest first.
+SELECT attempt, failed_at, error FROM inbox_attempts
+WHERE consumer = %(consumer)s AND message_id = %(id)s ORDER BY failed_at
 
 -- name: purge_inbox
 DELETE FROM inbox_messages
@@ -308,8 +341,19 @@ WHERE status IN ('dead_lettered', 'exhausted')
   AND (CAST(%(older_than)s AS float8) IS NULL
        OR (dlq_metadata->>'dead_lettered_at')::timestamptz < now() - %(older_than)s * interval '1 second')
   AND (CAST(%(ids)s AS uuid[]) IS NULL OR message_id = ANY(%(ids)s))
+  AND (CAST(%(prefix)s AS text) IS NULL OR message_id::text LIKE %(prefix)s || '%%')
+  AND (%(purged)s OR dlq_metadata->>'purged_at' IS NULL)
 ORDER BY (dlq_metadata->>'dead_lettered_at')::timestamptz, message_id
 LIMIT %(limit)s
+
+-- name: inbox_show
+-- Inbox rows for people, by message id or a prefix of one, in any state.
+SELECT consumer, message_id, subject, event_type, event_version, status, attempts, duplicates, last_error,
+       received_at, processed_at, dlq_metadata
+FROM inbox_messages
+WHERE message_id::text LIKE %(prefix)s || '%%'
+ORDER BY message_id, consumer
+LIMIT 50
 
 -- name: dlq_purged
 -- Purged dead letters keep their inbox row (it still deduplicates), marked.
