@@ -17,7 +17,8 @@ from conftest import SEAMQ
 from helpers import read_stream, wait_for
 from test_consumer import consuming, inbox, publish, settings, vibe
 
-FAST = dict(base_delay=1.0, factor=2.0, max_delay=4.0, jitter=0.5, interval=0.1)
+FAST = dict(base_delay=1.0, factor=2.0, max_delay=4.0, jitter=0.5, interval=0.1,
+            reasons=["max_deliver", "handler_rejected"])  # handler_rejected too: its replays are what is tested
 
 
 @asynccontextmanager
@@ -128,3 +129,71 @@ def test_dlq_replay_unknown_id(dsn, service_env):
     result = subprocess.run([*SEAMQ, "dlq", "replay", "00000000-0000-0000-0000-000000000000"],
                             env=service_env, capture_output=True, text=True)
     assert result.returncode == 2 and "NOT_FOUND" in result.stderr
+
+
+TWO_CONSUMERS = """
+contexts:
+  sea: {}
+  billing: {}
+  vibespro: {}
+consumers:
+  sea__from_vibespro: {ack_wait: 2s, max_deliver: 4}
+  billing__from_vibespro: {ack_wait: 2s, max_deliver: 4}
+"""
+
+
+async def test_a_replay_runs_only_in_the_consumer_it_is_for_and_each_consumers_replay_is_delivered(
+        dsn, nats_server, nc, tmp_path, service_env):
+    """Two consumers dead-letter one message. `dlq replay ID --consumer sea__...` re-ran it in both; then
+    the replay worker's replay for billing had the same Nats-Msg-Id (`replay:{id}:1`), JetStream dropped it
+    inside its duplicate window, and it was still logged and counted as replayed."""
+    from seamq.envelope import Poison
+    from seamq.nats.provision import apply
+    from seamq.topology import load_topology
+    from seamq.wiring import run_consumer
+
+    path = tmp_path / "topology.yaml"
+    path.write_text(TWO_CONSUMERS)
+    topology = load_topology(path)
+    await apply(nc.jetstream(), topology)
+    calls: dict[str, int] = {}
+
+    def handler(name):
+        async def handle(envelope, tx):
+            if envelope.rerun:  # the consumer redoes a failed in-process call under a savepoint
+                calls[name] -= 1
+            calls[name] = calls.get(name, 0) + 1
+            if not envelope.replay_attempt:
+                raise Poison("not yet")
+        return Registry(routes=(Route("vibe_created", 1, handle),))
+
+    def row(consumer):
+        import psycopg
+        with psycopg.connect(dsn) as conn:
+            return conn.execute("SELECT status, dlq_metadata FROM inbox_messages WHERE consumer = %s", (consumer,)
+                                ).fetchone() or (None, None)
+
+    js = nc.jetstream()
+    event = vibe("both")
+    await publish(js, [event])
+    stop = asyncio.Event()
+    workers = [asyncio.create_task(run_consumer(settings(dsn, nats_server.url), topology, name, stop, handler(name)))
+               for name in ("sea__from_vibespro", "billing__from_vibespro")]
+    try:
+        await wait_for(lambda: row("sea__from_vibespro")[0] == row("billing__from_vibespro")[0] == "dead_lettered",
+                       what="dead-lettered by both")
+        env = dict(service_env, SEAMQ_TOPOLOGY_FILE=str(path))
+        result = subprocess.run([*SEAMQ, "dlq", "replay", str(event.id), "--consumer", "sea__from_vibespro"],
+                                env=env, capture_output=True, text=True)
+        assert result.returncode == 0 and "replayed 1 of 1" in result.stdout, result.stderr
+        await wait_for(lambda: row("sea__from_vibespro")[0] == "processed", what="sea's replay handled")
+        await asyncio.sleep(1.0)  # billing had it too: it must not run it
+        assert (calls["billing__from_vibespro"], row("billing__from_vibespro")[0]) == (1, "dead_lettered")
+        last = (await js.stream_info("VIBESPRO_EVENTS")).state.last_seq
+        async with replaying(dsn, nats_server.url, topology, base_delay=0.1, max_delay=0.2):
+            await wait_for(lambda: row("billing__from_vibespro")[0] == "processed", what="billing's replay handled")
+        assert (await js.stream_info("VIBESPRO_EVENTS")).state.last_seq == last + 1
+        assert calls == {"sea__from_vibespro": 2, "billing__from_vibespro": 2}
+    finally:
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(*workers), 30)

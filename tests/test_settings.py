@@ -97,3 +97,10 @@ def test_a_cluster_is_a_yaml_list_or_comma_separated(tmp_path, monkeypatch):
     with pytest.raises(SeamqError) as err:
         load_settings()
     assert "'ftp://b:4222' is not a nats://" in err.value.message
+
+
+def test_a_poison_is_not_replayed_by_default_as_the_readme_says():
+    """The README says a Poison is "dead-lettered, not retried"; the replay worker replayed it five times."""
+    from seamq.settings import ReplaySettings
+
+    assert ReplaySettings().policy().reasons == ("max_deliver",)

@@ -42,9 +42,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from seamq import dead_letter
-from seamq.envelope import (
-    Envelope, HandlerResult, Outcome, Reason, Rejected, parse_message,
-)
+from seamq.envelope import REPLAY_CONSUMER, Envelope, HandlerResult, Outcome, Reason, Rejected, parse_message
 from seamq.health import Beat, Health
 from seamq.holds import Holds, Pending
 from seamq.model import Header
@@ -72,6 +70,7 @@ class _Handling:
     attempted: bool = False  # its handler ran in this lane
     dlq_seq: int | None = None  # where its dead letter was stored
     http_result: HandlerResult | None = None  # kept across a lane's redo: never call HTTP twice
+    for_another: bool = False  # a DLQ replay for another consumer of the subject: skipped
 
     @property
     def ack(self) -> bool:
@@ -183,6 +182,9 @@ class InboxConsumer:
         parsed = parse_message(msg.subject, msg.headers, msg.data, delivered)
         if isinstance(parsed, Rejected):
             return _Handling(msg, None, parsed)
+        replay_for = msg.headers.get(REPLAY_CONSUMER)
+        if parsed.replay_attempt and replay_for not in (None, self.spec.name):
+            return _Handling(msg, parsed, None, for_another=True)
         work = _Handling(msg, parsed, None, self.handlers(parsed.event_type, parsed.event_version))
         if work.handler is None:
             work.rejected = Rejected(
@@ -287,6 +289,10 @@ class InboxConsumer:
         copies: list[tuple[_Handling, _Handling]] = []
         for item in items:
             message_id = item.message_id
+            if item.for_another:  # not ours to run, nor to record
+                item.verdict = Duplicate()
+                self._follow(item, pending)
+                continue
             if message_id is not None and message_id in first_copy:
                 copies.append((item, first_copy[message_id]))  # settled like the first, below
                 continue
@@ -455,7 +461,7 @@ def _inbox_items(items: list[_Handling]) -> list[InboxItem]:
     seen, out = set(), []
     for item in items:
         message_id = item.message_id
-        if message_id is None or message_id in seen:
+        if message_id is None or message_id in seen or item.for_another:
             continue
         seen.add(message_id)
         env = item.envelope

@@ -6,8 +6,12 @@ with an exponential delay and jitter, re-published when due, and counted in
 in the DLQ for a person (`seamq dlq ...`).
 
 A replay goes out through seamq.republish with the Nats-Msg-Id
-`replay:{id}:{n}` and `Seamq-Replay-Attempt: n`, which tells the consumer
-that the dead-lettered inbox row is to be processed, not skipped.
+`replay:{consumer}:{id}:{n}`, `Seamq-Replay-Attempt: n`, which tells the
+consumer that the dead-lettered inbox row is to be processed, not skipped, and
+`Seamq-Replay-Consumer`: every consumer of the subject receives it, and only
+the one that dead-lettered it runs it. A publish JetStream reports as a
+duplicate was not sent now: that replay went out before (its mark was lost
+with a crash), so it is counted once, never reported as replayed again.
 """
 
 from __future__ import annotations
@@ -68,9 +72,13 @@ class Replayer:
                 log.warning("replay_publish_failed", message_id=str(row["message_id"]), error=result.error)
                 continue
             await self.dead_letters.mark_replayed(tx, row["consumer"], row["message_id"], self.watchdog)
+            if result.duplicate:
+                log.warning("replay_was_in_the_stream", consumer=row["consumer"], message_id=str(row["message_id"]),
+                            msg_id=copy.msg_id, why="published before, its mark lost; not sent again")
+                continue
             replayed += 1
             log.info("message_replayed", consumer=row["consumer"], message_id=str(row["message_id"]),
-                     subject=copy.subject, attempt=copy.replay_attempt)
+                     subject=copy.subject, attempt=copy.replay_attempt, stream_seq=result.seq)
         return replayed
 
     async def _copy(self, row: dict) -> Copy | None:
@@ -89,7 +97,8 @@ class Replayer:
             return None
         attempt = int(meta.get("replay_attempts") or 0) + 1
         return Copy(original.subject, original.headers, original.data, str(row["message_id"]),
-                    msg_id=f"replay:{row['message_id']}:{attempt}", replay_attempt=attempt)
+                    msg_id=f"replay:{row['consumer']}:{row['message_id']}:{attempt}", replay_attempt=attempt,
+                    consumer=row["consumer"])
 
 
 async def read_original(messages: MessageStore, original: Original) -> Original:

@@ -17,9 +17,12 @@ from typing import Any, Generic, Mapping, TypeVar
 from seamq.model import EventSubject, Header, SeamqError
 
 # Headers of a message published again (seamq.republish): Seamq-Message-Id keeps
-# the original's id, the inbox key; a DLQ replay's round is Seamq-Replay-Attempt.
+# the original's id, the inbox key; a DLQ replay's round is Seamq-Replay-Attempt,
+# and the one consumer it is for is Seamq-Replay-Consumer (every consumer of the
+# subject receives it; the others skip it).
 REPLAY_MESSAGE_ID = "Seamq-Message-Id"
 REPLAY_ATTEMPT = "Seamq-Replay-Attempt"
+REPLAY_CONSUMER = "Seamq-Replay-Consumer"
 
 
 class Reason(str, Enum):

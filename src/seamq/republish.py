@@ -5,7 +5,7 @@ A copy must really be handled again, so it gets a Nats-Msg-Id of its own
 original id), while Seamq-Message-Id keeps the original id, which stays the
 inbox key, so a consumer that handled the original skips the copy. Only a
 DLQ replay carries Seamq-Replay-Attempt, which lets it through a dead-lettered
-inbox row.
+inbox row, and Seamq-Replay-Consumer, the one consumer it is for.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping
 
-from seamq.envelope import REPLAY_ATTEMPT, REPLAY_MESSAGE_ID
+from seamq.envelope import REPLAY_ATTEMPT, REPLAY_CONSUMER, REPLAY_MESSAGE_ID
 from seamq.model import Header
 from seamq.ports import JetStreamPublisher, OutMessage, PubResult
 
@@ -28,14 +28,18 @@ class Copy:
     message_id: str  # the original's id
     msg_id: str  # the copy's own Nats-Msg-Id
     replay_attempt: int | None = None  # DLQ replays only
+    consumer: str | None = None  # DLQ replays only: the consumer that dead-lettered it
 
     def message(self) -> OutMessage:
         headers = dict(self.headers)
         headers.pop(REPLAY_ATTEMPT, None)
+        headers.pop(REPLAY_CONSUMER, None)
         headers[Header.MSG_ID] = self.msg_id
         headers[REPLAY_MESSAGE_ID] = self.message_id
         if self.replay_attempt is not None:
             headers[REPLAY_ATTEMPT] = str(self.replay_attempt)
+        if self.consumer is not None:
+            headers[REPLAY_CONSUMER] = self.consumer
         return OutMessage(self.subject, self.data, headers)
 
 

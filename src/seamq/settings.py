@@ -103,7 +103,8 @@ class ReplaySettings(BaseModel):
     max_delay: float = Field(300.0, gt=0)
     max_attempts: int = Field(5, ge=0)
     jitter: float = Field(0.5, ge=0, le=1, description="delay x [1 - jitter, 1]")
-    reasons: list[str] = Field(["max_deliver", "handler_rejected"], description="replayable dead-letter reasons")
+    # Not handler_rejected: a Poison says the message can never succeed (docs/operations.md, Replay).
+    reasons: list[str] = Field(["max_deliver"], description="replayable dead-letter reasons")
     interval: float = Field(1.0, gt=0, description="seconds between replay rounds")
 
     def policy(self):
