@@ -201,3 +201,37 @@ def test_a_manifest_takes_its_schema_from_a_typed_model(project):
     result = cli("generate", cwd=project)
     assert result.returncode == 2 and "INVALID_MANIFEST" in result.stderr
     assert "is vibespro.event.vibe_created.v1, not vibespro.event.vibe_created.v2" in " ".join(result.stderr.split())
+
+
+def test_two_contexts_on_one_event_each_consumer_runs_its_own_contexts_handler(tmp_path):
+    """Billing and warehouse both subscribe to shop's order_placed v1. The generated registry had no
+    context on its routes, and `seamq consume --consumer billing__from_shop` ran warehouse's handler."""
+    import importlib.util
+
+    from seamq.model import SeamqError
+    from seamq.registry import generate
+    from seamq.wiring import build_handlers
+
+    manifests = tmp_path / "manifests"
+    manifests.mkdir()
+    for context in ("billing", "warehouse"):
+        (manifests / f"{context}.yaml").write_text(
+            f"context: {context}\nsubscriptions:\n  - event: order_placed\n    source: shop\n"
+            f"    versions:\n      1: {{handler: 'json:dumps'}}\n".replace("json:dumps", f"{context}_mod:handle"))
+    out = tmp_path / "registry_generated.py"
+    generate(manifests, out)
+    spec = importlib.util.spec_from_file_location("registry_two", out)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for context in ("billing", "warehouse"):
+        (tmp_path / f"{context}_mod.py").write_text(f"async def handle(envelope, tx):\n    return {context!r}\n")
+    import sys
+    sys.path.insert(0, str(tmp_path))
+    try:
+        for context in ("billing", "warehouse"):
+            handler = build_handlers(module.REGISTRY, source="shop", target=context)("order_placed", 1)
+            assert handler.fn.__module__ == f"{context}_mod", f"{context} got {handler.fn.__module__}'s handler"
+        with pytest.raises(SeamqError, match="handlers of billing and warehouse .* name the consuming context"):
+            build_handlers(module.REGISTRY, source="shop")
+    finally:
+        sys.path.remove(str(tmp_path))

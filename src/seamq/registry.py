@@ -40,6 +40,9 @@ class Route:
     timeout: float | None = None
     options: dict[str, Any] = field(default_factory=dict)
     schema: str | None = None  # JSON Schema of the payload, as canonical JSON text
+    # The consuming context whose manifest declared it; None: any. Two contexts may subscribe to one
+    # event in one registry, and each consumer runs only its own context's handler.
+    context: str | None = None
 
     def __post_init__(self) -> None:
         validate_token(self.event_type, "event type")
@@ -158,7 +161,7 @@ def subscriptions(directory: Path) -> list[tuple[str, Route]]:
                 routes[ident] = Route(
                     event_type=event, version=version, handler=handler, source=producer,
                     timeout=float(timeout) if timeout else None, options=options,
-                    schema=canonical_schema(schema) if schema is not None else None,
+                    schema=canonical_schema(schema) if schema is not None else None, context=context,
                 )
     return [(k[0], routes[k]) for k in sorted(routes)]
 
@@ -199,7 +202,7 @@ def render_module(routes: list[Route], contexts: list[str]) -> str:
         lines.append(
             f"    Route(event_type={r.event_type!r}, version={r.version}, handler={r.handler!r}, "
             f"source={r.source!r}, timeout={r.timeout!r}, options={json.loads(json.dumps(r.options, sort_keys=True))!r},"
-            f" schema={r.schema!r}),"
+            f" schema={r.schema!r}, context={r.context!r}),"
         )
     lines += ["))", ""]
     return "\n".join(lines)

@@ -122,7 +122,7 @@ class Harness:
 
     async def deliver(self, handler: Callable | Registry, event: Event | EventModel | None = None, *,
                       conn: Any = None, delivered: int = 1, message: tuple[str, dict, bytes] | None = None,
-                      source: str | None = None) -> Delivered:
+                      source: str | None = None, context: str | None = None) -> Delivered:
         """Deliver `event` (or a raw `message`: subject, headers, bytes) for the `delivered`-th time
         to a handler function, or to the route a Registry has for it. With `conn` (an async psycopg
         connection) the handler runs in a transaction on it, rolled back unless ACKed."""
@@ -131,7 +131,7 @@ class Harness:
         if isinstance(parsed, Rejected):
             return self._decided(None, None, parsed, delivered, False, [])
         seen: list[Envelope] = []
-        call = self._handler(handler, parsed, source or parsed.context, seen)
+        call = self._handler(handler, parsed, source or parsed.context, seen, context)
         if call is None:
             return self._decided(parsed, None, Rejected(Reason.NO_HANDLER, f"no handler for {parsed.subject}"),
                                  delivered, False, [])
@@ -162,14 +162,15 @@ class Harness:
             result = result_of(status, text)
         return self._decided(parsed, result, None, delivered, result.done, [])
 
-    def _handler(self, handler: Callable | Registry, envelope: Envelope, source: str, seen: list):
+    def _handler(self, handler: Callable | Registry, envelope: Envelope, source: str, seen: list,
+                 context: str | None):
         from seamq.wiring import build_handlers
 
         if not isinstance(handler, Registry):
             handler = Registry(routes=(), default=handler)
         registry = Registry(routes=tuple(dataclasses.replace(r, handler=_spy(r.handler, seen)) for r in handler.routes),
                             default=_spy(handler.default, seen) if handler.default else None)
-        return build_handlers(registry, timeout=self.handler_timeout, source=source)(
+        return build_handlers(registry, timeout=self.handler_timeout, source=source, target=context)(
             envelope.event_type, envelope.event_version)
 
     @staticmethod

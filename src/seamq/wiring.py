@@ -153,7 +153,7 @@ async def run_consumer(
     client = http_client(max_connections=cfg.concurrency * 2)
     try:
         handlers = build_handlers(registry, http_client=client, secret=secret, timeout=cfg.handler_timeout,
-                                  source=spec.source)
+                                  source=spec.source, target=spec.target)
         dlq = await PipelinedPublisher(nc, timeout=settings.relay.publish_timeout).start()
         batch = spec.fetch_batch(cfg.batch_size)
         buffer = spec.fetch_batch(2 * batch)
@@ -235,9 +235,11 @@ async def _maybe_pool(settings: Settings, cfg) -> AsyncIterator[AsyncConnectionP
 
 
 def build_handlers(registry: Registry, *, http_client=None, secret: str | None = None, timeout: float = 10.0,
-                   source: str | None = None):
-    """Resolve every route of `registry` for one source context, now: a bad import path
-    fails at start, not on the first message. Returns (event_type, version) -> handler."""
+                   source: str | None = None, target: str | None = None):
+    """Resolve every route of `registry` for one consumer, `target` consuming from `source`, now: a bad
+    import path fails at start, not on the first message. Returns (event_type, version) -> handler.
+    A registry may hold several contexts' manifests: only the target's routes are taken, and with no
+    target, two contexts' routes for one event are refused rather than one picked."""
 
     def make(target, route_timeout: float | None):
         seconds = route_timeout or timeout
@@ -247,10 +249,16 @@ def build_handlers(registry: Registry, *, http_client=None, secret: str | None =
             return HttpHandler(target, client=http_client, secret=secret, timeout=seconds)
         return InProcessHandler(import_object(target), timeout_seconds=seconds)
 
-    table = {}
+    table, owner = {}, {}
     for route in registry.routes:
-        if route.source not in (None, source):
+        if route.source not in (None, source) or target is not None and route.context not in (None, target):
             continue
+        key = (route.event_type, route.version)
+        if key in owner and owner[key] != route.context:
+            raise SeamqError(ErrorCode.INVALID_CONFIG, f"the registry has handlers of {owner[key]} and {route.context} "
+                             f"for {route.source or '*'}.event.{route.event_type}.v{route.version}: name the "
+                             "consuming context")
+        owner[key] = route.context
         handler = make(route.handler, route.timeout)
         model = getattr(handler, "model", None)
         if model and (model.seamq_subject.name, model.seamq_subject.version, model.seamq_subject.context) != (
