@@ -40,7 +40,7 @@ async def offer(dsn: str, rate: int, seconds: float, size: int, writers: int = 4
                                 aggregate_id=f"v-{(tick * per_tick + i) % 500}", event_type="vibe_created",
                                 payload=payload(size, i)) for i in range(per_tick)]
                 async with conn.transaction():
-                    await outbox.add_many(conn, events)
+                    await outbox.add_many_async(conn, events)
                 now = time.time()
                 for e in events:
                     commits[e.id] = now

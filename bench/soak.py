@@ -104,7 +104,7 @@ async def write(dsn: str, events: list[Event], progress: list[int], stalls: list
 
     async def transaction() -> None:
         async with conn.transaction():
-            await outbox.add_many(conn, chunk)
+            await outbox.add_many_async(conn, chunk)
 
     for start in range(0, len(events), 100):
         chunk = events[start:start + 100]

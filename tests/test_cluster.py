@@ -119,7 +119,7 @@ async def test_r3_cluster_loses_the_stream_leader_then_another_node_nothing_lost
     async def produce():  # about 2,000 events/s, so the kills land while events still arrive
         async with await psycopg.AsyncConnection.connect(dsn) as conn:
             for i in range(0, len(events), 200):
-                await outbox.add_many(conn, events[i:i + 200])
+                await outbox.add_many_async(conn, events[i:i + 200])
                 await conn.commit()
                 await asyncio.sleep(0.1)
 

@@ -49,10 +49,10 @@ async def test_psycopg_async(dsn):
     committed, rolled_back = make_event(), make_event()
     async with await psycopg.AsyncConnection.connect(dsn) as conn:
         async with conn.transaction():
-            await outbox.add_many(conn, [committed, make_event()])
+            await outbox.add_many_async(conn, [committed, make_event()])
         with pytest.raises(Rollback):
             async with conn.transaction():
-                await outbox.add(conn, rolled_back)
+                await outbox.add_async(conn, rolled_back)
                 raise Rollback
     assert count(dsn, committed.id) == 1 and count(dsn, rolled_back.id) == 0 and count(dsn) == 2
 
@@ -84,10 +84,10 @@ async def test_sqlalchemy_async_session(dsn):
     committed, rolled_back = make_event(), make_event()
     async with AsyncSession(engine) as session:
         async with session.begin():
-            await outbox.add(session, committed)
+            await outbox.add_async(session, committed)
         with pytest.raises(Rollback):
             async with session.begin():
-                await outbox.add(session, rolled_back)
+                await outbox.add_async(session, rolled_back)
                 raise Rollback
     await engine.dispose()
     assert count(dsn, committed.id) == 1 and count(dsn, rolled_back.id) == 0
@@ -100,10 +100,10 @@ async def test_asyncpg(dsn):
     conn = await asyncpg.connect(dsn)
     try:
         async with conn.transaction():
-            await outbox.add(conn, committed)
+            await outbox.add_async(conn, committed)
         with pytest.raises(Rollback):
             async with conn.transaction():
-                await outbox.add(conn, rolled_back)
+                await outbox.add_async(conn, rolled_back)
                 raise Rollback
     finally:
         await conn.close()
@@ -137,3 +137,63 @@ def test_unsupported_connection():
     with pytest.raises(SeamqError) as err:
         outbox.add(object(), make_event())
     assert err.value.code == ErrorCode.UNSUPPORTED_CONNECTION
+
+
+async def test_a_connection_outside_a_transaction_is_refused_and_writes_nothing(dsn):
+    """An autocommit connection committed the event on its own, apart from the state change: the two
+    were not atomic, and nothing said so."""
+    import asyncpg
+    from sqlalchemy import create_engine
+    from sqlalchemy.ext.asyncio import create_async_engine
+    from sqlalchemy.orm import Session
+
+    def refused(call):
+        with pytest.raises(SeamqError) as err:
+            call()
+        assert err.value.code == ErrorCode.NOT_IN_TRANSACTION and "one transaction" in err.value.message
+
+    async def refused_async(coro):
+        with pytest.raises(SeamqError) as err:
+            await coro
+        assert err.value.code == ErrorCode.NOT_IN_TRANSACTION
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        refused(lambda: outbox.add(conn, make_event()))
+        with conn.transaction():  # inside a transaction block it is fine
+            outbox.add(conn, make_event())
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await refused_async(outbox.add_async(conn, make_event()))
+    engine = create_engine(_sqlalchemy_url(dsn, "psycopg"), isolation_level="AUTOCOMMIT")
+    with Session(engine) as session:
+        refused(lambda: outbox.add(session, make_event()))
+    with engine.connect() as connection:
+        refused(lambda: outbox.add(connection, make_event()))
+    engine.dispose()
+    async_engine = create_async_engine(_sqlalchemy_url(dsn, "psycopg"), isolation_level="AUTOCOMMIT")
+    async with async_engine.connect() as connection:
+        await refused_async(outbox.add_async(connection, make_event()))
+    await async_engine.dispose()
+    conn = await asyncpg.connect(dsn)
+    try:
+        await refused_async(outbox.add_async(conn, make_event()))
+    finally:
+        await conn.close()
+    assert count(dsn) == 1, "only the write inside a transaction"
+
+
+async def test_async_connections_need_add_async_so_a_forgotten_await_cannot_lose_the_event(dsn):
+    """`outbox.add(async_conn, e)` without await committed the state and lost the event, with only a
+    RuntimeWarning. `add` now refuses async connections at once; `add_async` is a coroutine function,
+    which type checkers flag when it is not awaited."""
+    import inspect
+
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        async with conn.transaction():
+            with pytest.raises(SeamqError, match="add_async") as err:
+                outbox.add(conn, make_event())
+            assert err.value.code == ErrorCode.UNSUPPORTED_CONNECTION
+    with psycopg.connect(dsn) as conn, conn.transaction():
+        with pytest.raises(SeamqError, match="without await"):
+            await outbox.add_async(conn, make_event())
+    assert inspect.iscoroutinefunction(outbox.add_async) and inspect.iscoroutinefunction(outbox.add_many_async)
+    assert count(dsn) == 0

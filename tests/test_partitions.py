@@ -113,7 +113,7 @@ async def test_three_processes_keep_each_aggregates_order_through_failures_and_a
                     payload={"n": n}) for n in range(100) for a in range(200)]
     async with await psycopg.AsyncConnection.connect(dsn) as conn:
         for i in range(0, len(events), 2000):
-            await outbox.add_many(conn, events[i:i + 2000])
+            await outbox.add_many_async(conn, events[i:i + 2000])
             await conn.commit()
     settings = Settings(database_url=dsn, nats=NatsSettings(url=nats_server.url), relay=RelaySettings())
     stop = asyncio.Event()

@@ -130,7 +130,7 @@ class Notifications:
 
 async def commit_one(conn, event: Event, hold: float = 0.0) -> None:
     async with conn.transaction():
-        await outbox.add(conn, event)
+        await outbox.add_async(conn, event)
         await asyncio.sleep(hold)  # the producer's own work after the insert
 
 

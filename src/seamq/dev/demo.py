@@ -77,7 +77,7 @@ async def workload(dsn: str, stop: asyncio.Event, rate: float = 50.0, poison_sha
                 ))
                 n += 1
             async with conn.transaction():
-                await outbox.add_many(conn, events)
+                await outbox.add_many_async(conn, events)
             await sleep_unless_stopped(stop, len(events) / rate)
 
 
