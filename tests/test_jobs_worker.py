@@ -137,3 +137,39 @@ async def test_an_answer_that_is_no_ojs_answer_is_a_coded_error_not_a_crash():
     assert seen == [(502, "invalid_response", "the answer is not a JSON object (Bad Gateway)"),
                     (200, "invalid_response", "the answer is not a JSON object (OK)"),
                     (404, "error", "Not Found")]
+
+
+async def test_a_sync_job_still_running_after_grace_keeps_its_lease_and_is_never_run_twice(nats_server, tmp_path):
+    """A sync function's thread cannot be stopped: releasing its job when grace ended let another
+    worker run it while the thread went on."""
+    import threading
+
+    from seamq.jobs.worker import Worker, WorkerConfig
+
+    server = JobServer(nats_server.url, tmp_path / "server.log").start()
+    started, finish, runs = threading.Event(), threading.Event(), []
+
+    def slow(n):
+        runs.append(n)
+        started.set()
+        finish.wait(30)
+        return n
+
+    try:
+        async with JobsClient(server.url) as client:
+            job = await client.push("slow", [1], queue="slow")
+            worker = Worker(client, slow, WorkerConfig(queues=("slow",), grace=0.3, visibility_timeout=2.0))
+            running = asyncio.create_task(worker.run())
+            await asyncio.to_thread(started.wait, 10)
+            worker.stop()
+            stolen = []
+            for _ in range(15):  # past grace and twice the visibility timeout: heartbeats keep the lease
+                stolen += await client.fetch(["slow"], count=1, worker_id="thief", visibility_timeout_ms=2000)
+                await asyncio.sleep(0.3)
+            assert stolen == [] and not running.done()
+            finish.set()
+            await asyncio.wait_for(running, 10)
+            assert (await client.info(job["id"]))["state"] == "completed" and runs == [1]
+    finally:
+        finish.set()
+        server.kill()

@@ -10,9 +10,12 @@ type that `retry.non_retryable_errors` matches). A sync function runs in a
 thread.
 
 Stopping (SIGTERM, SIGINT, or a `terminate` heartbeat directive) fetches
-nothing more and lets running jobs finish for `grace` seconds; a job still
-running then is released (nack with requeue) so another worker takes it at
-once, instead of after its lease. A worker killed outright loses nothing
+nothing more and lets running jobs finish for `grace` seconds; an async job
+still running then is cancelled and released (nack with requeue) so another
+worker takes it at once, instead of after its lease. A sync function's thread
+cannot be stopped, so its job is never released while it runs: the worker
+keeps its lease (heartbeats) and settles it when it ends; otherwise another
+worker would run the job while this thread still does. A worker killed outright loses nothing
 either: its jobs come back when their visibility timeout (`--visibility-timeout`,
 60 s by default, kept alive by heartbeats) runs out.
 """
@@ -57,6 +60,7 @@ class Worker:
         self.worker_id = config.worker_id or f"{socket.gethostname()}-{os.getpid()}"
         self.stopping = asyncio.Event()
         self.running: dict[str, asyncio.Task] = {}
+        self._in_thread = not inspect.iscoroutinefunction(handler)  # cannot be cancelled once it runs
         self._passes_job = "job" in inspect.signature(handler).parameters
         self._slot = asyncio.Event()
 
@@ -98,7 +102,7 @@ class Worker:
         try:
             try:
                 kwargs = {"job": job} if self._passes_job else {}
-                if inspect.iscoroutinefunction(self.handler):
+                if not self._in_thread:
                     result = await self.handler(*job.get("args", []), **kwargs)
                 else:
                     result = await asyncio.to_thread(self.handler, *job.get("args", []), **kwargs)
@@ -144,6 +148,11 @@ class Worker:
             return
         log.info("jobs_worker_draining", running=len(self.running), grace_s=self.config.grace)
         done, pending = await asyncio.wait(list(self.running.values()), timeout=self.config.grace)
+        if pending and self._in_thread:  # heartbeats go on until the threads end: the leases stay ours
+            log.warning("jobs_outlive_grace", running=[j for j, t in self.running.items() if t in pending],
+                        why="a sync function's thread cannot be stopped: its job keeps its lease until it ends")
+            await asyncio.gather(*pending, return_exceptions=True)
+            return
         for task in pending:  # released, not lost: another worker takes them now
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
