@@ -244,17 +244,29 @@ async def test_malformed_input_is_dead_lettered_and_good_messages_flow(dsn, nats
     assert "Seamq-Aggregate-Type" in inbox(dsn, no_agg_id)["last_error"]
 
 
-async def test_bad_signature_is_retried_not_dead_lettered(dsn, nats_server, nc, topo, service):
+async def test_bad_signature_is_retried_not_dead_lettered_and_readiness_says_so(dsn, nats_server, nc, topo, service):
+    """A wrong or missing handler secret made every call a 401 while /readyz stayed ok."""
+    from seamq.health import Health
+
     js = nc.jetstream()
     event = vibe()
     await publish(js, [event])
-    async with consuming(dsn, nats_server.url, topo, handler_url=service.url, handler_secret="wrong"):
+    health = Health()
+    stop = asyncio.Event()
+    task = asyncio.create_task(run_consumer(settings(dsn, nats_server.url, handler_url=service.url,
+                                                     handler_secret="wrong"), topo, CONSUMER, stop, health=health))
+    try:
         await wait_for(lambda: (inbox(dsn, event.id).get("attempts") or 0) >= 2, what="retries")
+        ready = await health.ready()
+        assert not ready.ok and "refuses the signature (401)" in ready.checks["handler_signature"]
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+    async with consuming(dsn, nats_server.url, topo, handler_url=service.url):  # the secret fixed
+        await wait_for(lambda: inbox(dsn, event.id).get("status") == "processed", what="handled with the right secret")
     row = inbox(dsn, event.id)
     assert "401" in row["last_error"] and "signature" in row["last_error"]
-    # retried as transient: either still retrying, or out of deliveries, never "poison"
-    assert row["status"] == "received" or row["dlq_metadata"]["reason"] == "max_deliver"
-    assert service.handler.calls[str(event.id)] == 0
+    assert service.handler.calls[str(event.id)] == 1, "retried as transient, never dead-lettered as poison"
 
 
 async def test_in_process_handler_commits_with_the_inbox(dsn, nats_server, nc, topo):

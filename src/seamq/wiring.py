@@ -6,6 +6,7 @@ The CLI and `seamq dev` call these; workers themselves only see ports.
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 from contextlib import asynccontextmanager
 from typing import AsyncIterator
@@ -15,7 +16,7 @@ from psycopg_pool import AsyncConnectionPool
 from seamq.consumer import InboxConsumer
 from seamq.health import Health
 from seamq.inprocess import InProcessHandler, SchemaChecked
-from seamq.http.client import HttpHandler, http_client
+from seamq.http.client import HttpHandler, Refusals, http_client
 from seamq.model import ErrorCode, SeamqError
 from seamq.nats.connect import connect
 from seamq.nats.fast_batch import FastBatchPublisher, batched_streams
@@ -43,9 +44,14 @@ ONE_SHOT_TIMEOUT = 5.0  # a command run by a person or a script says "unavailabl
 
 
 @asynccontextmanager
-async def pg_pool(dsn: str, *, max_size: int = 4, configure=None,
-                  timeout: float = 30.0) -> AsyncIterator[AsyncConnectionPool]:
-    """`timeout`: how long a checkout waits for a connection; one-shot commands use ONE_SHOT_TIMEOUT."""
+async def pg_pool(dsn: str, *, max_size: int = 4, configure=None, timeout: float = 30.0,
+                  one_shot: bool = False) -> AsyncIterator[AsyncConnectionPool]:
+    """`timeout`: how long a checkout waits for a connection. `one_shot`: a command that ends, not a
+    worker: it waits ONE_SHOT_TIMEOUT, and the pool's own warnings about each failed connection stay
+    quiet (the command says once, with a code, that the database is away)."""
+    if one_shot:
+        timeout = ONE_SHOT_TIMEOUT
+        logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
     # No health check per checkout (a round trip per transaction): a connection a
     # PostgreSQL restart broke fails its transaction, which the workers retry,
     # and the pool discards it on return.
@@ -58,14 +64,22 @@ async def pg_pool(dsn: str, *, max_size: int = 4, configure=None,
         await pool.close()
 
 
-def stop_on_signals(stop: asyncio.Event) -> None:
-    """SIGTERM/SIGINT set `stop`: workers finish the batch in hand, then exit."""
+def stop_on_signals(stop: asyncio.Event) -> list[int]:
+    """SIGTERM/SIGINT set `stop`: workers finish the batch in hand, then exit. Returns the list the
+    signals received are put in, so the command can exit as the signal asks (130 after SIGINT)."""
     loop = asyncio.get_running_loop()
+    received: list[int] = []
+
+    def stopping(sig: int) -> None:
+        received.append(sig)
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
         try:
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, stopping, sig)
         except (NotImplementedError, RuntimeError):
             pass
+    return received
 
 
 def _readiness(health: Health, stop: asyncio.Event, nc, dsn: str | None, streams: list[str],
@@ -152,8 +166,10 @@ async def run_consumer(
                       [spec.stream, dlq_stream], [(spec.stream, d) for d in spec.durables()])
     client = http_client(max_connections=cfg.concurrency * 2)
     try:
+        refusals = Refusals()
+        health.check("handler_signature", refusals.check)
         handlers = build_handlers(registry, http_client=client, secret=secret, timeout=cfg.handler_timeout,
-                                  source=spec.source, target=spec.target)
+                                  source=spec.source, target=spec.target, refusals=refusals)
         dlq = await PipelinedPublisher(nc, timeout=settings.relay.publish_timeout).start()
         batch = spec.fetch_batch(cfg.batch_size)
         buffer = spec.fetch_batch(2 * batch)
@@ -204,7 +220,7 @@ async def replay_tools(settings: Settings, topology: Topology, *, persistent: bo
         s.name for c in topology.contexts.values() for s in (c.stream, c.dlq))) if health else None
     try:
         async with pg_pool(settings.database_dsn(), max_size=2,
-                           timeout=30.0 if persistent else ONE_SHOT_TIMEOUT) as pool:
+                           one_shot=not persistent) as pool:
             yield Replayer(PgDeadLetters(pool), JsMessageStore(nc.jetstream()), publisher, topology,
                            settings.replay.policy(), nak_max=settings.consumer.nak_max,
                            interval=settings.replay.interval, health=health)
@@ -235,7 +251,7 @@ async def _maybe_pool(settings: Settings, cfg) -> AsyncIterator[AsyncConnectionP
 
 
 def build_handlers(registry: Registry, *, http_client=None, secret: str | None = None, timeout: float = 10.0,
-                   source: str | None = None, target: str | None = None):
+                   source: str | None = None, target: str | None = None, refusals: Refusals | None = None):
     """Resolve every route of `registry` for one consumer, `target` consuming from `source`, now: a bad
     import path fails at start, not on the first message. Returns (event_type, version) -> handler.
     A registry may hold several contexts' manifests: only the target's routes are taken, and with no
@@ -246,7 +262,7 @@ def build_handlers(registry: Registry, *, http_client=None, secret: str | None =
         if callable(target):
             return InProcessHandler(target, timeout_seconds=seconds)
         if target.startswith(("http://", "https://")):
-            return HttpHandler(target, client=http_client, secret=secret, timeout=seconds)
+            return HttpHandler(target, client=http_client, secret=secret, timeout=seconds, refusals=refusals)
         return InProcessHandler(import_object(target), timeout_seconds=seconds)
 
     table, owner = {}, {}

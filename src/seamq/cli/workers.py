@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+import signal
 from pathlib import Path
 from typing import Optional
 
@@ -90,14 +91,16 @@ def _serve(current, name: str, worker) -> None:
         health = Health(current.health_stale_after)
         server = await probes.serve(health, current.metrics_host, current.metrics_port) if current.metrics_port else None
         stop = asyncio.Event()
-        stop_on_signals(stop)
+        received = stop_on_signals(stop)
         try:
             await worker(stop, health)
         finally:
             if server:
                 await server.cleanup()
+        return received
 
-    run(go())
+    if signal.SIGINT in run(go()):  # Ctrl-C: stopped cleanly, and says it was interrupted (docs/errors.md)
+        raise typer.Exit(130)
 
 
 def _collect_less() -> None:

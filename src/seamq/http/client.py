@@ -21,6 +21,7 @@ import aiohttp
 
 from seamq.envelope import Envelope, HandlerResult, Outcome, Reason
 from seamq.http.signing import SIGNATURE_HEADER, sign
+from seamq.observability import log
 
 _OUTCOMES = {200: Outcome.OK, 201: Outcome.OK, 202: Outcome.OK, 204: Outcome.OK,
              409: Outcome.ALREADY_PROCESSED, 422: Outcome.POISON}
@@ -31,12 +32,36 @@ def http_client(max_connections: int = 64) -> aiohttp.ClientSession:
     return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=max_connections))
 
 
+class Refusals:
+    """Handler services that refuse the consumer's signature (401): the shared secret is wrong or
+    missing on one side, so every message is retried and none is handled. Retrying is right (the
+    message is good), and /readyz says so until a call is accepted again; the first refusal is
+    logged as an error."""
+
+    def __init__(self) -> None:
+        self.refusing: dict[str, str] = {}  # url -> what it answered
+
+    def saw(self, url: str, status: int, text: str) -> None:
+        if status != 401:
+            self.refusing.pop(url, None)
+        elif url not in self.refusing:
+            self.refusing[url] = text[:200]
+            log.error("handler_refuses_signature", url=url, answer=text[:200],
+                      fix="the consumer's SEAMQ_CONSUMER__HANDLER_SECRET and the service's secret must be the same")
+
+    async def check(self) -> None:
+        if self.refusing:
+            raise RuntimeError(f"{', '.join(self.refusing)} refuses the signature (401): set the same handler "
+                               "secret on both sides")
+
+
 class HttpHandler:
     transactional = False
 
     def __init__(self, url: str, *, client: aiohttp.ClientSession, secret: str | None = None,
-                 timeout: float = 10.0) -> None:
+                 timeout: float = 10.0, refusals: Refusals | None = None) -> None:
         self.url, self.client, self.secret, self.timeout = url, client, secret, timeout
+        self.refusals = refusals
 
     def __repr__(self) -> str:
         return f"HttpHandler({self.url})"
@@ -51,6 +76,8 @@ class HttpHandler:
             return HandlerResult.timed_out(self.timeout)
         except aiohttp.ClientError as exc:
             return HandlerResult(Outcome.RETRY, f"handler unreachable: {type(exc).__name__}: {exc}")
+        if self.refusals is not None:
+            self.refusals.saw(self.url, status, text)
         return result_of(status, text)
 
 

@@ -6,6 +6,7 @@ import gc
 
 import uvicorn
 
+from seamq.http.listen import listening_socket
 from seamq.jobs.api import build_app
 from seamq.jobs.engine import Engine
 from seamq.jobs.store import JobStore
@@ -16,6 +17,7 @@ from seamq.settings import Settings
 
 async def serve(settings: Settings, *, host: str, port: int, test_mode: bool = False) -> None:
     """Serve until SIGTERM/SIGINT (uvicorn's own handlers), then stop the engine and close NATS."""
+    sock = listening_socket(host, port)  # first: a taken port is said before anything starts
     nc = await connect(settings.nats, name="seamq-jobs")
     try:
         store = await JobStore(nc).start()
@@ -30,7 +32,7 @@ async def serve(settings: Settings, *, host: str, port: int, test_mode: bool = F
             server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
                                                    access_log=False, lifespan="off"))
             log.info("jobs_serving", host=host, port=port, test_mode=test_mode)
-            await server.serve()
+            await server.serve(sockets=[sock])
         finally:
             await engine.stop()
     finally:
