@@ -90,7 +90,7 @@ async def test_the_source_and_the_drivers_connect_with_the_settings_credentials(
 
     from seamq.dev.embedded import NatsServer
     from seamq.nats.provision import apply
-    from seamq.pipeline.reconcile import _first
+    from seamq.pipeline.reconcile import _first_seq
     from seamq.pipeline.source import source_options
     from seamq.settings import NatsSettings
     from seamq.topology import load_topology
@@ -107,7 +107,7 @@ async def test_the_source_and_the_drivers_connect_with_the_settings_credentials(
         assert options == {"url": server.url, "user": "spark", "password": "s3cret-pw"}
         df = spark.read.format("jetstream").options(**options).option("stream", "VIBESPRO_EVENTS").load()
         assert df.count() == 40
-        assert (await _first(settings, "VIBESPRO_EVENTS"))[0] == 1
+        assert await _first_seq(settings, "VIBESPRO_EVENTS") == 1
         with pytest.raises(Exception, match="no servers available"):  # after "Authorization Violation"
             read(spark, server.url, "VIBESPRO_EVENTS").count()  # no credentials: refused, not a silent empty read
     finally:

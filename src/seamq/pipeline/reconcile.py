@@ -5,9 +5,12 @@ Anti-joins in Spark:
   JetStream's default lazy fsync can lose acknowledged writes), leaving out
   rows whose stream sequence is below the stream's first (aged out by limits).
   A row published in a fast batch holds its batch's last sequence ("stored
-  at or before"), so a batch that straddles the stream's first message could
-  look missing when it aged out: rows published within `grace` of the first
-  message's time are not judged;
+  at or before"), so once the stream's front has aged out, the one batch that
+  straddles its first message could look missing: only that batch's rows
+  (those holding the lowest sequence at or after the first) are not judged,
+  and while nothing has left the front (first sequence 1) every row is.
+  A time window around the first message did this before, and hid real
+  losses after a bulk catch-up, when a whole backlog shares one minute;
 - in a stream but never processed (nor dead-lettered) by a consumer of it,
   leaving out the last `grace` seconds (still in flight).
 
@@ -27,7 +30,7 @@ import asyncio
 import json
 import uuid
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime
 
 from pyspark.sql import SparkSession
 
@@ -54,21 +57,14 @@ class Report:
                 "repaired": self.repaired}
 
 
-async def _first(nats: NatsSettings, stream: str) -> tuple[int, int]:
-    """The stream's first sequence and its time in microseconds (nats-py's StreamState has no first_ts)."""
+async def _first_seq(nats: NatsSettings, stream: str) -> int:
+    """The stream's first sequence: 1 until something leaves its front (limits, a purge)."""
     nc = await connect(nats, name="seamq-reconcile", persistent=False)
     try:
         state = (await jsapi.call(nc, f"STREAM.INFO.{stream}") or {}).get("state", {})
     finally:
         await nc.close()
-    return state.get("first_seq", 0), _micros(state.get("first_ts") or "1970-01-01T00:00:00Z")
-
-
-def _micros(rfc3339: str) -> int:
-    """nats-server's times have nanoseconds, which fromisoformat does not take."""
-    whole, _, fraction = rfc3339.rstrip("Z").partition(".")
-    seconds = datetime.fromisoformat(whole).replace(tzinfo=timezone.utc).timestamp()
-    return int(seconds) * 1_000_000 + int((fraction + "000000")[:6])
+    return state.get("first_seq", 0)
 
 
 def reconcile(spark: SparkSession, *, dsn: str, nats: NatsSettings, topology: Topology, grace: float = 60.0,
@@ -91,10 +87,11 @@ def reconcile(spark: SparkSession, *, dsn: str, nats: NatsSettings, topology: To
         name = spec.stream.name
         stream = spark.read.format("jetstream").options(**source_options(nats)).option("stream", name).load() \
             .where(in_window).select("message_id", "timestamp").cache()
-        first_seq, first_ts = asyncio.run(_first(nats, name))
-        near_edge = F.abs(F.unix_micros("published_at") - F.lit(first_ts)) <= int(grace * 1_000_000)
-        published = outbox.where((F.col("context") == context) & (F.col("stream_seq") >= first_seq)
-                                 & ~near_edge)
+        first_seq = asyncio.run(_first_seq(nats, name))
+        published = outbox.where((F.col("context") == context) & (F.col("stream_seq") >= first_seq))
+        if first_seq > 1:  # the front aged out: the batch across the edge may be partly gone, by right
+            edge = published.agg(F.min("stream_seq")).first()[0]
+            published = published.where(F.col("stream_seq") != edge) if edge is not None else published
         missing = published.join(stream, "message_id", "left_anti")
         rows = missing.orderBy("stream_seq").collect()
         report.missing_from_stream[name] = [r.message_id for r in rows]
