@@ -82,7 +82,9 @@ NEEDS = {
     "db status": ["db"], "db upgrade": ["db"], "dlq list": ["db"], "dlq purge --yes": ["db", "nats"],
     "dlq replay --all": ["db"],  # NATS only once there is something to replay
     "dlq show 00000000-0000-0000-0000-000000000001": ["db"],  # NATS only once there is something to show
-    "inbox purge --older-than 7d": ["db"], "inbox show 00000000": ["db"], "outbox purge --older-than 7d": ["db"], "jobs serve --port {port}": ["nats"],
+    "inbox purge --older-than 7d": ["db"], "inbox show 00000000": ["db"], "outbox purge --older-than 7d": ["db"],
+    "outbox parked": ["db"], "outbox move --context shopp --to shop": ["db"], "outbox retry --context shopp": ["db"],
+    "outbox drop --context shopp --yes": ["db"], "jobs serve --port {port}": ["nats"],
     "jobs worker --url http://127.0.0.1:{port} --queue q --handler json:dumps": ["nats"],
     "pipeline kpis": ["db"], "pipeline reconcile": ["db", "nats"], "pipeline lake --stream SEA_EVENTS": ["nats"],
     "pipeline replay --since 2026-01-01 --until 2026-01-02 --lake lake": ["nats"],

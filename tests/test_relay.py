@@ -325,11 +325,11 @@ async def test_bad_row_blocks_only_its_own_aggregate(dsn, nats_server, nc, provi
         await wait_for(lambda: unpublished(dsn) <= 2 + 3, what="other aggregates published")
         await asyncio.sleep(0.5)
     rows = psycopg.connect(dsn).execute(
-        "SELECT aggregate_id, publish_attempts, publish_error, next_attempt_at IS NOT NULL FROM outbox_events "
+        "SELECT aggregate_id, publish_attempts, publish_error, parked_reason = publish_error FROM outbox_events "
         "WHERE published_at IS NULL ORDER BY seq").fetchall()
     bad = [r for r in rows if r[2]]
     assert {r[0] for r in bad} == {"o-0", "x-1"}
-    assert all(r[1] >= 1 and r[3] for r in bad)  # attempts counted, backing off
+    assert all(r[1] == 1 and r[3] for r in bad)  # tried once, then parked: never retried in a loop
     assert "no stream" in bad[0][2] and "snake_case" in bad[1][2]
     # o-0's own later events wait behind its failed first row; the rest went out.
     assert {r[0] for r in rows if not r[2]} == {"o-0"}
@@ -411,3 +411,48 @@ async def test_relay_purges_on_a_timer_when_configured(dsn, nats_server, provisi
     async with relay_running(dsn, nats_server.url, provisioned, purge_older_than="7d"):
         await wait_for(lambda: scalar(dsn, "SELECT count(*) FROM outbox_events") == 8, what="timer purge")
     assert unpublished(dsn) == 0  # the 8 unpublished rows were published, not purged
+
+
+async def test_a_row_for_a_context_with_no_stream_is_parked_counted_and_moved_by_a_person(
+        dsn, nats_server, nc, provisioned):
+    """An event for `shopp` (a typo of a context) was accepted, then the relay logged the same error
+    forever, its backlog gauge stayed until restart, and no command could see or drop the row."""
+    from prometheus_client import REGISTRY
+
+    typo = Event(context="shopp", aggregate_type="order", aggregate_id="typo-1", event_type="order_placed",
+                 payload={"n": 0})
+    after = Event(context="sea", aggregate_type="order", aggregate_id="typo-1", event_type="order_placed",
+                  payload={"n": 1})  # the same aggregate: it waits behind the parked row, in order
+    other = events_for(2, 2)
+    gone = Event(context="nowhere", aggregate_type="order", aggregate_id="gone-9", event_type="order_placed",
+                 payload={})
+    write(dsn, [typo, after, gone] + other)
+    env = {"SEAMQ_DATABASE_URL": dsn, "PATH": "/usr/bin:/bin"}
+
+    def cli(*args):
+        return subprocess.run([*SEAMQ, "outbox", *args], env=env, capture_output=True, text=True)
+
+    async with relay_running(dsn, nats_server.url, provisioned, backlog_interval=0.1):
+        await wait_for(lambda: unpublished(dsn) == 3, what="the other aggregates published")
+        await wait_for(lambda: REGISTRY.get_sample_value("seamq_outbox_parked", {"context": "shopp"}) == 1,
+                       what="the parked gauge")
+        assert REGISTRY.get_sample_value("seamq_outbox_backlog", {"context": "shopp"}) == 0
+        assert scalar(dsn, "SELECT publish_attempts FROM outbox_events WHERE id = %s", (typo.id,)) == 1
+        listed = json.loads(cli("parked", "--json").stdout)
+        assert {(r["context"], "no stream" in r["parked_reason"]) for r in listed} == {("shopp", True),
+                                                                                      ("nowhere", True)}
+        backlog = json.loads(subprocess.run([*SEAMQ, "backlog", "--json"], env=env, capture_output=True,
+                                            text=True).stdout)["outbox"]
+        assert {r["context"]: (r["count"], r["parked"]) for r in backlog}["shopp"] == (0, 1)
+        moved = cli("move", "--context", "shopp", "--to", "sea")
+        assert moved.returncode == 0 and "moved 1 parked rows from shopp to sea" in moved.stdout
+        await wait_for(lambda: unpublished(dsn) == 1, what="the moved row and the one behind it")
+        refused = cli("drop", "--context", "nowhere")
+        assert refused.returncode == 2 and "1 parked rows selected; add --yes" in refused.stderr
+        assert "dropped 1" in cli("drop", "--context", "nowhere", "--yes").stdout
+        await wait_for(lambda: REGISTRY.get_sample_value("seamq_outbox_parked", {"context": "shopp"}) == 0,
+                       what="the gauge back at 0")
+    assert unpublished(dsn) == 0 and scalar(dsn, "SELECT count(*) FROM outbox_events") == len(other) + 2
+    order = [json.loads(m.data)["n"] for m in await read_stream(nc.jetstream(), "SEA_EVENTS")
+             if m.headers["Seamq-Aggregate-Id"] == "typo-1"]
+    assert order == [0, 1]

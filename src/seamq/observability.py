@@ -29,6 +29,8 @@ RELAY_BATCH_SECONDS = Histogram(
 )
 OUTBOX_BACKLOG = Gauge("seamq_outbox_backlog", "Unpublished outbox rows (QRY-050)", ["context"])
 OUTBOX_OLDEST_SECONDS = Gauge("seamq_outbox_oldest_seconds", "Age of the oldest unpublished row", ["context"])
+OUTBOX_PARKED = Gauge("seamq_outbox_parked", "Outbox rows the relay can never publish as they are, set aside "
+                      "for a person (seamq outbox parked)", ["context"])
 
 CONSUMER_PROCESSED = Counter("seamq_consumer_processed_total", "Messages handled", ["consumer", "event_type"])
 CONSUMER_DUPLICATES = Counter("seamq_consumer_duplicates_total", "Duplicate deliveries skipped", ["consumer"])

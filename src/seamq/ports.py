@@ -62,7 +62,9 @@ class ClaimedBatch(Protocol):
 
     async def mark_published(self, ids: list[uuid.UUID], stream_seqs: list[int]) -> None: ...
 
-    async def mark_failed(self, ids: list[uuid.UUID], errors: list[str], retry_later: list[bool]) -> None: ...
+    async def mark_failed(self, ids: list[uuid.UUID], errors: list[str], retry_later: list[bool],
+                          park: list[bool] | None = None) -> None:
+        """`park`: rows that can never be published as they are, set aside for a person."""
 
 
 class OutboxRepository(Protocol):

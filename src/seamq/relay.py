@@ -31,7 +31,7 @@ from typing import NamedTuple
 from seamq.health import Beat, Health
 from seamq.model import SeamqError, message_headers
 from seamq.observability import (
-    OUTBOX_BACKLOG, OUTBOX_OLDEST_SECONDS, RELAY_BATCH_SECONDS, RELAY_FAILED, RELAY_PUBLISHED, end_publish_spans,
+    OUTBOX_BACKLOG, OUTBOX_OLDEST_SECONDS, OUTBOX_PARKED, RELAY_BATCH_SECONDS, RELAY_FAILED, RELAY_PUBLISHED, end_publish_spans,
     log, start_publish_spans,
 )
 from seamq.ports import JetStreamPublisher, OutboxRepository, OutboxRow, OutboxWakeup, OutMessage, PubResult, Sleep
@@ -60,6 +60,7 @@ class Relay:
         # no relay ran: the first claim says "now"). Nothing is released unless one is: an UPDATE that
         # finds no row would still take its table lock.
         self.due_at: float | None = None
+        self._reported: set[str] = set()  # contexts whose gauges were set
 
     def _message(self, row: OutboxRow) -> OutMessage | str:
         """The message for a row, or why it cannot be published."""
@@ -113,7 +114,7 @@ class Relay:
             for (row, _), result in zip(sendable, results):
                 marks.result(row, result)
             await batch.mark_published(marks.ok_ids, marks.ok_seqs)
-            await batch.mark_failed(marks.fail_ids, marks.fail_errors, marks.fail_retry)
+            await batch.mark_failed(marks.fail_ids, marks.fail_errors, marks.fail_retry, marks.fail_park)
         self.published_total += len(marks.ok_ids)
         for context, count in marks.per_context.items():
             RELAY_PUBLISHED.labels(context).inc(count)
@@ -207,11 +208,16 @@ class Relay:
             log.info("relay_backlog_unavailable", error=f"{type(exc).__name__}: {exc}")
             return
         now = time.time()
-        for ctx in self.topology.contexts:
+        # Every context reported before too: one whose rows are gone (parked, dropped) falls to 0.
+        self._reported |= set(self.topology.contexts)
+        for ctx in self._reported:
             OUTBOX_BACKLOG.labels(ctx).set(0)
             OUTBOX_OLDEST_SECONDS.labels(ctx).set(0)
+            OUTBOX_PARKED.labels(ctx).set(0)
         for row in rows:
+            self._reported.add(row["context"])
             OUTBOX_BACKLOG.labels(row["context"]).set(row["count"])
+            OUTBOX_PARKED.labels(row["context"]).set(row.get("parked", 0))
             if row["oldest_at"]:  # None when every row waits for its deliver_at
                 OUTBOX_OLDEST_SECONDS.labels(row["context"]).set(max(0.0, now - row["oldest_at"].timestamp()))
 
@@ -236,6 +242,7 @@ class _Marks:
     fail_ids: list = field(default_factory=list)
     fail_errors: list = field(default_factory=list)
     fail_retry: list = field(default_factory=list)
+    fail_park: list = field(default_factory=list)
     transport_failed: bool = False
     held: int = 0
     per_context: Counter = field(default_factory=Counter)  # EVT-047-001, counted per batch
@@ -256,11 +263,14 @@ class _Marks:
         RELAY_FAILED.labels(row.context, "transport" if transport else "message").inc()
 
     def invalid(self, row: OutboxRow, reason: str) -> None:
-        self._fail(row, reason, retry_later=True)
+        """It can never be published as it is: parked for a person (`seamq outbox parked`), logged once."""
+        self._fail(row, reason, retry_later=False, park=True)
         RELAY_FAILED.labels(row.context, "invalid").inc()
-        log.warning("outbox_row_unpublishable", outbox_id=str(row.id), reason=reason)
+        log.error("outbox_row_parked", outbox_id=str(row.id), context=row.context, reason=reason,
+                  fix="seamq outbox parked | move | retry | drop")
 
-    def _fail(self, row: OutboxRow, error: str, retry_later: bool) -> None:
+    def _fail(self, row: OutboxRow, error: str, retry_later: bool, park: bool = False) -> None:
         self.fail_ids.append(row.id)
         self.fail_errors.append(error)
         self.fail_retry.append(retry_later)
+        self.fail_park.append(park)

@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from seamq.cli import db, dlq, jobs, maintenance, monitoring, pipeline, registry, workers
+from seamq.cli import db, dlq, jobs, maintenance, monitoring, outbox, pipeline, registry, workers
 
 app = typer.Typer(
     help="seamq: transactional outbox, JetStream relay, inbox consumers and dead letters.",
@@ -50,7 +50,7 @@ app.add_typer(dlq.app, name="dlq")
 app.add_typer(registry.app, name="registry")
 app.add_typer(pipeline.app, name="pipeline")
 app.add_typer(jobs.app, name="jobs")
-app.add_typer(maintenance.outbox_app, name="outbox")
+app.add_typer(outbox.app, name="outbox")
 app.add_typer(maintenance.inbox_app, name="inbox")
 app.add_typer(monitoring.app, name="monitoring")
 

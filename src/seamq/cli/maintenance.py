@@ -1,4 +1,4 @@
-"""`seamq outbox purge`, `seamq inbox purge`, `seamq backlog`: keeping the tables healthy."""
+"""`seamq inbox show|purge`, `seamq backlog`: keeping the tables healthy."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from seamq.cli.common import JsonOption, TopologyOption, console, exit_with, pri
 from seamq.model import ErrorCode, SeamqError
 from seamq.topology import inbox_retention_floor, parse_duration
 
-outbox_app = typer.Typer(help="Outbox maintenance: purge published rows.", no_args_is_help=True)
 inbox_app = typer.Typer(help="The inbox: show a message's record and attempts; purge processed rows.",
                         no_args_is_help=True)
 
@@ -22,25 +21,6 @@ def _seconds(option: str, value: str) -> float:
         return parse_duration(value)
     except ValueError as exc:
         exit_with(SeamqError(ErrorCode.INVALID_CONFIG, f"{option}: {exc}"))
-
-
-@outbox_app.command("purge")
-def outbox_purge(
-    older_than: str = typer.Option(..., "--older-than", help="Age of published rows to delete, e.g. 7d."),
-    batch: int = typer.Option(5000, help="Rows per DELETE."),
-) -> None:
-    """Delete published outbox rows older than a window, in bounded batches."""
-    seconds = _seconds("--older-than", older_than)
-    current = settings()
-
-    async def go():
-        from seamq.pg.outbox_repo import PgOutbox
-        from seamq.wiring import pg_pool
-
-        async with pg_pool(current.database_dsn(), one_shot=True) as pool:
-            return await PgOutbox(pool).purge(seconds, batch)
-
-    console.print(f"deleted {run(go())} published rows older than {older_than}")
 
 
 @inbox_app.command("show")
@@ -120,10 +100,10 @@ def backlog(as_json: bool = JsonOption) -> None:
         return print_json({"outbox": [dict(row) for row in outbox],
                            "inbox": [{"consumer": c, "unprocessed": n, "oldest_at": t} for c, n, t in inbox]})
     table = Table("outbox context", "unpublished", "failing", "oldest", "delayed (deliver_at later)",
-                  title="outbox (QRY-050)")
+                  "parked (seamq outbox parked)", title="outbox (QRY-050)")
     for row in outbox:
         table.add_row(row["context"], str(row["count"]), str(row["failing"]), str(row["oldest_at"] or "-"),
-                      str(row["delayed"]))
+                      str(row["delayed"]), str(row["parked"]))
     console.print(table)
     table = Table("inbox consumer", "unprocessed", "oldest", title="inbox (QRY-051)")
     for consumer, count, oldest in inbox:

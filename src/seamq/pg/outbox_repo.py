@@ -101,10 +101,11 @@ class PgClaimedBatch:
         if ids:
             self.statements.append(("mark_published", dict(ids=ids, seqs=stream_seqs)))
 
-    async def mark_failed(self, ids: list[uuid.UUID], errors: list[str], retry_later: list[bool]) -> None:
+    async def mark_failed(self, ids: list[uuid.UUID], errors: list[str], retry_later: list[bool],
+                          park: list[bool] | None = None) -> None:
         if ids:
             self.statements.append(("mark_failed", dict(
-                ids=ids, errors=errors, retry_later=retry_later,
+                ids=ids, errors=errors, retry_later=retry_later, park=park or [False] * len(ids),
                 base_backoff=self.base_backoff, max_backoff=self.max_backoff)))
 
 

@@ -112,16 +112,46 @@ WHERE o.id = u.id
 -- name: mark_failed
 -- A failed row backs off exponentially (capped) when `retry_later`; a
 -- transport failure (broker unreachable) does not, the relay waits instead.
+-- A row that can never be published as it is gets parked (migration 0007).
 UPDATE outbox_events o
 SET publish_attempts = o.publish_attempts + 1,
     publish_error = left(u.error, 2000),
-    next_attempt_at = CASE WHEN u.retry_later THEN
+    next_attempt_at = CASE WHEN u.park THEN CAST('infinity' AS timestamptz) WHEN u.retry_later THEN
       now() + least(%(max_backoff)s, %(base_backoff)s * power(2, least(o.publish_attempts, 20)))
               * interval '1 second'
-    END
-FROM unnest(CAST(%(ids)s AS uuid[]), CAST(%(errors)s AS text[]), CAST(%(retry_later)s AS boolean[]))
-  AS u(id, error, retry_later)
+    END,
+    parked_reason = CASE WHEN u.park THEN left(u.error, 2000) END,
+    parked_at = CASE WHEN u.park THEN clock_timestamp() END
+FROM unnest(CAST(%(ids)s AS uuid[]), CAST(%(errors)s AS text[]), CAST(%(retry_later)s AS boolean[]),
+            CAST(%(park)s AS boolean[]))
+  AS u(id, error, retry_later, park)
 WHERE o.id = u.id
+
+-- name: outbox_parked
+-- Parked rows for people (`seamq outbox parked`), oldest first.
+SELECT id, context, aggregate_type, aggregate_id, event_type, event_version, parked_reason, parked_at, created_at
+FROM outbox_events
+WHERE parked_reason IS NOT NULL AND published_at IS NULL
+  AND (CAST(%(context)s AS text) IS NULL OR context = %(context)s)
+  AND (CAST(%(id)s AS uuid) IS NULL OR id = %(id)s)
+ORDER BY parked_at
+LIMIT %(limit)s
+
+-- name: outbox_unpark
+-- Parked rows back to the relay, now; under another context when `to` is given
+-- (a typo'd context). Returns how many.
+UPDATE outbox_events
+SET parked_reason = NULL, parked_at = NULL, next_attempt_at = NULL, publish_error = NULL,
+    context = coalesce(CAST(%(to)s AS text), context)
+WHERE parked_reason IS NOT NULL AND published_at IS NULL
+  AND (CAST(%(context)s AS text) IS NULL OR context = %(context)s)
+  AND (CAST(%(id)s AS uuid) IS NULL OR id = %(id)s)
+
+-- name: outbox_drop_parked
+DELETE FROM outbox_events
+WHERE parked_reason IS NOT NULL AND published_at IS NULL
+  AND (CAST(%(context)s AS text) IS NULL OR context = %(context)s)
+  AND (CAST(%(id)s AS uuid) IS NULL OR id = %(id)s)
 
 -- name: purge_outbox
 -- Bounded batches keep each DELETE short: no long locks, no WAL spikes.
@@ -132,11 +162,12 @@ WHERE id IN (SELECT id FROM outbox_events
 
 -- name: outbox_backlog
 -- Rows held for a later deliver_at are counted apart ("delayed"): they are not
--- late. The oldest row is by when it could first be published.
-SELECT context, count(*) FILTER (WHERE NOT held) AS count,
-       min(greatest(occurred_at, deliver_at)) FILTER (WHERE NOT held) AS oldest_at,
-       count(*) FILTER (WHERE publish_error IS NOT NULL) AS failing,
-       count(*) FILTER (WHERE held) AS delayed
+-- late; parked rows too (migration 0007): no relay will publish them. The oldest row is by when it could first be published.
+SELECT context, count(*) FILTER (WHERE NOT held AND parked_reason IS NULL) AS count,
+       min(greatest(occurred_at, deliver_at)) FILTER (WHERE NOT held AND parked_reason IS NULL) AS oldest_at,
+       count(*) FILTER (WHERE publish_error IS NOT NULL AND parked_reason IS NULL) AS failing,
+       count(*) FILTER (WHERE held) AS delayed,
+       count(*) FILTER (WHERE parked_reason IS NOT NULL) AS parked
 FROM outbox_events WHERE published_at IS NULL
 GROUP BY context ORDER BY context
 
