@@ -166,3 +166,22 @@ async def test_any_asgi_app_can_be_the_service_and_an_exception_it_lets_out_is_a
         assert out.retried and out.detail.startswith("HTTP 500"), out.detail
     missing = await Harness().deliver_http(plain, event(1))  # nothing at /handle: 404, retried, not dead-lettered
     assert missing.retried and missing.detail.startswith("HTTP 404")
+
+
+def test_the_readmes_testing_example_runs_as_written(tmp_path):
+    """The README's harness example asserted statements it could not produce; now its blocks are a
+    user's project: the conftest line, the pytest settings and the test module, as written."""
+    import re
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    section = readme[readme.index("### Testing your handlers"):readme.index("An HTTP handler service is tested")]
+    blocks = re.findall(r"```(\w+)\n(.*?)```", section, re.S)
+    conftest, settings, module = [text for _, text in blocks]
+    (tmp_path / "conftest.py").write_text(conftest)
+    (tmp_path / "pyproject.toml").write_text(settings)
+    name = module.splitlines()[0].removeprefix("# ").strip()
+    (tmp_path / name).write_text(module)
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", name], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=180, env={"PATH": "/usr/bin:/bin",
+                                                                              "HOME": str(tmp_path)})
+    assert result.returncode == 0 and "2 passed" in result.stdout, result.stdout + result.stderr
