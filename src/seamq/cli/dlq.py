@@ -82,15 +82,19 @@ def list_(consumer: Optional[str] = Consumer, context: Optional[str] = Context, 
                                                           purged=purged)))
     if as_json:
         return print_json(rows)  # every inbox column, the DLQ metadata as stored
-    table = Table("message id", "consumer", "event", "reason", "status", "attempts", "replays", "next replay",
-                  "dead-lettered at", title=f"{len(rows)} dead letters")
+    # Cells wrap rather than end in "…": a reason cut short is no reason. Ids are shown by their first
+    # 13 characters, which `dlq show`, `replay` and `inbox show` take (--json has them whole).
+    table = Table(title=f"{len(rows)} dead letters")
+    for name in ("id", "consumer", "event", "reason", "status", "tries", "replays", "next replay",
+                 "dead-lettered"):
+        table.add_column(name, overflow="fold")
     for row in rows:
         meta = row["dlq_metadata"] or {}
         event = f"{row['event_type']}.v{row['event_version']}" if row["event_type"] else row["subject"]
         status = "purged" if meta.get("purged_at") else row["status"]
-        table.add_row(str(row["message_id"]), row["consumer"], event, meta.get("reason", "?"), status,
+        table.add_row(str(row["message_id"])[:13], row["consumer"], event, meta.get("reason", "?"), status,
                       str(row["attempts"]), str(meta.get("replay_attempts", 0)),
-                      str(meta.get("next_replay_at") or "-")[:19], str(meta.get("dead_lettered_at", "?"))[:19])
+                      _minute(meta.get("next_replay_at")), _minute(meta.get("dead_lettered_at")))
     console.print(table)
 
 
@@ -222,6 +226,11 @@ def purge(
 
     run(go())
     console.print(f"purged {len(rows)} dead letters")
+
+
+def _minute(value) -> str:
+    """An ISO time as people scan a list: to the minute, UTC."""
+    return str(value).replace("T", " ")[:16] if value else "-"
 
 
 SHOWN_PAYLOAD = 64 * 1024  # a larger original is cut in the terminal (replay sends all of it)

@@ -159,12 +159,22 @@ def dev(
     run_for: Optional[float] = typer.Option(None, "--run-for", help="Stop after this many seconds."),
     cluster: int = typer.Option(1, "--cluster", min=1, max=5,
                                 help="Embedded NATS as a JetStream cluster of this many servers (streams R3)."),
+    services_only: bool = typer.Option(False, "--services-only",
+                                       help="Only NATS and PostgreSQL, migrated and provisioned with your "
+                                            "topology, until Ctrl-C: you run your own services and workers "
+                                            "(docs/first-app.md)."),
 ) -> None:
     """Run everything locally: embedded NATS and PostgreSQL, migrations, topology, workers, demo, dashboard."""
     from seamq.dev.runtime import run_dev
 
     current = settings()
+    if (topology_file or current.topology_file) and not services_only:
+        # The demo's handler services would answer for the consumers of a topology that is not theirs.
+        exit_with(SeamqError(ErrorCode.INVALID_CONFIG, "the demo (its handler services and workload) runs on the "
+                             "shipped topology; with your own, run `seamq dev --services-only --topology FILE` "
+                             "and start your services and workers (docs/first-app.md)"))
     if cluster > 1 and current.replicas is None:  # what a cluster is for: SDS-047 §10's replicas 3
         current = current.model_copy(update={"replicas": min(cluster, 3)})
     run(run_dev(current, topology(topology_file, current), data_dir or current.embedded.data_dir,
-                console=console, exit_when_ready=exit_when_ready, demo=demo, run_for=run_for, cluster=cluster))
+                console=console, exit_when_ready=exit_when_ready, demo=demo, run_for=run_for, cluster=cluster,
+                services_only=services_only))

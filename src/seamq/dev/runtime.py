@@ -90,12 +90,13 @@ def describe(console: Console, settings: Settings, topology: Topology, changes, 
 
 async def run_dev(
     settings: Settings, topology: Topology, data_dir: Path, *, console: Console, exit_when_ready: bool = False,
-    demo: bool = True, run_for: float | None = None, cluster: int = 1,
+    demo: bool = True, run_for: float | None = None, cluster: int = 1, services_only: bool = False,
 ) -> None:
     data_dir = Path(data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     with ExitStack() as stack:
         console.print(f"starting embedded services in {data_dir} ...")
+        embedded_db = settings.database_url is None
         settings = start_embedded(settings, data_dir, stack, cluster=cluster)
         applied = await migrate.upgrade(settings.database_dsn())
         console.print(f"database: {len(applied)} migration(s) applied, schema up to date")
@@ -104,13 +105,34 @@ async def run_dev(
         if exit_when_ready:
             console.print("[bold green]ready[/bold green]")
             return
-        log_file = stack.enter_context(open(data_dir / "seamq.log", "a"))
-        configure_logging(settings.log_level, file=log_file)
         stop = asyncio.Event()
         stop_on_signals(stop)
+        if services_only:
+            await serve_only(settings, stop, console=console, run_for=run_for, embedded_db=embedded_db)
+            return
+        log_file = stack.enter_context(open(data_dir / "seamq.log", "a"))
+        configure_logging(settings.log_level, file=log_file)
         await run_workers(settings, topology, stop, console=console, demo=demo, run_for=run_for,
                           log_path=data_dir / "seamq.log")
         console.print("stopped")
+
+
+async def serve_only(settings: Settings, stop: asyncio.Event, *, console: Console, run_for: float | None,
+                     embedded_db: bool) -> None:
+    """The services alone, for the user's own producers and workers: how to reach them, then wait."""
+    dsn = settings.database_dsn()
+    console.print("[bold green]ready[/bold green]: NATS and PostgreSQL, migrated and provisioned; in the shells of "
+                  "your services and workers:", highlight=False)
+    # Embedded PostgreSQL trusts loopback, so its URL holds no password; a URL of yours is not repeated.
+    database = dsn if embedded_db else "(yours, as set)"
+    console.print(f"export SEAMQ_DATABASE_URL={database}\nexport SEAMQ_NATS__URL={settings.nats.url}",
+                  highlight=False, soft_wrap=True)
+    console.print("Ctrl-C stops them.")
+    if run_for:
+        await sleep_unless_stopped(stop, run_for)
+    else:
+        await stop.wait()
+    console.print("stopped")
 
 
 async def run_workers(settings: Settings, topology: Topology, stop: asyncio.Event, *, console: Console,
