@@ -192,7 +192,7 @@ def violations(sequences: dict[str, list[int]]) -> int:
 
 
 async def soak(events_total: int, aggregates: int, kill_every: float, fault_seconds: float,
-               quiet_timeout: float, partitions: int = 0) -> dict:
+               quiet_timeout: float, partitions: int = 0, nats_down: float = 10.0) -> dict:
     import nats
 
     from seamq.nats.provision import apply
@@ -234,8 +234,9 @@ async def soak(events_total: int, aggregates: int, kill_every: float, fault_seco
 
         try:
             nats_done = pg_done = False
+            nats_back = None
             next_kill = started + kill_every
-            while not writer.done() or time.monotonic() - started < fault_seconds:
+            while not writer.done() or time.monotonic() - started < fault_seconds or nats_back is not None:
                 await asyncio.sleep(0.1)
                 now, share = time.monotonic(), progress[0] / events_total
                 if now >= next_kill:
@@ -245,7 +246,9 @@ async def soak(events_total: int, aggregates: int, kill_every: float, fault_seco
                     nats_done = True
                     svc.nats.kill()
                     fault("kill -9 nats-server")
-                    await asyncio.sleep(2)
+                    nats_back = now + nats_down  # kills go on meanwhile
+                if nats_back is not None and now >= nats_back:
+                    nats_back = None
                     svc.nats.start()
                     fault("nats-server restarted")
                 if not pg_done and (share >= 0.6 or now - started > fault_seconds * 0.6):
@@ -316,7 +319,8 @@ async def count(dsn: str, nc, events: list[Event]) -> dict:
         "order_violations_handling": violations(handling),
     }
     result["ok"] = (result["lost"] == 0 and result["duplicated"] == 0 and result["unpublished"] == 0
-                    and result["poison_dead_lettered"] == result["poison"] and result["poison_handled"] == 0)
+                    and result["poison_dead_lettered"] == result["poison"] and result["poison_handled"] == 0
+                    and result["good_dead_lettered"] == 0)  # a good event that failed once never reaches the DLQ
     return result
 
 
@@ -327,6 +331,7 @@ def main() -> None:
     parser.add_argument("--kill-every", type=float, default=4.0, help="seconds between worker kills (+-50%%)")
     parser.add_argument("--fault-seconds", type=float, default=30.0, help="inject faults at least this long")
     parser.add_argument("--quiet-timeout", type=float, default=600.0)
+    parser.add_argument("--nats-down", type=float, default=10.0, help="seconds nats-server stays down")
     parser.add_argument("--partitions", type=int, default=0,
                         help="partition the consumer (order across processes; 0: one shared consumer)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
@@ -334,7 +339,7 @@ def main() -> None:
     print(f"soak: {args.events:,} events over {args.aggregates:,} aggregates, 2 relays, 2 consumers; faults:",
           flush=True)
     report = asyncio.run(soak(args.events, args.aggregates, args.kill_every, args.fault_seconds,
-                              args.quiet_timeout, args.partitions))
+                              args.quiet_timeout, args.partitions, args.nats_down))
     report["finished_at"] = datetime.now(timezone.utc).isoformat()
     width = max(map(len, report))
     for key, value in report.items():

@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_small_soak_loses_and_duplicates_nothing(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "bench.soak", "--events", "3000", "--aggregates", "100", "--kill-every", "2",
-         "--fault-seconds", "8", "--quiet-timeout", "240", "--out", str(tmp_path)],
+         "--fault-seconds", "8", "--nats-down", "3", "--quiet-timeout", "240", "--out", str(tmp_path)],
         cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-3000:]
     report = json.loads((tmp_path / "soak-latest.json").read_text())
@@ -22,13 +22,14 @@ def test_small_soak_loses_and_duplicates_nothing(tmp_path):
     assert (report["lost"], report["duplicated"], report["unpublished"], report["missing_from_stream"]) == (0, 0, 0, 0)
     assert report["handled"] == 3000 - 3 and report["poison_dead_lettered"] == 3 == report["poison"]
     assert report["stream_duplicates"] == 0 and report["order_violations_stream"] == 0
+    assert report["good_dead_lettered"] == 0, "a good event that failed once never reaches the DLQ"
 
 
 def test_small_soak_with_partitioned_consumers_keeps_each_aggregates_order(tmp_path):
     """The same faults, the consumer in 4 partitions: now also no aggregate handled out of order."""
     result = subprocess.run(
         [sys.executable, "-m", "bench.soak", "--events", "3000", "--aggregates", "100", "--kill-every", "2",
-         "--fault-seconds", "8", "--quiet-timeout", "240", "--partitions", "4", "--out", str(tmp_path)],
+         "--fault-seconds", "8", "--nats-down", "3", "--quiet-timeout", "240", "--partitions", "4", "--out", str(tmp_path)],
         cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-3000:]
     report = json.loads((tmp_path / "soak-latest.json").read_text())
