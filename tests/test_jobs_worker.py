@@ -158,15 +158,16 @@ async def test_a_sync_job_still_running_after_grace_keeps_its_lease_and_is_never
     try:
         async with JobsClient(server.url) as client:
             job = await client.push("slow", [1], queue="slow")
-            worker = Worker(client, slow, WorkerConfig(queues=("slow",), grace=0.3, visibility_timeout=2.0))
+            worker = Worker(client, slow, WorkerConfig(queues=("slow",), grace=0.3, visibility_timeout=3.0))
             running = asyncio.create_task(worker.run())
             await asyncio.to_thread(started.wait, 10)
             worker.stop()
             stolen = []
-            for _ in range(15):  # past grace and twice the visibility timeout: heartbeats keep the lease
-                stolen += await client.fetch(["slow"], count=1, worker_id="thief", visibility_timeout_ms=2000)
+            for _ in range(20):  # past grace and twice the visibility timeout: heartbeats keep the lease
+                stolen += await client.fetch(["slow"], count=1, worker_id="thief", visibility_timeout_ms=3000)
                 await asyncio.sleep(0.3)
-            assert stolen == [] and not running.done()
+            assert stolen == [], f"another worker got the job while its function ran: {stolen}"
+            assert not running.done()
             finish.set()
             await asyncio.wait_for(running, 10)
             assert (await client.info(job["id"]))["state"] == "completed" and runs == [1]
