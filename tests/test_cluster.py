@@ -10,6 +10,9 @@ import subprocess
 import time
 from pathlib import Path
 
+import nats
+import nats.errors
+import nats.js.errors
 import psycopg
 import pytest
 
@@ -134,19 +137,37 @@ async def test_r3_cluster_loses_the_stream_leader_then_another_node_nothing_lost
         return stall
 
     js = cluster_nc.jetstream()
+
+    async def leader():
+        """The stream's leader node. Right after a heal the cluster may still be electing, and on a
+        busy machine the answer can take longer than a request's 5 s: ask again, for a minute."""
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                info = await js.stream_info("VIBESPRO_EVENTS")
+                if info.cluster and info.cluster.leader:
+                    return nats_cluster.node(info.cluster.leader)
+            except (nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError, nats.errors.NoRespondersError):
+                pass
+            assert time.monotonic() < deadline, "no stream leader for a minute"
+            await asyncio.sleep(0.5)
+
     producer = asyncio.create_task(produce())
     try:
-        leader = nats_cluster.node((await js.stream_info("VIBESPRO_EVENTS")).cluster.leader)
-        first = await fail_and_heal(leader, after=4000)
-        now_leading = nats_cluster.node((await js.stream_info("VIBESPRO_EVENTS")).cluster.leader)
-        second = await fail_and_heal(now_leading if now_leading is not leader else nats_cluster.nodes[
-            (nats_cluster.nodes.index(leader) + 1) % 3], after=10_000)
+        first_leader = await leader()
+        first = await fail_and_heal(first_leader, after=4000)
+        now_leading = await leader()
+        second = await fail_and_heal(now_leading if now_leading is not first_leader else nats_cluster.nodes[
+            (nats_cluster.nodes.index(first_leader) + 1) % 3], after=10_000)
         await producer
         await wait_for(lambda: unpublished(dsn) == 0, timeout=180, what="everything published")
         await wait_for(lambda: scalar(dsn, handled) >= 20_000, timeout=180, what="everything handled")
 
         async def settled():
-            info = await js.consumer_info("VIBESPRO_EVENTS", CONSUMER)
+            try:
+                info = await js.consumer_info("VIBESPRO_EVENTS", CONSUMER)
+            except (nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError):
+                return False  # slow to answer on a busy machine: ask again
             return info.num_pending == 0 and info.num_ack_pending == 0
 
         await wait_for(settled, timeout=60, what="every message acked")
