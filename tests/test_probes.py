@@ -128,7 +128,14 @@ async def test_consumer_ready_names_its_consumer_and_dlq(dsn, nats_server, nc, t
     try:
         await wait_for(lambda: probe(port, "/readyz")[0] == 200, timeout=30, what="consumer ready")
         assert probe(port, "/healthz")[0] == 200
-        await nc.jetstream().delete_consumer("VIBESPRO_EVENTS", "sea__from_vibespro")
+        js = nc.jetstream()  # provisioned before 0.3: JetStream's own delivery limit, which holds could use up
+        info = await js.consumer_info("VIBESPRO_EVENTS", "sea__from_vibespro")
+        info.config.max_deliver = 20
+        await js.add_consumer("VIBESPRO_EVENTS", info.config)
+        status, body = probe(port, "/readyz")
+        assert status == 503 and "stops delivering after 20 deliveries: run `seamq provision`" in \
+            body["checks"]["provisioned"]
+        await js.delete_consumer("VIBESPRO_EVENTS", "sea__from_vibespro")
         status, body = probe(port, "/readyz")
         assert status == 503 and "consumer sea__from_vibespro missing" in body["checks"]["provisioned"]
     finally:

@@ -27,11 +27,16 @@ def provisioned(nc: Client, streams: list[str], consumers: list[tuple[str, str]]
                 await js.stream_info(stream)
             except NotFoundError:
                 missing.append(f"stream {stream}")
+        limited = []
         for stream, durable in consumers:
             try:
-                await js.consumer_info(stream, durable)
+                info = await js.consumer_info(stream, durable)
             except NotFoundError:
                 missing.append(f"consumer {durable}")
-        if missing:
-            raise LookupError(f"{', '.join(missing)} missing: run `seamq provision`")
+                continue
+            if (info.config.max_deliver or -1) > 0:  # provisioned before 0.3: holds could use it up in silence
+                limited.append(f"consumer {durable} stops delivering after {info.config.max_deliver} deliveries")
+        if missing or limited:
+            problems = [f"{', '.join(missing)} missing"] if missing else []
+            raise LookupError("; ".join(problems + limited) + ": run `seamq provision`")
     return check
