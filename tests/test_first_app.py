@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,7 +21,7 @@ import time
 import tomllib
 from pathlib import Path
 
-from seamq.dev.embedded import free_port
+from seamq.dev.embedded import PostgresServer, free_port
 
 ROOT = Path(__file__).parent.parent
 DOC = (ROOT / "docs" / "first-app.md").read_text()
@@ -118,4 +119,6 @@ def test_the_first_app_walkthrough_runs_as_written(tmp_path):
         assert billed == [("42", "alice"), ("7", "bob")], "each order billed once, the rejected one after its replay"
     finally:
         walk.stop()
+        # `seamq dev` keeps PostgreSQL's files in .seamq/ (as root, in the runtime folder: see embedded.py).
+        shutil.rmtree(PostgresServer(tmp_path / ".seamq" / "pg").data_dir, ignore_errors=True)
     assert all(p.returncode is not None for p, _ in walk.background)
