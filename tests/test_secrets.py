@@ -117,3 +117,23 @@ def test_redact_masks_registered_secrets_and_their_pieces():
     register("Unique-Tok3n", "piece-one piece-two")
     assert redact("token Unique-Tok3n rejected; near 'piece-two@host'") == "token *** rejected; near '***@host'"
     assert redact("percent-encoded piece-one%20piece-two") == "percent-encoded ***"
+
+
+async def test_a_handler_service_logs_the_traceback_of_a_500_without_its_secrets(caplog):
+    """handler_app answered 500 and logged nothing; its log must not carry a password either."""
+    import logging
+
+    from seamq.http.server import handler_app
+    from seamq.model import Event
+    from seamq.testing import Harness
+
+    async def failing(envelope):
+        raise RuntimeError("could not reach postgresql://billing:hunter2-secret@db:5432/billing")
+
+    with caplog.at_level(logging.WARNING, logger="seamq.handler"):
+        outcome = await Harness().deliver_http(handler_app(failing, secret=None), Event(
+            context="shop", aggregate_type="order", aggregate_id="o-1", event_type="order_placed", payload={}))
+    assert outcome.retried
+    logged = caplog.text
+    assert "handler_raised" in logged and "Traceback" in logged and "RuntimeError: could not reach" in logged
+    assert "hunter2-secret" not in logged

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import traceback
 from typing import Awaitable, Callable
 
 from fastapi import APIRouter, FastAPI, Request
@@ -28,6 +29,7 @@ from fastapi.responses import JSONResponse
 
 from seamq.envelope import AlreadyProcessed, Envelope, Poison, Reason
 from seamq.http.signing import SIGNATURE_HEADER, verify
+from seamq.redact import redact
 from seamq.typed import model_of_handler, typed_envelope
 
 # The standard library's logger: `seamq[http]` has no structlog, and uvicorn shows its warnings.
@@ -62,8 +64,9 @@ def handler_router(handle: EventFunction, *, secret: str | None, path: str = "/h
         except Poison as exc:
             return JSONResponse({"error": str(exc) or "poison"}, status_code=422)
         except Exception as exc:  # transient by default: the message is redelivered
-            log.warning("handler_raised message_id=%s event=%s: %s", envelope.message_id, envelope.subject,
-                        f"{type(exc).__name__}: {exc}"[:500], exc_info=exc)
+            # Formatted and redacted here: the service's logging is its own, and may not redact.
+            log.warning("handler_raised message_id=%s event=%s\n%s", envelope.message_id, envelope.subject,
+                        redact("".join(traceback.format_exception(exc))).rstrip())
             return JSONResponse({"error": f"{type(exc).__name__}: {exc}"}, status_code=500)
         return JSONResponse({"status": "processed"})
 
