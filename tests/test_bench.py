@@ -1,6 +1,7 @@
 """The benchmark harness in quick mode: it runs and reports every scenario (no timing asserts)."""
 
 import json
+import pytest
 import subprocess
 import sys
 from pathlib import Path
@@ -8,6 +9,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.timeout(900)  # its own limit: a long run on a busy machine is no hang
 def test_quick_bench_runs_every_scenario(tmp_path):
     result = subprocess.run([sys.executable, "-m", "bench.run", "--quick", "--out", str(tmp_path)],
                             cwd=ROOT, capture_output=True, text=True, timeout=900)

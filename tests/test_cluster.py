@@ -99,6 +99,7 @@ class Fault:
         node.start() if self.kind == "kill" else os.kill(node.proc.pid, signal.SIGCONT)
 
 
+@pytest.mark.timeout(900)  # its own limit: a long run on a busy machine is no hang
 @pytest.mark.parametrize("fault", [Fault("kill"), Fault("freeze")], ids=["kill-9", "frozen"])
 async def test_r3_cluster_loses_the_stream_leader_then_another_node_nothing_lost_or_doubled(
         dsn, nats_cluster, cluster_nc, tmp_path, fault):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pytest
 import os
 import subprocess
 import sys
@@ -32,6 +33,7 @@ print(json.dumps(sorted(m.split(".")[0] for m in sys.modules)))
 """
 
 
+@pytest.mark.timeout(900)  # its own limit: a long run on a busy machine is no hang
 def test_a_clean_virtualenv_with_seamq_alone_can_write_the_outbox(tmp_path, dsn):
     clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}  # nothing of ours leaks in
 

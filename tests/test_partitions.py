@@ -103,6 +103,7 @@ async def provisioned_with_order_table(nc, dsn, tmp_path, text: str):
     return path, topology
 
 
+@pytest.mark.timeout(900)  # its own limit: a long run on a busy machine is no hang
 async def test_three_processes_keep_each_aggregates_order_through_failures_and_a_kill_9(
         dsn, nats_server, nc, tmp_path, service_env):
     """20,000 events over 200 aggregates, 3 `seamq consume` processes on one 6-partition consumer,

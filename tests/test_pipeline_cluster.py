@@ -40,6 +40,7 @@ def spark_cluster(tmp_path_factory):
     cluster.stop()
 
 
+@pytest.mark.timeout(900)  # its own limit: a long run on a busy machine is no hang
 def test_executors_see_seamq_only_from_the_job(spark_cluster):
     """What runs on an executor: its own Python, seamq from the zip the driver shipped, and (as root)
     an empty checkout."""
@@ -106,6 +107,7 @@ def service_env(dsn: str, nats: NatsSettings, extra: dict[str, str]) -> dict[str
     return env
 
 
+@pytest.mark.timeout(900)  # its own limit: a long run on a busy machine is no hang
 async def test_lake_kpis_reconcile_on_the_cluster_equal_local(spark, spark_cluster, dsn, nats_server, tmp_path):
     nats = NatsSettings(url=nats_server.url)
     lost = await publish_and_lose(dsn, nats)
@@ -128,6 +130,7 @@ async def test_lake_kpis_reconcile_on_the_cluster_equal_local(spark, spark_clust
     assert len(reconcile["unprocessed"]["sea__from_vibespro"]) == 297  # no consumer ran
 
 
+@pytest.mark.timeout(900)  # its own limit: a long run on a busy machine is no hang
 async def test_on_the_cluster_with_a_user_and_password_over_tls(spark, spark_cluster, dsn, tmp_path):
     tls = tmp_path / "tls"  # where the executors can read it: not in the checkout
     shutil.copytree(Path(__file__).parent / "tls", tls)
@@ -150,6 +153,7 @@ async def test_on_the_cluster_with_a_user_and_password_over_tls(spark, spark_clu
     assert "s3cret-on-executors" not in result.stdout + result.stderr
 
 
+@pytest.mark.timeout(900)  # its own limit: a long run on a busy machine is no hang
 def test_spark_submit_runs_the_pipeline_module_on_the_cluster(spark_cluster, dsn, tmp_path):
     """`spark-submit` decides the master and the executors' Python; seamq takes what it was given."""
     import seamq.pipeline.__main__ as script

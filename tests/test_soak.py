@@ -2,6 +2,7 @@
 of workers, nats-server killed and restarted, PostgreSQL restarted -m immediate; then counted."""
 
 import json
+import pytest
 import subprocess
 import sys
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.timeout(900)  # its own limit: a long run on a busy machine is no hang
 def test_small_soak_loses_and_duplicates_nothing(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "bench.soak", "--events", "3000", "--aggregates", "100", "--kill-every", "2",
@@ -25,6 +27,7 @@ def test_small_soak_loses_and_duplicates_nothing(tmp_path):
     assert report["good_dead_lettered"] == 0, "a good event that failed once never reaches the DLQ"
 
 
+@pytest.mark.timeout(900)  # its own limit: a long run on a busy machine is no hang
 def test_small_soak_with_partitioned_consumers_keeps_each_aggregates_order(tmp_path):
     """The same faults, the consumer in 4 partitions: now also no aggregate handled out of order."""
     result = subprocess.run(
