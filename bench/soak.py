@@ -67,6 +67,7 @@ class Workers:
         self.env, self.logs = env, logs
         self.procs: dict[str, subprocess.Popen] = {}
         self.kills = 0
+        self.exits = 0  # exited by themselves (at start, the database away) and started again
 
     def start(self, name: str) -> None:
         with open(self.logs / f"{name}.log", "ab") as log:
@@ -84,6 +85,17 @@ class Workers:
         self.kills += 1
         self.start(name)
         return name
+
+    async def supervise(self) -> None:
+        """What a supervisor (systemd Restart=always, Kubernetes) does: a worker that exits by itself is
+        started again. A worker that starts while PostgreSQL is still recovering exits at once, with a
+        coded error, for exactly this (on a busy machine the faults can land before the workers are up)."""
+        while True:
+            await asyncio.sleep(0.2)
+            for name, proc in list(self.procs.items()):
+                if proc.poll() is not None:
+                    self.exits += 1
+                    self.start(name)
 
     def stop_all(self) -> None:
         for proc in self.procs.values():
@@ -223,6 +235,7 @@ async def soak(events_total: int, aggregates: int, kill_every: float, fault_seco
                   for i in range(events_total)]
         workers = Workers(env, logs)
         workers.start_all()
+        supervisor = asyncio.create_task(workers.supervise())
         started = time.monotonic()
         progress, stalls = [0], [0]
         writer = asyncio.create_task(write(dsn, events, progress, stalls))
@@ -267,8 +280,11 @@ async def soak(events_total: int, aggregates: int, kill_every: float, fault_seco
             report["quiet"] = calm
             report["time_to_quiet_s"] = round(time.monotonic() - written_at, 1) if calm else None
         finally:
+            supervisor.cancel()
+            await asyncio.gather(supervisor, return_exceptions=True)
             workers.stop_all()
         report["worker_kills"] = workers.kills
+        report["worker_exits_restarted"] = workers.exits
         report.update(await count(dsn, nc, events))
         if partitions:  # the claim partitions make: each aggregate handled in order, whatever the faults
             report["ok"] = report["ok"] and report["order_violations_handling"] == 0

@@ -19,7 +19,10 @@ from jobs_harness import JobServer
 
 QUARTER = 250
 QUEUES = ["available", "active", "scheduled", "retryable"]
-RETRY = {"max_attempts": 5, "initial_interval": "PT2S", "backoff_coefficient": 1.0, "jitter": False}
+# Seconds the jobs fetched before the crash are leased, and the failed ones back off: the set-up
+# must finish before either runs out, and on a busy machine its 250 acks and nacks took 17 s.
+LEASE = 30.0
+RETRY = {"max_attempts": 5, "initial_interval": "PT30S", "backoff_coefficient": 1.0, "jitter": False}
 
 
 def batch(queue: str, count: int, **options) -> list[dict]:
@@ -51,20 +54,26 @@ async def test_kill_9_of_server_and_nats_loses_no_job_and_runs_no_acked_job_agai
     try:
         server.start()
         async with JobsClient(server.url) as client:
-            due = (datetime.now(timezone.utc) + timedelta(seconds=3)).isoformat()
+            # Far enough ahead for the set-up to finish before them on a busy machine (its 125 acks took
+            # over 2 s there, and the leases ran out under them); the outage below waits them out.
+            due = (datetime.now(timezone.utc) + timedelta(seconds=LEASE)).isoformat()
             ids: dict[str, list[str]] = {}
             for queue, options in [("available", {}), ("active", {}), ("retryable", {}),
                                    ("scheduled", {"scheduled_at": due})]:
                 ids[queue] = [job["id"] for job in await client.push_batch(batch(queue, QUARTER, **options))]
-            active = await client.fetch(["active"], count=QUARTER, worker_id="before", visibility_timeout_ms=2000)
+            leases_end = time.monotonic() + LEASE
+            active = await client.fetch(["active"], count=QUARTER, worker_id="before",
+                                        visibility_timeout_ms=int(LEASE * 1000))
             failing = await client.fetch(["retryable"], count=QUARTER, worker_id="before")
             assert len(active) == len(failing) == QUARTER
             acked = {job["id"] for job in active[: QUARTER // 2]}
-            for job_id in acked:
-                await client.ack(job_id, {"before": True})
-            for job in failing:
-                await client.nack(job["id"], {"type": "Boom", "message": "fails before the crash"})
-            before = {queue: {(await client.info(job_id))["state"] for job_id in ids[queue]} for queue in ids}
+            await asyncio.gather(*(client.ack(job_id, {"before": True}) for job_id in acked))
+            await asyncio.gather(*(client.nack(job["id"], {"type": "Boom", "message": "fails before the crash"})
+                                   for job in failing))
+            backoffs_end = time.monotonic() + LEASE
+            sample = {queue: ids[queue][:: QUARTER // 10] for queue in ids}  # ten of each, asked at once
+            before = {queue: {job["state"] for job in await asyncio.gather(*map(client.info, sample[queue]))}
+                      for queue in ids}
         assert before == {"available": {"available"}, "active": {"active", "completed"},
                           "scheduled": {"scheduled"}, "retryable": {"retryable"}}
 
@@ -72,7 +81,9 @@ async def test_kill_9_of_server_and_nats_loses_no_job_and_runs_no_acked_job_agai
         nats.kill()
         crashed_at = datetime.now(timezone.utc)
         assert crashed_at < datetime.fromisoformat(due), "the scheduled jobs must fall due in the outage"
-        await asyncio.sleep(4)  # schedules, backoffs and leases all fall due while nothing runs
+        # Schedules, backoffs and leases all fall due while nothing runs.
+        await asyncio.sleep(max(datetime.fromisoformat(due).timestamp() - time.time(),
+                                leases_end - time.monotonic(), backoffs_end - time.monotonic(), 0) + 1.0)
         nats.start()
         server.start()
 
