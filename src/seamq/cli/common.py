@@ -117,6 +117,16 @@ def _extra_for(module: str | None) -> str | None:
     return _COMMAND_EXTRAS.get(command, _MODULE_EXTRAS[top])
 
 
+def duration(option: str, value: str) -> float:
+    """A duration option (`7d`, `1h`) in seconds, or the command ends with INVALID_CONFIG naming it."""
+    from seamq.topology import parse_duration
+
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        exit_with(SeamqError(ErrorCode.INVALID_CONFIG, f"{option}: {exc}"))
+
+
 def settings() -> Settings:
     try:
         return load_settings()

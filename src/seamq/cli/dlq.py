@@ -13,9 +13,8 @@ from rich.syntax import Syntax
 from rich.table import Table
 
 from seamq import dead_letter
-from seamq.cli.common import JsonOption, TopologyOption, console, exit_with, print_json, run, settings, topology
+from seamq.cli.common import JsonOption, TopologyOption, console, duration, exit_with, print_json, run, settings, topology
 from seamq.model import ErrorCode, SeamqError
-from seamq.topology import parse_duration
 
 if TYPE_CHECKING:
     from seamq.pg.dlq_repo import DlqFilter
@@ -36,10 +35,7 @@ Purged = typer.Option(False, "--purged", help="Purged dead letters too (their DL
 def _filter(consumer, context, event_type, reason, older_than, limit, message_id=None, purged=False) -> DlqFilter:
     from seamq.pg.dlq_repo import DlqFilter  # psycopg loads with the command that needs it
 
-    try:
-        age = parse_duration(older_than) if older_than else None
-    except ValueError as exc:
-        exit_with(SeamqError(ErrorCode.INVALID_CONFIG, f"--older-than: {exc}"))
+    age = duration("--older-than", older_than) if older_than else None
     return DlqFilter(consumer=consumer, context=context, event_type=event_type, reason=reason,
                      older_than=age, prefix=id_prefix(message_id) if message_id else None, purged=purged, limit=limit)
 
@@ -113,9 +109,8 @@ def show(message_id: str = typer.Argument(..., help="The message id, or its firs
         from seamq.pg import dlq_repo
 
         async with await psycopg.AsyncConnection.connect(current.database_dsn(), autocommit=True) as conn:
-            rows = one_message(await dlq_repo.select(conn, selection), message_id, "dead letter")
-            for row in rows:
-                row["failed_attempts"] = await dlq_repo.attempts(conn, row["consumer"], row["message_id"])
+            rows = await dlq_repo.with_attempts(conn, one_message(await dlq_repo.select(conn, selection), message_id,
+                                                                  "dead letter"))
         nc = await connect(current.nats, name="seamq-dlq", persistent=False)
         try:
             copies = []

@@ -8,19 +8,12 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from seamq.cli.common import JsonOption, TopologyOption, console, exit_with, print_json, run, settings, topology
+from seamq.cli.common import JsonOption, TopologyOption, console, duration, exit_with, print_json, run, settings, topology
 from seamq.model import ErrorCode, SeamqError
-from seamq.topology import inbox_retention_floor, parse_duration
+from seamq.topology import inbox_retention_floor
 
 inbox_app = typer.Typer(help="The inbox: show a message's record and attempts; purge processed rows.",
                         no_args_is_help=True)
-
-
-def _seconds(option: str, value: str) -> float:
-    try:
-        return parse_duration(value)
-    except ValueError as exc:
-        exit_with(SeamqError(ErrorCode.INVALID_CONFIG, f"{option}: {exc}"))
 
 
 @inbox_app.command("show")
@@ -38,10 +31,8 @@ def inbox_show(message_id: str = typer.Argument(..., help="The message id, or it
         from seamq.pg import dlq_repo
 
         async with await psycopg.AsyncConnection.connect(current.database_dsn(), autocommit=True) as conn:
-            rows = one_message(await dlq_repo.inbox_rows(conn, prefix), message_id, "inbox message")
-            for row in rows:
-                row["failed_attempts"] = await dlq_repo.attempts(conn, row["consumer"], row["message_id"])
-            return rows
+            return await dlq_repo.with_attempts(conn, one_message(await dlq_repo.inbox_rows(conn, prefix),
+                                                                  message_id, "inbox message"))
 
     rows = run(go())
     if as_json:
@@ -59,7 +50,7 @@ def inbox_purge(
     """Delete processed inbox rows older than a window that still covers every possible redelivery."""
     current = settings()
     topo = topology(topology_file, current)
-    seconds = _seconds("--older-than", older_than)
+    seconds = duration("--older-than", older_than)
     replay = current.replay
     replay_window = replay.max_delay * replay.max_attempts
     floor = inbox_retention_floor(topo, nak_max=current.consumer.nak_max, replay_window=replay_window)

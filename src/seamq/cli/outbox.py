@@ -14,8 +14,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from seamq.cli.common import JsonOption, console, exit_with, print_json, run, settings
-from seamq.cli.maintenance import _seconds
+from seamq.cli.common import JsonOption, console, duration, exit_with, print_json, run, settings
 from seamq.model import ErrorCode, SeamqError, validate_token
 
 app = typer.Typer(help="The outbox: purge published rows; list, move, retry or drop parked ones.",
@@ -31,7 +30,7 @@ def outbox_purge(
     batch: int = typer.Option(5000, help="Rows per DELETE."),
 ) -> None:
     """Delete published outbox rows older than a window, in bounded batches."""
-    seconds = _seconds("--older-than", older_than)
+    seconds = duration("--older-than", older_than)
     current = settings()
 
     async def go():

@@ -65,11 +65,13 @@ async def select(conn: AsyncConnection, selection: DlqFilter) -> list[dict]:
         return await cur.fetchall()
 
 
-async def attempts(conn: AsyncConnection, consumer: str, message_id: uuid.UUID) -> list[dict]:
-    """A message's failed attempts, oldest first (attempt, failed_at, error)."""
+async def with_attempts(conn: AsyncConnection, rows: list[dict]) -> list[dict]:
+    """Inbox rows with each one's failed attempts, oldest first (attempt, failed_at, error)."""
     async with conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(query("inbox_attempts"), dict(consumer=consumer, id=message_id))
-        return await cur.fetchall()
+        for row in rows:
+            await cur.execute(query("inbox_attempts"), dict(consumer=row["consumer"], id=row["message_id"]))
+            row["failed_attempts"] = await cur.fetchall()
+    return rows
 
 
 async def inbox_rows(conn: AsyncConnection, prefix: str) -> list[dict]:
