@@ -11,9 +11,14 @@ STAMP := $(VENV)/.installed
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMP): pyproject.toml | $(BIN)/python
+# The official OJS Python SDK, for the tests that drive seamq's job server through it (not on a
+# registry this machine reaches: installed from ../shared beside the clone, as CI has it).
+OJS_PYTHON_SDK ?= ../shared/ojs-sdks/python
+
+$(STAMP): pyproject.toml Makefile | $(BIN)/python
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet '$(OJS_PYTHON_SDK)' 'cryptography>=42'
 	touch $(STAMP)
 
 install: $(STAMP)

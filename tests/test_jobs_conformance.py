@@ -32,6 +32,10 @@ def suites_dir() -> Path | None:
 
 SUITES = suites_dir()
 CASES = load_cases(SUITES) if SUITES else []
+EXT_SUITES = SUITES.parent.parent / "ojs-conformance-ext" / "suites" if SUITES else None
+EXTENSIONS = ("ext-progress", "ext-schema-registry")  # the admin API's two suites: issue 28's next stop
+EXT_CASES = [c for c in (load_cases(EXT_SUITES) if EXT_SUITES and EXT_SUITES.is_dir() else [])
+             if c.path.split("/")[0] in EXTENSIONS]
 
 
 _FAILED_START: list[str] = []
@@ -63,7 +67,12 @@ def test_the_conformance_suite_is_there():
     assert len(load_cases(SUITES)) == 133
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.path for c in CASES])
+def test_the_extension_suites_are_there():
+    assert EXT_SUITES is not None and EXT_SUITES.is_dir(), "expected ../shared/ojs-conformance-ext beside the clone"
+    assert {c.path.split("/")[0] for c in EXT_CASES} == set(EXTENSIONS) and len(EXT_CASES) == 15
+
+
+@pytest.mark.parametrize("case", CASES + EXT_CASES, ids=[c.path for c in CASES + EXT_CASES])
 def test_conformance_case(ojs_server, case):
     runner = Runner(ojs_server, strict=True, reset_url=f"{ojs_server}/ojs/v1/admin/reset")
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from seamq.jobs import model
 from seamq.jobs.model import OjsError
 
 SHORTHANDS = {
@@ -118,3 +119,57 @@ def _number(text: str, name: str, names: dict[str, int]) -> int:
     if not text.isdigit():
         raise invalid(f"{name} {text!r} is not a number" + (f" or a name ({', '.join(names)})" if names else ""))
     return int(text)
+
+
+def key(name: str) -> str:
+    return f"cron.{name.encode().hex()}"
+
+
+def _one_of(body: dict, names: tuple[str, str], what: str) -> object:
+    """The suite names it one way, the SDKs another: either, but not two that disagree."""
+    given = [body[n] for n in names if body.get(n) is not None]
+    if len(given) == 2 and given[0] != given[1]:
+        raise invalid(f"{names[0]} and {names[1]} both give the {what} and differ: send one")
+    return given[0] if given else None
+
+
+def new(body: object, now: datetime) -> dict:
+    """A validated cron record from `POST /cron`: the suite's `{name, expression, job_template}` or
+    the SDKs' `{name, cron, type, args, options, meta}`."""
+    if not isinstance(body, dict):
+        raise invalid("the request body must be a JSON object")
+    name = body.get("name")
+    if not isinstance(name, str) or not name or len(name) > 200:
+        raise invalid("name is required: a string of at most 200 characters")
+    expression = _one_of(body, ("expression", "cron"), "cron expression")
+    zone = body.get("timezone") or "UTC"
+    schedule = parse(expression)
+    time_zone(zone)
+    policy = body.get("overlap_policy", "allow")
+    if policy not in ("allow", "skip"):
+        raise invalid("overlap_policy must be allow or skip")
+    enabled = body.get("enabled", True)
+    if not isinstance(enabled, bool):
+        raise invalid("enabled must be true or false")
+    template = body.get("job_template")
+    if template is not None and body.get("type") is not None:
+        raise invalid("give the job either as job_template or as type and args, not both")
+    if template is None and body.get("type") is not None:
+        template = {k: body[k] for k in ("type", "args", "options", "meta") if body.get(k) is not None}
+        template.setdefault("args", [])
+    if template is None:
+        raise invalid("the job to enqueue is required: job_template, or type and args")
+    model.new_record(template, now)  # refused now, not at the first fire
+    return {"_key": key(name), "_kind": "cron", "name": name, "expression": expression, "timezone": zone,
+            "overlap_policy": policy, "enabled": enabled, "created_at": model.iso(now),
+            "next_run_at": model.iso(schedule.next_after(now, zone)), "job_template": template}
+
+
+def public(record: dict) -> dict:
+    """The record as both shapes read it: the suite's fields and the SDKs' (`cron`, `type`, `args`,
+    `options`, `status`)."""
+    template = record.get("job_template") or {}
+    shown = {k: v for k, v in record.items() if not k.startswith("_") and v is not None}
+    return {**shown, "cron": record["expression"], "type": template.get("type"), "args": template.get("args", []),
+            **({"options": template["options"]} if template.get("options") else {}),
+            "status": "active" if record.get("enabled", True) else "paused"}

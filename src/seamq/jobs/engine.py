@@ -29,6 +29,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from seamq.jobs import cron, model, workflows
+from seamq.jobs.ext import Schemas
 from seamq.jobs.index import Index
 from seamq.jobs.model import (
     ACTIVE, AVAILABLE, CANCELLED, COMPLETED, DISCARDED, RETRYABLE, SCHEDULED, TERMINAL, OjsError, conflict, iso,
@@ -50,6 +51,7 @@ class Engine:
         self._tasks: list[asyncio.Task] = []
         self._wake = asyncio.Event()
         self._workflow_lock = asyncio.Lock()  # a workflow's steps end one at a time
+        self.schemas = Schemas(self)
 
     def _reset_memory(self) -> None:
         self.index = Index()
@@ -85,6 +87,7 @@ class Engine:
 
     async def push(self, body: Any) -> tuple[int, dict]:
         record = model.new_record(body, utcnow())
+        self.schemas.check(record)
         existing = await self._unique(record)
         if existing is not None:
             return 200, public(existing)
@@ -94,6 +97,11 @@ class Engine:
     async def push_batch(self, body: Any) -> list[dict]:
         """All or nothing: every item is validated, then all are stored in one atomic batch."""
         records = model.new_records(body, utcnow())
+        for index, record in enumerate(records):
+            try:
+                self.schemas.check(record)
+            except OjsError as exc:
+                raise OjsError(exc.status, exc.code, f"jobs[{index}]: {exc.message}", details=exc.details) from None
         await self._create(records)
         return [public(r) for r in records]
 
@@ -238,6 +246,10 @@ class Engine:
     def info(self, job_id: str) -> dict:
         return public(self._job(job_id)[0])
 
+    def record(self, job_id: str) -> dict:
+        """A job's whole record (internal fields too), for the extensions that read beside the envelope."""
+        return self._job(job_id)[0]
+
     async def cancel(self, job_id: str) -> dict:
         record, revision = self._job(job_id)
         if record["state"] in TERMINAL:
@@ -248,14 +260,20 @@ class Engine:
         self._event("job.cancelled", cancelled)
         return public(cancelled)
 
-    async def heartbeat(self, worker_id: Any, active_jobs: Any, visibility: Any = None) -> dict:
+    async def heartbeat(self, worker_id: Any, active_jobs: Any, visibility: Any = None,
+                        active_job_ids: Any = None) -> dict:
+        """Extend the leases of the jobs the worker names. `jobs_cancelled` names those cancelled
+        meanwhile; `state: terminate` asks the worker to stop when every job it named was cancelled
+        (the SDKs' workers know no other way to stop one job, and none of its other jobs is hurt)."""
         if not isinstance(worker_id, str) or not worker_id:
             raise model.invalid("worker_id is required")
-        ids = active_jobs if isinstance(active_jobs, list) else []
-        extended, directive = [], "running"
+        ids = model.heartbeat_ids(active_jobs, active_job_ids)
+        extended, cancelled, directive = [], [], "running"
         now = utcnow()
         for job_id in ids:
-            held = self.index.get(job_id) if isinstance(job_id, str) else None
+            held = self.index.get(job_id)
+            if held is not None and held[0].get("state") == CANCELLED:
+                cancelled.append(job_id)
             if held is None or held[0].get("state") != ACTIVE:
                 continue
             record, revision = held
@@ -267,7 +285,10 @@ class Engine:
             hook = ((record.get("options") or {}).get("metadata") or {}).get("test_directive")
             if self.test_mode and hook in ("quiet", "terminate"):
                 directive = hook
-        return {"state": directive, "jobs_extended": extended, "server_time": iso(now)}
+        if cancelled and len(cancelled) == len(ids):
+            directive = "terminate"
+        return {"state": directive, "jobs_extended": extended, "jobs_cancelled": cancelled,
+                "server_time": iso(now)}
 
     # ---- workflows ----------------------------------------------------------------------------
 
@@ -275,10 +296,15 @@ class Engine:
         workflow, first = workflows.new(body, utcnow())
         await self._create(first, also=[Write(workflow)])
         self._event("workflow.started", workflow)
-        return workflows.public(workflow)
+        return self._public_workflow(workflow)
 
     def workflow(self, workflow_id: str) -> dict:
-        return workflows.public(self._workflow(workflow_id)[0])
+        return self._public_workflow(self._workflow(workflow_id)[0])
+
+    def _public_workflow(self, workflow: dict) -> dict:
+        states = {job_id: held[0]["state"] for job_id in workflows.job_ids_of(workflow)
+                  if (held := self.index.get(job_id)) is not None}
+        return workflows.public(workflow, states)
 
     def _workflow(self, workflow_id: str) -> tuple[dict, int]:
         held = self.index.get(workflows.key(workflow_id))
@@ -292,7 +318,7 @@ class Engine:
             workflow, revision = self._workflow(workflow_id)
             now = utcnow()
             stopped = workflows.cancelled(workflow, now)
-            jobs = [held for held in map(self.index.get, workflows.job_ids(workflow))
+            jobs = [held for held in map(self.index.get, workflows.job_ids_of(workflow))
                     if held is not None and held[0]["state"] not in TERMINAL]
             writes = [Write(stopped, revision), *(
                 Write({**r, "state": CANCELLED, "cancelled_at": iso(now), "_lease_until": None}, rev, True)
@@ -303,51 +329,31 @@ class Engine:
             self._finished(write.record)
             self._event("job.cancelled", write.record)
         self._event("workflow.cancelled", stopped)
-        return workflows.public(stopped)
+        return self._public_workflow(stopped)
 
     # ---- cron ---------------------------------------------------------------------------------
 
     async def register_cron(self, body: Any) -> dict:
-        if not isinstance(body, dict):
-            raise model.invalid("the request body must be a JSON object")
-        name = body.get("name")
-        if not isinstance(name, str) or not name or len(name) > 200:
-            raise model.invalid("name is required: a string of at most 200 characters")
-        zone = body.get("timezone") or "UTC"
-        schedule = cron.parse(body.get("expression"))
-        cron.time_zone(zone)
-        policy = body.get("overlap_policy", "allow")
-        if policy not in ("allow", "skip"):
-            raise model.invalid("overlap_policy must be allow or skip")
-        enabled = body.get("enabled", True)
-        if not isinstance(enabled, bool):
-            raise model.invalid("enabled must be true or false")
-        template = body.get("job_template")
-        model.new_record(template, utcnow())  # refused now, not at the first fire
-        now = utcnow()
-        key = f"cron.{name.encode().hex()}"
-        record = {"_key": key, "_kind": "cron", "name": name, "expression": body["expression"], "timezone": zone,
-                  "overlap_policy": policy, "enabled": enabled, "created_at": iso(now),
-                  "next_run_at": iso(schedule.next_after(now, zone)), "job_template": template}
-        held = self.index.get(key)
+        record = cron.new(body, utcnow())
+        held = self.index.get(record["_key"])
         if not await self._write(record, held[1] if held else 0):
-            raise conflict(f"cron {name} changed while it was registered")
-        if enabled:
+            raise conflict(f"cron {record['name']} changed while it was registered")
+        if record["enabled"]:
             await self._arm_cron(record)
-        return public(record)
+        return cron.public(record)
 
     def crons(self) -> list[dict]:
-        return sorted((public(r) for r, _ in self.index.of_kind("cron")), key=lambda c: c["name"])
+        return sorted((cron.public(r) for r, _ in self.index.of_kind("cron")), key=lambda c: c["name"])
 
     async def delete_cron(self, name: str) -> dict:
-        key = f"cron.{name.encode().hex()}"
+        key = cron.key(name)
         held = self.index.get(key)
         if held is None:
             raise OjsError(404, "not_found", f"cron {name} not found")
         await self.store.delete(key)
         self.index.drop(key)
         await self.store.disarm("cron", key)
-        return public(held[0])
+        return cron.public(held[0])
 
     async def _fire_cron(self, key: str, due_ms: int) -> None:
         held = self.index.get(key)
@@ -393,13 +399,18 @@ class Engine:
     def queue_stats(self, queue: str) -> dict:
         return {"name": model.check_queue(queue), **self.index.stats(queue), "paused": self._paused(queue)}
 
+    def queues(self) -> list[dict]:
+        """Every queue that holds or held a job, or was paused, and `default` always."""
+        names = {model.DEFAULT_QUEUE, *(q for q, _ in self.index.counts),
+                 *(r["name"] for r, _ in self.index.of_kind("queue"))}
+        return [{"name": name, "status": "paused" if self._paused(name) else "active", "paused": self._paused(name)}
+                for name in sorted(names)]
+
     # ---- dead letters (on_exhaustion: dead_letter) ------------------------------------------------
 
-    def dead_letters(self, queue: str | None, limit: int) -> dict:
+    def dead_letters(self, queue: str | None) -> list[dict]:
         found = [public(r) for r in self.index.dead_letters() if queue is None or r["queue"] == queue]
-        found.sort(key=lambda j: j.get("discarded_at") or "")
-        return {"jobs": found[:limit], "pagination": {"total": len(found), "limit": limit,
-                                                      "has_more": len(found) > limit}}
+        return sorted(found, key=lambda j: j.get("discarded_at") or "")
 
     def _dead(self, job_id: str) -> tuple[dict, int]:
         held = self.index.get(job_id)

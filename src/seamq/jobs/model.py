@@ -208,12 +208,22 @@ class RetryPolicy:
 
 # ---- errors reported by workers -----------------------------------------------------------------
 
+RAISED = re.compile(r"^([A-Za-z_][\w.]*)(?::|$)")  # `ValueError: bad`, `mod.Error`, JS `TypeError: x`
+
+
 def error_type(error: dict) -> str:
-    """`errors[].type`: the client's, else `details.error_class`, else from the message (L1-RTR-014)."""
+    """`errors[].type`: the client's, else `details.error_class`, else the class the SDKs' workers
+    name only in the trace they send (Python: its last line; JS: the stack's first), else from the
+    message (L1-RTR-014)."""
     details = error.get("details") if isinstance(error.get("details"), dict) else {}
     for candidate in (error.get("type"), details.get("error_class")):
         if isinstance(candidate, str) and candidate:
             return candidate
+    for trace, line in ((details.get("traceback"), -1), (details.get("stack"), 0)):
+        lines = [t for t in trace.strip().splitlines() if t.strip()] if isinstance(trace, str) else []
+        found = RAISED.match(lines[line].strip()) if lines else None
+        if found:
+            return found.group(1)
     message = str(error.get("message", "")).lower()
     if re.search(r"time[ds]? ?out|timed out", message):
         return "ConnectionTimeout"
@@ -240,6 +250,26 @@ def error_entry(error: Any, attempt: int, now: datetime) -> dict:
     if isinstance(error.get("details"), dict):
         entry["details"] = error["details"]
     return entry
+
+
+def heartbeat_ids(active_jobs: Any, active_job_ids: Any) -> list[str]:
+    """The job ids a heartbeat names: `active_jobs` as a list (the spec, the Python SDK), or
+    `active_job_ids` with `active_jobs` as their count (the JS SDK). A count without the ids
+    would extend nothing, so it is refused rather than answered as if it had."""
+    ids = active_job_ids if active_job_ids is not None else active_jobs
+    if ids is None or (isinstance(ids, int) and not isinstance(ids, bool) and ids == 0):
+        return []
+    if isinstance(ids, int) and not isinstance(ids, bool):
+        raise invalid(f"active_jobs is a count ({ids}): name the jobs in active_job_ids (or send active_jobs "
+                      "as their list) so that their leases can be extended")
+    if not isinstance(ids, list) or not all(isinstance(i, str) and i for i in ids):
+        raise invalid("active_jobs (or active_job_ids) must be a list of job ids")
+    if active_job_ids is not None and isinstance(active_jobs, int) and not isinstance(active_jobs, bool) \
+            and active_jobs != len(ids):
+        raise invalid(f"active_jobs says {active_jobs} jobs but active_job_ids names {len(ids)}")
+    if len(ids) > MAX_BATCH:
+        raise invalid(f"a heartbeat names at most {MAX_BATCH} jobs")
+    return list(dict.fromkeys(ids))
 
 
 # ---- the envelope -------------------------------------------------------------------------------
@@ -377,7 +407,9 @@ def new_records(body: Any, now: datetime) -> list[dict]:
 def validate_unique(unique: Any) -> None:
     if not isinstance(unique, dict):
         raise invalid("options.unique must be an object")
-    keys = unique.get("keys", ["type", "args"])
+    if "keys" in unique and "key" in unique and unique["keys"] != unique["key"]:
+        raise invalid("options.unique.keys and options.unique.key (the Python SDK's name) differ: send one")
+    keys = unique_keys(unique)
     if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
         raise invalid("options.unique.keys must be a list of field names")
     if unique.get("on_conflict", "reject") not in ("reject", "ignore", "replace"):
@@ -389,9 +421,13 @@ def validate_unique(unique: Any) -> None:
         parse_duration(unique["period"], "options.unique.period")
 
 
+def unique_keys(unique: dict) -> Any:
+    return unique.get("keys", unique.get("key", ["type", "args"]))
+
+
 def fingerprint(record: dict) -> str:
     """sha256 of the canonical JSON of the unique keys' values."""
-    keys = (record.get("unique") or {}).get("keys") or ["type", "args"]
+    keys = unique_keys(record.get("unique") or {}) or ["type", "args"]
     subject = {k: record.get(k, (record.get("options") or {}).get(k)) for k in keys}
     return hashlib.sha256(json.dumps(subject, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 

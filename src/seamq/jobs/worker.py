@@ -9,6 +9,8 @@ with the return value, and nacks with the exception (its class is the error
 type that `retry.non_retryable_errors` matches). A sync function runs in a
 thread.
 
+A job cancelled on the server is named in a heartbeat's `jobs_cancelled`: that
+job alone is stopped (an async one; a thread runs on, and its ack is refused).
 Stopping (SIGTERM, SIGINT, or a `terminate` heartbeat directive) fetches
 nothing more and lets running jobs finish for `grace` seconds; an async job
 still running then is cancelled and released (nack with requeue) so another
@@ -60,6 +62,7 @@ class Worker:
         self.worker_id = config.worker_id or f"{socket.gethostname()}-{os.getpid()}"
         self.stopping = asyncio.Event()
         self.running: dict[str, asyncio.Task] = {}
+        self.cancelled: set[str] = set()  # by the server: nothing to release
         self._in_thread = not inspect.iscoroutinefunction(handler)  # cannot be cancelled once it runs
         self._passes_job = "job" in inspect.signature(handler).parameters
         self._slot = asyncio.Event()
@@ -107,17 +110,21 @@ class Worker:
                 else:
                     result = await asyncio.to_thread(self.handler, *job.get("args", []), **kwargs)
             except asyncio.CancelledError:
+                if job["id"] in self.cancelled:
+                    raise
                 await self._settle(self.client.nack(job["id"], {"code": "worker_stopped", "message":
                                                                  "the worker stopped before the job finished"},
                                                     requeue=True), job, "released")
                 raise
             except Exception as exc:
-                log.info("job_failed", job_id=job["id"], type=job["type"], error=f"{type(exc).__name__}: {exc}")
+                log.warning("job_failed", job_id=job["id"], type=job["type"], attempt=job.get("attempt"),
+                            error=f"{type(exc).__name__}: {exc}"[:500], exc_info=exc)
                 await self._settle(self.client.nack(job["id"], exc), job, "nack")
                 return
             await self._settle(self.client.ack(job["id"], _jsonable(result)), job, "ack")
         finally:
             self.running.pop(job["id"], None)
+            self.cancelled.discard(job["id"])
             self._slot.set()
 
     async def _settle(self, call, job: dict, what: str) -> None:
@@ -139,7 +146,13 @@ class Worker:
             except Exception as exc:
                 log.warning("jobs_heartbeat_failed", error=f"{type(exc).__name__}: {exc}")
                 continue
-            if answer.get("state") == "terminate":
+            for job_id in answer.get("jobs_cancelled") or []:  # cancelled on the server: stop that job only
+                task = self.running.get(job_id)
+                if task is not None and not self._in_thread:
+                    log.info("job_cancelled_on_server", job_id=job_id)
+                    self.cancelled.add(job_id)
+                    task.cancel()
+            if answer.get("state") == "terminate" and not answer.get("jobs_cancelled"):
                 log.info("jobs_worker_told_to_stop", worker_id=self.worker_id)
                 self.stop()
 

@@ -32,10 +32,55 @@ def key(workflow_id: str) -> str:
     return f"wf.{workflow_id}"
 
 
+def from_steps(body: dict) -> tuple[dict, list[str]]:
+    """The Python SDK's form, `{name, steps: [{id, type, args, depends_on, options}]}` with no
+    workflow `type`, as the chain, group or batch its dependencies describe, and the step ids.
+    Any other graph is refused: seamq runs those three shapes and would rather say so than guess."""
+    steps = body.get("steps")
+    if not isinstance(steps, list) or not steps or not all(isinstance(s, dict) for s in steps):
+        raise invalid("a workflow needs a type (chain, group, batch), or steps with ids and depends_on")
+    ids = [s.get("id") for s in steps]
+    if not all(isinstance(i, str) and i for i in ids) or len(set(ids)) < len(ids):
+        raise invalid("each step needs an id of its own")
+    depends = [s.get("depends_on") or [] for s in steps]
+    if not all(isinstance(d, list) and set(d) <= set(ids) for d in depends):
+        raise invalid("depends_on must list ids of other steps")
+    callback = [(s.get("options") or {}).get("callback_type") for s in steps]
+    jobs = [i for i, c in enumerate(callback) if c is None]
+    job_ids = {ids[i] for i in jobs}
+
+    def item(index: int) -> dict:
+        step = steps[index]
+        options = {k: v for k, v in (step.get("options") or {}).items() if k != "callback_type"}
+        return {k: v for k, v in {"type": step.get("type"), "args": step.get("args", []),
+                                  "meta": step.get("meta"), "options": options or None}.items() if v is not None}
+
+    shape = {"name": body.get("name")}
+    if any(c is not None for c in callback):
+        if set(callback) - {None, *CALLBACKS} or any(depends[i] for i in jobs) or any(
+                set(depends[i]) != job_ids for i, c in enumerate(callback) if c is not None):
+            raise invalid("a batch's callbacks (options.callback_type on_complete, on_success, on_failure) "
+                          "must each depend on every job of the batch, and the jobs on nothing")
+        named = [c for c in callback if c is not None]
+        if len(set(named)) < len(named):
+            raise invalid("a batch has at most one callback of each kind")
+        return {**shape, "type": "batch", "jobs": [item(i) for i in jobs],
+                "callbacks": {c: item(i) for i, c in enumerate(callback) if c is not None}}, ids
+    if not any(depends):
+        return {**shape, "type": "group", "jobs": [item(i) for i in range(len(steps))]}, ids
+    if depends == [[], *([ids[i]] for i in range(len(ids) - 1))]:
+        return {**shape, "type": "chain", "steps": [item(i) for i in range(len(steps))]}, ids
+    raise invalid("these dependencies are neither a chain (each step on the one before), a group (none) "
+                  "nor a batch (callbacks on every job); seamq runs those three shapes")
+
+
 def new(body: Any, now: datetime) -> tuple[dict, list[dict]]:
     """A validated workflow record and the jobs to enqueue with it (the first step, or all)."""
     if not isinstance(body, dict):
         raise invalid("the request body must be a JSON object")
+    step_ids = None
+    if body.get("type") is None and isinstance(body.get("steps"), list):
+        body, step_ids = from_steps(body)
     kind = body.get("type")
     if kind not in KINDS:
         raise invalid(f"workflow type must be one of {', '.join(KINDS)}")
@@ -66,13 +111,28 @@ def new(body: Any, now: datetime) -> tuple[dict, list[dict]]:
         f"{field}_total": len(items), f"{field}_completed": 0,
         "_items": items, "_ids": [model.uuid7() for _ in items], "_ended": {}, "_results": {},
         "_callbacks": callbacks, "_callback_ids": {name: model.uuid7() for name in callbacks},
+        "_step_ids": step_ids,
     }
     first = [0] if kind == "chain" else range(len(items))
     return workflow, [_job(workflow, i, now) for i in first]
 
 
-def public(workflow: dict) -> dict:
-    return model.public(workflow)
+def public(workflow: dict, states: dict[str, str]) -> dict:
+    """What the suite reads (`steps_total`, `jobs_completed`, ...) with what the SDKs read: `steps`
+    with each step's id, type, job and state (Python), and `metadata` with the counts (JS).
+    `states` maps the workflow's job ids to their states, where known."""
+    items = [*workflow["_items"], *workflow["_callbacks"].values()]
+    job_ids = job_ids_of(workflow)
+    names = workflow.get("_step_ids") or [*(f"step-{i}" for i in range(len(workflow["_items"]))),
+                                          *workflow["_callbacks"]]
+    steps = [{"id": name, "type": item.get("type"), "args": item.get("args", []), "job_id": job_id,
+              "state": states.get(job_id, "pending")} for name, item, job_id in zip(names, items, job_ids)]
+    ended = [states.get(j) for j in workflow["_ids"]]
+    metadata = {"created_at": workflow["created_at"], "started_at": workflow["created_at"],
+                "completed_at": workflow.get("completed_at"), "job_count": len(workflow["_ids"]),
+                "completed_count": ended.count(COMPLETED),
+                "failed_count": sum(s in ("discarded", "cancelled") for s in ended)}
+    return {**model.public(workflow), "steps": steps, "metadata": {k: v for k, v in metadata.items() if v is not None}}
 
 
 def _job(workflow: dict, index: int, now: datetime, parent_results: list | None = None) -> dict:
@@ -128,5 +188,5 @@ def cancelled(workflow: dict, now: datetime) -> dict:
     return {**workflow, "state": CANCELLED, "cancelled_at": iso(now)}
 
 
-def job_ids(workflow: dict) -> list[str]:
+def job_ids_of(workflow: dict) -> list[str]:
     return [*workflow["_ids"], *workflow["_callback_ids"].values()]

@@ -1,0 +1,125 @@
+"""The extensions' operations, over the engine's records: the schema registry and job progress.
+
+Kept beside the engine rather than in it: they read and write records through
+the engine's CAS (`_commit`) and index, and add no clock and no transition.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from seamq.jobs import schemas
+from seamq.jobs.model import OjsError, conflict, invalid, iso, utcnow
+from seamq.jobs.store import Write
+
+if TYPE_CHECKING:
+    from seamq.jobs.engine import Engine
+
+WRITE_TRIES = 5  # a progress report racing heartbeats of the same job: each try reloads the record
+
+
+class Schemas:
+    def __init__(self, engine: "Engine") -> None:
+        self.engine = engine
+
+    def _all(self) -> list[dict]:
+        return [r for r, _ in self.engine.index.of_kind("schema")]
+
+    async def put(self, record: dict) -> tuple[int, dict]:
+        """201 for a new (type, version); 200 for the same schema again; 409 for another schema."""
+        held = self.engine.index.get(record["_key"])
+        if held is not None:
+            if held[0]["schema"] == record["schema"] and held[0]["uri"] == record["uri"]:
+                return 200, schemas.public(held[0])
+            raise OjsError(409, "duplicate", f"schema {record['type']} version {record['version']} is registered "
+                                             "with another schema; register a new version")
+        taken = self.by_uri(record["uri"], missing_ok=True)
+        if taken is not None:
+            raise OjsError(409, "duplicate", f"uri {record['uri']} names {taken['type']} version {taken['version']}")
+        if not await self.engine._commit([Write(record)]):
+            raise conflict(f"schema {record['type']} version {record['version']} changed while it was registered")
+        return 201, schemas.public(record)
+
+    def list(self, job_type: str | None = None) -> list[dict]:
+        found = [r for r in self._all() if job_type is None or r["type"] == job_type]
+        return [schemas.public(r) for r in sorted(found, key=lambda r: (r["type"], schemas.order(r["version"])))]
+
+    def get(self, job_type: str, version: Any = None) -> dict:
+        if version is None:
+            found = self.list(job_type)
+            if not found:
+                raise OjsError(404, "not_found", f"no schema registered for {job_type}")
+            return found[-1]
+        held = self.engine.index.get(schemas.key(job_type, schemas.version_of(version)))
+        if held is None:
+            raise OjsError(404, "not_found", f"no schema {job_type} version {version}")
+        return schemas.public(held[0])
+
+    def by_uri(self, uri: str, *, missing_ok: bool = False) -> dict | None:
+        found = next((r for r in self._all() if r["uri"] == uri), None)
+        if found is None and not missing_ok:
+            raise OjsError(404, "not_found", f"no schema {uri}")
+        return found
+
+    async def delete(self, record: dict) -> dict:
+        await self.engine.store.delete(record["_key"])
+        self.engine.index.drop(record["_key"])
+        return {"deleted": True, **schemas.public(record)}
+
+    def check(self, record: dict) -> None:
+        """A job naming a schema (`"schema": uri`) is enqueued only with args that match it."""
+        uri = record.get("schema")
+        if uri is None:
+            return
+        if not isinstance(uri, str):
+            raise invalid("schema must be the uri of a registered schema")
+        found = self.by_uri(uri, missing_ok=True)
+        if found is None:
+            raise invalid(f"schema {uri} is not registered: register it first (POST /ojs/v1/schemas)")
+        schemas.check_args(found, record["args"])
+
+
+def progress_value(body: Any) -> tuple[float, str | None, Any]:
+    """`progress` 0..1 (the suite) or `percentage` 0..100 (the SDKs), clamped to the range."""
+    if not isinstance(body, dict):
+        raise invalid("the request body must be a JSON object")
+    given = []
+    for name, scale in (("progress", 1.0), ("percentage", 100.0)):
+        value = body.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+            raise invalid(f"{name} must be a number")
+        given.append(min(max(value / scale, 0.0), 1.0))
+    if not given:
+        raise invalid("progress (0 to 1) or percentage (0 to 100) is required")
+    if len(given) == 2 and abs(given[0] - given[1]) > 1e-9:
+        raise invalid("progress and percentage disagree: send one")
+    message, data = body.get("message"), body.get("data")
+    if message is not None and not isinstance(message, str):
+        raise invalid("message must be a string")
+    if data is not None and not isinstance(data, dict):
+        raise invalid("data must be an object")
+    return given[0], message, data
+
+
+async def report_progress(engine: "Engine", job_id: Any, body: Any) -> dict:
+    value, message, data = progress_value(body)
+    for _ in range(WRITE_TRIES):
+        record, revision = engine._active(job_id, "report progress of")
+        moved = {**record, "progress": value, "progress_message": message, "progress_data": data,
+                 "progress_updated_at": iso(utcnow())}
+        if await engine._write(moved, revision):
+            engine._event("job.progress", moved, progress=value, message=message)
+            return progress_of(moved)
+    raise conflict(f"job {job_id} kept changing while its progress was reported; try again")
+
+
+def progress_of(record: dict) -> dict:
+    value = record.get("progress")
+    answer = {"job_id": record["id"], "state": record["state"], "progress": value,
+              "percentage": round(value * 100, 2) if value is not None else None,
+              "message": record.get("progress_message"), "data": record.get("progress_data"),
+              "updated_at": record.get("progress_updated_at")}
+    return {k: v for k, v in answer.items() if v is not None or k == "progress"}
+

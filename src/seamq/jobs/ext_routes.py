@@ -1,0 +1,83 @@
+"""The extension routes: job progress (`urn:ojs:ext:progress`) and the schema registry
+(`urn:ojs:ext:schema-registry`), each as both the conformance suite and the SDKs address them."""
+
+from __future__ import annotations
+
+from urllib.parse import unquote
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from seamq.jobs import ext, schemas
+from seamq.jobs.api import answer, body_of
+from seamq.jobs.engine import Engine
+from seamq.jobs.model import utcnow
+from seamq.jobs.routes import page
+
+
+def extensions(engine: Engine) -> list[Route]:
+    registry = engine.schemas
+
+    async def report_progress(request: Request) -> Response:  # the suite: PUT /jobs/{id}/progress
+        return answer(await ext.report_progress(engine, request.path_params["job_id"], await body_of(request)))
+
+    async def worker_progress(request: Request) -> Response:  # the SDKs: POST /workers/progress
+        body = await body_of(request)
+        return answer(await ext.report_progress(engine, body.get("job_id"), body))
+
+    async def progress(request: Request) -> Response:
+        return answer(ext.progress_of(engine.record(request.path_params["job_id"])))
+
+    async def list_schemas(request: Request) -> Response:
+        found, pagination = page(registry.list(), request, default=50)
+        return answer({"schemas": found, "pagination": pagination})
+
+    async def register(request: Request) -> Response:  # the SDKs: {uri, type, version, schema}
+        status, record = await registry.put(schemas.from_sdk(await body_of(request), utcnow()))
+        return answer({"schema": record}, status)
+
+    def _uri(request: Request) -> str:
+        return unquote(request.path_params["uri"])
+
+    async def by_uri(request: Request) -> Response:
+        return answer({"schema": schemas.public(registry.by_uri(_uri(request)))})
+
+    async def delete_by_uri(request: Request) -> Response:
+        return answer(await registry.delete(registry.by_uri(_uri(request))))
+
+    async def put_version(request: Request) -> Response:  # the suite: PUT /admin/schemas/{type}/{version}
+        params = request.path_params
+        record = schemas.new(params["type"], params["version"], await body_of(request), utcnow())
+        status, stored = await registry.put(record)
+        return answer(stored, status)
+
+    async def get_version(request: Request) -> Response:
+        return answer(registry.get(request.path_params["type"], request.path_params["version"]))
+
+    async def delete_version(request: Request) -> Response:
+        found = registry.get(request.path_params["type"], request.path_params["version"])
+        return answer(await registry.delete(registry.by_uri(found["uri"])))
+
+    async def latest(request: Request) -> Response:
+        return answer(registry.get(request.path_params["type"]))
+
+    async def versions(request: Request) -> Response:
+        job_type = request.path_params["type"]
+        return answer({"type": job_type, "versions": registry.list(job_type)})
+
+    return [
+        Route("/ojs/v1/jobs/{job_id}/progress", report_progress, methods=["PUT", "POST"]),
+        Route("/ojs/v1/jobs/{job_id}/progress", progress, methods=["GET"]),
+        Route("/ojs/v1/workers/progress", worker_progress, methods=["POST"]),
+        Route("/ojs/v1/schemas", list_schemas, methods=["GET"]),
+        Route("/ojs/v1/schemas", register, methods=["POST"]),
+        Route("/ojs/v1/schemas/{uri:path}", by_uri, methods=["GET"]),
+        Route("/ojs/v1/schemas/{uri:path}", delete_by_uri, methods=["DELETE"]),
+        Route("/ojs/v1/admin/schemas", list_schemas, methods=["GET"]),
+        Route("/ojs/v1/admin/schemas/{type}/versions", versions, methods=["GET"]),
+        Route("/ojs/v1/admin/schemas/{type}", latest, methods=["GET"]),
+        Route("/ojs/v1/admin/schemas/{type}/{version}", put_version, methods=["PUT"]),
+        Route("/ojs/v1/admin/schemas/{type}/{version}", get_version, methods=["GET"]),
+        Route("/ojs/v1/admin/schemas/{type}/{version}", delete_version, methods=["DELETE"]),
+    ]

@@ -1,0 +1,195 @@
+"""The OJS core routes (HTTP binding, levels 0-4): each parses its request and shapes the engine's answer.
+
+Where the conformance suite and the official SDKs read one answer in
+different shapes, the answer carries both (a workflow at the top and under
+`workflow`; queue counts at the top, under `queue` and under `stats`; a cron
+under `cron` and `cron_job`): nothing either reads is missing, and nothing is
+guessed from who is asking.
+"""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from seamq.jobs.api import VERSION, answer, body_of, limit_of
+from seamq.jobs.engine import Engine
+from seamq.jobs.model import invalid
+
+EXTENSIONS = [
+    {"name": "progress", "uri": "urn:ojs:ext:progress", "version": "1.0"},
+    {"name": "schema-registry", "uri": "urn:ojs:ext:schema-registry", "version": "1.0"},
+    {"name": "dead-letter", "uri": "urn:ojs:ext:dead-letter", "version": "1.0"},
+]
+CAPABILITIES = {"cron": True, "workflows": True, "dead_letter": True, "unique_jobs": True, "rate_limiting": True,
+                "events": True, "batch_enqueue": True, "priority": True, "progress": True, "job_versioning": True}
+
+
+def offset_of(text: str | None) -> int:
+    try:
+        value = int(text) if text is not None else 0
+    except ValueError:
+        raise invalid(f"offset {text!r} is not an integer") from None
+    if value < 0:
+        raise invalid("offset must be 0 or more")
+    return value
+
+
+def page(items: list, request: Request, default: int = 100) -> tuple[list, dict]:
+    """`limit` and `offset` (or the JS SDK's `page` and `per_page`) over a list."""
+    params = request.query_params
+    limit = limit_of(params.get("per_page") or params.get("limit"), default)
+    start = offset_of(params.get("offset"))
+    if params.get("page"):
+        start = (max(offset_of(params["page"]), 1) - 1) * limit
+    return items[start:start + limit], {"total": len(items), "limit": limit, "offset": start,
+                                        "has_more": start + limit < len(items)}
+
+
+def queue_answer(stats: dict) -> dict:
+    counts = {k: v for k, v in stats.items() if k not in ("name", "paused")}
+    status = "paused" if stats["paused"] else "active"
+    return {"queue": stats, **stats, "status": status, "stats": counts}
+
+
+def core(engine: Engine, conformance_level: int) -> list[Route]:
+    async def push(request: Request) -> Response:
+        status, job = await engine.push(await body_of(request))
+        return answer({"job": job}, status)
+
+    async def push_batch(request: Request) -> Response:
+        jobs = await engine.push_batch(await body_of(request))
+        return answer({"jobs": jobs, "count": len(jobs)}, 201)
+
+    async def info(request: Request) -> Response:
+        return answer({"job": engine.info(request.path_params["job_id"])})
+
+    async def cancel(request: Request) -> Response:
+        return answer({"job": await engine.cancel(request.path_params["job_id"])})
+
+    async def fetch(request: Request) -> Response:
+        body = await body_of(request)
+        jobs = await engine.fetch(body.get("queues"), body.get("count", 1), body.get("worker_id"),
+                                  body.get("visibility_timeout_ms"))
+        return answer({"jobs": jobs})
+
+    async def ack(request: Request) -> Response:
+        body = await body_of(request)
+        return answer(await engine.ack(body.get("job_id"), body.get("result")))
+
+    async def nack(request: Request) -> Response:
+        body = await body_of(request)
+        return answer(await engine.nack(body.get("job_id"), body.get("error"), body.get("requeue", False)))
+
+    async def heartbeat(request: Request) -> Response:
+        body = await body_of(request)
+        return answer(await engine.heartbeat(body.get("worker_id"), body.get("active_jobs"),
+                                             body.get("visibility_timeout_ms"), body.get("active_job_ids")))
+
+    async def events(request: Request) -> Response:
+        params = request.query_params
+        split = lambda name: [v for v in (params.get(name) or "").split(",") if v]  # noqa: E731
+        try:
+            after = int(params.get("after") or 0)
+        except ValueError:
+            raise invalid("after must be a cursor from an earlier answer") from None
+        return answer(engine.list_events(split("types"), split("queues"), limit_of(params.get("limit")), after))
+
+    async def dead_letters(request: Request) -> Response:
+        found = engine.dead_letters(request.query_params.get("queue"))
+        jobs, pagination = page(found, request)
+        return answer({"jobs": jobs, "pagination": pagination})
+
+    async def delete_dead_letter(request: Request) -> Response:
+        return answer(await engine.delete_dead_letter(request.path_params["job_id"]))
+
+    async def retry_dead_letter(request: Request) -> Response:
+        return answer({"job": await engine.retry_dead_letter(request.path_params["job_id"])})
+
+    async def create_workflow(request: Request) -> Response:
+        workflow = await engine.create_workflow(await body_of(request))
+        return answer({"workflow": workflow, **workflow}, 201)
+
+    async def workflow(request: Request) -> Response:
+        found = engine.workflow(request.path_params["workflow_id"])
+        return answer({"workflow": found, **found})
+
+    async def cancel_workflow(request: Request) -> Response:
+        found = await engine.cancel_workflow(request.path_params["workflow_id"])
+        return answer({"workflow": found, **found})
+
+    async def register_cron(request: Request) -> Response:
+        registered = await engine.register_cron(await body_of(request))
+        return answer({"cron": registered, "cron_job": registered}, 201)
+
+    async def list_crons(request: Request) -> Response:
+        crons, pagination = page(engine.crons(), request)
+        return answer({"crons": crons, "cron_jobs": crons, "pagination": pagination})
+
+    async def delete_cron(request: Request) -> Response:
+        deleted = await engine.delete_cron(request.path_params["name"])
+        return answer({"cron": deleted, "cron_job": deleted})
+
+    async def queues(request: Request) -> Response:
+        found, pagination = page(engine.queues(), request)
+        return answer({"queues": found, "pagination": pagination})
+
+    async def queue_stats(request: Request) -> Response:
+        return answer(queue_answer(engine.queue_stats(request.path_params["name"])))
+
+    async def pause(request: Request) -> Response:
+        await engine.set_paused(request.path_params["name"], True)
+        return answer(queue_answer(engine.queue_stats(request.path_params["name"])))
+
+    async def resume(request: Request) -> Response:
+        await engine.set_paused(request.path_params["name"], False)
+        return answer(queue_answer(engine.queue_stats(request.path_params["name"])))
+
+    async def health(request: Request) -> Response:
+        return answer({"status": "ok", "version": VERSION})
+
+    async def manifest(request: Request) -> Response:
+        return answer({
+            "specversion": VERSION, "ojs_version": VERSION,
+            "implementation": {"name": "seamq", "version": _version(), "language": "python",
+                               "homepage": "docs/jobs.md"},
+            "conformance_level": conformance_level, "protocols": ["http"], "backend": "nats-jetstream-kv",
+            "capabilities": CAPABILITIES, "extensions": {"official": EXTENSIONS, "experimental": []},
+        })
+
+    return [
+        Route("/ojs/v1/jobs", push, methods=["POST"]),
+        Route("/ojs/v1/jobs/batch", push_batch, methods=["POST"]),
+        Route("/ojs/v1/jobs/{job_id}", info, methods=["GET"]),
+        Route("/ojs/v1/jobs/{job_id}", cancel, methods=["DELETE"]),
+        Route("/ojs/v1/workers/fetch", fetch, methods=["POST"]),
+        Route("/ojs/v1/workers/ack", ack, methods=["POST"]),
+        Route("/ojs/v1/workers/nack", nack, methods=["POST"]),
+        Route("/ojs/v1/workers/heartbeat", heartbeat, methods=["POST"]),
+        Route("/ojs/v1/events", events, methods=["GET"]),
+        Route("/ojs/v1/dead-letter", dead_letters, methods=["GET"]),
+        Route("/ojs/v1/dead-letter/{job_id}", delete_dead_letter, methods=["DELETE"]),
+        Route("/ojs/v1/dead-letter/{job_id}/retry", retry_dead_letter, methods=["POST"]),
+        Route("/ojs/v1/workflows", create_workflow, methods=["POST"]),
+        Route("/ojs/v1/workflows/{workflow_id}", workflow, methods=["GET"]),
+        Route("/ojs/v1/workflows/{workflow_id}", cancel_workflow, methods=["DELETE"]),
+        Route("/ojs/v1/cron", register_cron, methods=["POST"]),
+        Route("/ojs/v1/cron", list_crons, methods=["GET"]),
+        Route("/ojs/v1/cron/{name}", delete_cron, methods=["DELETE"]),
+        Route("/ojs/v1/queues", queues, methods=["GET"]),
+        Route("/ojs/v1/queues/{name}/stats", queue_stats, methods=["GET"]),
+        Route("/ojs/v1/queues/{name}/pause", pause, methods=["POST"]),
+        Route("/ojs/v1/queues/{name}/resume", resume, methods=["POST"]),
+        Route("/ojs/v1/health", health, methods=["GET"]),
+        Route("/ojs/manifest", manifest, methods=["GET"]),
+    ]
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("seamq")
+    except PackageNotFoundError:
+        return "0"
