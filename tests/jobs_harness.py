@@ -8,7 +8,9 @@ import subprocess
 import sys
 import time
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from seamq.dev.embedded import free_port
 
@@ -57,3 +59,19 @@ class JobServer:
                 self.proc.wait(15)
             except subprocess.TimeoutExpired:
                 self.kill()
+
+
+@contextmanager
+def served(tmp_path_factory, name: str, *, test_mode: bool = False) -> Iterator[str]:
+    """A nats-server and `seamq jobs serve` of their own, for a module's tests; yields the server's URL."""
+    from seamq.dev.embedded import NatsServer
+
+    nats = NatsServer(tmp_path_factory.mktemp(name) / "nats")
+    nats.start()
+    server = JobServer(nats.url, tmp_path_factory.mktemp(f"{name}-log") / "server.log", test_mode=test_mode)
+    try:
+        server.start()
+        yield server.url
+    finally:
+        server.stop()
+        nats.kill()

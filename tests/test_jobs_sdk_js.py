@@ -12,9 +12,7 @@ import subprocess
 
 import pytest
 
-from seamq.dev.embedded import NatsServer
-
-from jobs_harness import JobServer
+from jobs_harness import served
 from sdk_harness import js_sdk, run_node
 
 pytestmark = pytest.mark.timeout(900)
@@ -41,15 +39,8 @@ const out = {};
 @pytest.fixture(scope="module")
 def url(tmp_path_factory):
     js_sdk()  # built before the server starts: npm's time is not the server's
-    nats = NatsServer(tmp_path_factory.mktemp("sdk-js") / "nats")
-    nats.start()
-    server = JobServer(nats.url, tmp_path_factory.mktemp("sdk-js-log") / "server.log")
-    try:
-        server.start()
-        yield server.url
-    finally:
-        server.stop()
-        nats.kill()
+    with served(tmp_path_factory, "sdk-js") as found:
+        yield found
 
 
 def scenario(url: str, body: str, name: str) -> dict:

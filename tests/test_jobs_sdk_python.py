@@ -18,9 +18,7 @@ import ojs
 import pytest
 from ojs.progress import report_progress
 
-from seamq.dev.embedded import NatsServer
-
-from jobs_harness import JobServer
+from jobs_harness import served
 from sdk_harness import SDKS
 
 pytestmark = pytest.mark.timeout(600)
@@ -28,15 +26,8 @@ pytestmark = pytest.mark.timeout(600)
 
 @pytest.fixture(scope="module")
 def url(tmp_path_factory):
-    nats = NatsServer(tmp_path_factory.mktemp("sdk-py") / "nats")
-    nats.start()
-    server = JobServer(nats.url, tmp_path_factory.mktemp("sdk-py-log") / "server.log")
-    try:
-        server.start()
-        yield server.url
-    finally:
-        server.stop()
-        nats.kill()
+    with served(tmp_path_factory, "sdk-py") as found:
+        yield found
 
 
 async def until(check, timeout: float = 60.0, what: str = "condition"):
