@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test install clean bench bench-quick soak
+.PHONY: run test install browser clean bench bench-quick soak
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,8 +26,17 @@ install: $(STAMP)
 run: $(STAMP)
 	$(BIN)/seamq dev
 
-test: $(STAMP)
+test: $(STAMP) browser
 	$(BIN)/pytest
+
+# Headless Chromium and its driver, for the browser tests (the admin UI, the console): Debian's
+# packages, installed when missing (as root; otherwise say what to install).
+browser:
+	@if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then \
+	  if [ "$$(id -u)" != 0 ]; then echo "error: the browser tests need Debian's chromium and chromium-driver: sudo apt-get install chromium chromium-driver" >&2; exit 2; fi; \
+	  apt-get install -y -q chromium chromium-driver >/dev/null 2>&1 || \
+	  { apt-get update -q >/dev/null && apt-get install -y -q chromium chromium-driver >/dev/null; }; \
+	fi
 
 clean:
 	rm -rf $(VENV) .seamq .pytest_cache

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import os
 
+from seamq.jobs.handlers import JobHandlers
+
 
 class Flaky(Exception):
     """The first attempt of every tenth job fails with this."""
@@ -19,3 +21,21 @@ async def record(n: int, *, job: dict) -> dict:
     with open(os.environ["JOBS_TEST_EFFECTS"], "a") as effects:
         effects.write(f"{job['id']} {n} {job['attempt']}\n")
     return {"n": n}
+
+
+# One worker, several job types (seamq.jobs.handlers): `--handler jobs_handlers:routed`.
+routed = JobHandlers()
+
+
+@routed.handler("mail.send")
+async def send_mail(to: str, *, job: dict) -> str:
+    with open(os.environ["JOBS_TEST_EFFECTS"], "a") as effects:
+        effects.write(f"mail {to} {job['id']}\n")
+    return f"sent to {to}"
+
+
+@routed.handler("report.build")
+def build_report(n: int) -> int:  # sync: runs in a thread
+    with open(os.environ["JOBS_TEST_EFFECTS"], "a") as effects:
+        effects.write(f"report {n}\n")
+    return n * 2

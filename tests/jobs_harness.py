@@ -16,8 +16,9 @@ from seamq.dev.embedded import free_port
 
 
 class JobServer:
-    def __init__(self, nats_url: str, log_path: Path, *, test_mode: bool = False, port: int | None = None) -> None:
-        self.nats_url, self.log_path, self.test_mode = nats_url, Path(log_path), test_mode
+    def __init__(self, nats_url: str, log_path: Path, *, test_mode: bool = False, port: int | None = None,
+                 extra: tuple[str, ...] = ()) -> None:
+        self.nats_url, self.log_path, self.test_mode, self.extra = nats_url, Path(log_path), test_mode, extra
         self.port = port or free_port()
         self.proc: subprocess.Popen | None = None
 
@@ -28,7 +29,7 @@ class JobServer:
     def start(self, timeout: float = 30) -> "JobServer":
         env = {k: v for k, v in os.environ.items() if not k.startswith("SEAMQ_")}
         env.update(SEAMQ_NATS__URL=self.nats_url, SEAMQ_LOG_LEVEL="warning")
-        args = [sys.executable, "-m", "seamq", "jobs", "serve", "--port", str(self.port)]
+        args = [sys.executable, "-m", "seamq", "jobs", "serve", "--port", str(self.port), *self.extra]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(args + (["--test-mode"] if self.test_mode else []), env=env,
                                          stdout=log, stderr=subprocess.STDOUT)
@@ -62,13 +63,14 @@ class JobServer:
 
 
 @contextmanager
-def served(tmp_path_factory, name: str, *, test_mode: bool = False) -> Iterator[str]:
+def served(tmp_path_factory, name: str, *, test_mode: bool = False, extra: tuple[str, ...] = ()) -> Iterator[str]:
     """A nats-server and `seamq jobs serve` of their own, for a module's tests; yields the server's URL."""
     from seamq.dev.embedded import NatsServer
 
     nats = NatsServer(tmp_path_factory.mktemp(name) / "nats")
     nats.start()
-    server = JobServer(nats.url, tmp_path_factory.mktemp(f"{name}-log") / "server.log", test_mode=test_mode)
+    server = JobServer(nats.url, tmp_path_factory.mktemp(f"{name}-log") / "server.log", test_mode=test_mode,
+                       extra=extra)
     try:
         server.start()
         yield server.url

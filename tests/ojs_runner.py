@@ -30,6 +30,7 @@ from typing import Any
 import aiohttp
 
 TEMPLATE = re.compile(r"\{\{steps\.([^.]+)\.response\.body\.([^}]+)\}\}")
+CAPTURED = re.compile(r"\{\{([A-Za-z_][\w-]*)\}\}")  # `{{job_id}}`: a step's `capture` (the ext suites)
 UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 UUIDV7 = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
 DATETIME = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})$")
@@ -291,6 +292,12 @@ def _match_object(m: dict, a: Any) -> tuple[bool, str]:
         return len(a) == size, ""
     if "$or" in m:
         return any(_match(alt, a)[0] for alt in m["$or"]), ""
+    comparisons = {"$gt": float.__gt__, "$gte": float.__ge__, "$lt": float.__lt__, "$lte": float.__le__}
+    if set(m) & set(comparisons):  # `{"$gte": 1}`: a number, compared (the ext suites use it)
+        n = _number(a)
+        if n is None:
+            return False, "not a number"
+        return all(test(float(n), float(m[op])) for op, test in comparisons.items() if op in m), "comparison"
     if "$empty" in m:
         return True, ""  # the Go runner never fails it
     if "range" in m and isinstance(m["range"], dict):
@@ -343,7 +350,11 @@ def _template_value(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
 
 
-def substitute(text: str, responses: dict[str, Response]) -> str:
+def substitute(text: str, responses: dict[str, Response], captured: dict[str, Any] | None = None) -> str:
+    if captured:
+        text = CAPTURED.sub(lambda m: _template_value(captured[m.group(1)]) if m.group(1) in captured
+                            else m.group(0), text)
+
     def one(found: re.Match) -> str:
         response = responses.get(found.group(1))
         if response is None or response.parsed is None:
@@ -376,6 +387,7 @@ class Runner:
     async def run_case(self, session: aiohttp.ClientSession, case: Case) -> Result:
         result = Result(case)
         started = time.monotonic()
+        self.captured: dict[str, Any] = {}  # one case at a time (run_all)
         if self.reset_url:
             async with session.post(self.reset_url) as response:
                 await response.read()
@@ -431,14 +443,14 @@ class Runner:
             except aiohttp.ClientError as exc:
                 return [f"ASSERT request failed: {exc}"]
             return []
-        path = substitute(step.get("path", ""), responses)
+        path = substitute(step.get("path", ""), responses, self.captured)
         headers = dict(step.get("headers") or {})
         body: bytes | None = None
         if self.strict and "raw_body" in step:
             body = step["raw_body"].encode() if isinstance(step["raw_body"], str) else json.dumps(
                 step["raw_body"]).encode()
         elif step.get("body") is not None:
-            body = substitute(json.dumps(step["body"]), responses).encode()
+            body = substitute(json.dumps(step["body"]), responses, self.captured).encode()
         if body is not None and not any(k.lower() == "content-type" for k in headers):
             headers["Content-Type"] = CONTENT_TYPE
         started = time.monotonic()
@@ -458,7 +470,14 @@ class Runner:
         recorded = Response(status, response_headers, text, parsed, duration)
         if step.get("id"):
             responses[step["id"]] = recorded
-        assertions = json.loads(substitute(json.dumps(step.get("assertions") or {}), responses))
+        for name, where in (step.get("capture") or {}).items():
+            try:
+                value = resolve_path(where, parsed) if parsed is not None else None
+            except PathError:
+                value = None
+            if value is not None:
+                self.captured[name] = value
+        assertions = json.loads(substitute(json.dumps(step.get("assertions") or {}), responses, self.captured))
         failures = check(assertions, recorded)
         if self.verbose and failures:
             print(f"    {action} {path} -> {status} {text[:300]}", file=sys.stderr)

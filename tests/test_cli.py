@@ -86,6 +86,9 @@ NEEDS = {
     "outbox parked": ["db"], "outbox move --context shopp --to shop": ["db"], "outbox retry --context shopp": ["db"],
     "outbox drop --context shopp --yes": ["db"], "jobs serve --port {port}": ["nats"],
     "jobs worker --url http://127.0.0.1:{port} --queue q --handler json:dumps": ["nats"],
+    "jobs list --url http://127.0.0.1:{port}": ["jobs"], "jobs show x --url http://127.0.0.1:{port}": ["jobs"],
+    "jobs retry --all --url http://127.0.0.1:{port}": ["jobs"],
+    "jobs cancel --all --yes --url http://127.0.0.1:{port}": ["jobs"],  # the job server's admin API
     "pipeline kpis": ["db"], "pipeline reconcile": ["db", "nats"], "pipeline lake --stream SEA_EVENTS": ["nats"],
     "pipeline replay --since 2026-01-01 --until 2026-01-02 --lake lake": ["nats"],
     "provision": ["nats"], "relay": ["db", "nats"], "replay": ["db", "nats"],

@@ -33,7 +33,7 @@ def suites_dir() -> Path | None:
 SUITES = suites_dir()
 CASES = load_cases(SUITES) if SUITES else []
 EXT_SUITES = SUITES.parent.parent / "ojs-conformance-ext" / "suites" if SUITES else None
-EXTENSIONS = ("ext-progress", "ext-schema-registry")  # the admin API's two suites: issue 28's next stop
+EXTENSIONS = ("ext-admin-api", "ext-dead-letter", "ext-progress", "ext-schema-registry")
 EXT_CASES = [c for c in (load_cases(EXT_SUITES) if EXT_SUITES and EXT_SUITES.is_dir() else [])
              if c.path.split("/")[0] in EXTENSIONS]
 
@@ -69,7 +69,7 @@ def test_the_conformance_suite_is_there():
 
 def test_the_extension_suites_are_there():
     assert EXT_SUITES is not None and EXT_SUITES.is_dir(), "expected ../shared/ojs-conformance-ext beside the clone"
-    assert {c.path.split("/")[0] for c in EXT_CASES} == set(EXTENSIONS) and len(EXT_CASES) == 15
+    assert {c.path.split("/")[0] for c in EXT_CASES} == set(EXTENSIONS) and len(EXT_CASES) == 25
 
 
 @pytest.mark.parametrize("case", CASES + EXT_CASES, ids=[c.path for c in CASES + EXT_CASES])

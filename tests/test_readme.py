@@ -70,7 +70,7 @@ def test_the_other_docs_commands_parse_and_their_manifest_is_valid(tmp_path):
     jobs = (ROOT / "docs" / "jobs.md").read_text()
     commands = [line.split("  #")[0].strip() for block in re.findall(r"```sh\n(.*?)```", jobs, re.S)
                 for line in block.splitlines() if line.startswith("seamq ")]
-    assert len(commands) == 2
+    assert len(commands) == 10
     for command in commands:
         parse_command(command.split())
     operations = (ROOT / "docs" / "operations.md").read_text()

@@ -52,6 +52,7 @@ class ErrorCode(str, Enum):
     BREAKING_CHANGE = "BREAKING_CHANGE"
     REGISTRY_STALE = "REGISTRY_STALE"  # `registry check`: regenerate the module, or a change needs a new version
     NOT_FOUND = "NOT_FOUND"
+    JOB_REFUSED = "JOB_REFUSED"  # the job server refused an operator's request (a job in the wrong state)
     BROKER_UNAVAILABLE = "BROKER_UNAVAILABLE"
     DATABASE_ERROR = "DATABASE_ERROR"
     INTERNAL = "INTERNAL"  # a bug: an unexpected exception, reported with its (redacted) traceback

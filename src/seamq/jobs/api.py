@@ -1,4 +1,4 @@
-"""The OJS 1.0 HTTP binding: Starlette routes over the engine, and the error contract.
+"""The OJS 1.0 HTTP binding's plumbing: the error contract, bodies, media types and headers.
 
 Bodies are parsed by hand, not by request models: an empty or malformed body
 must be `400 invalid_payload` (a model layer would answer 422), and a wrong
@@ -13,16 +13,11 @@ import json
 import uuid
 from typing import Any
 
-from starlette.applications import Starlette
 from starlette.datastructures import MutableHeaders
-from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.responses import JSONResponse
 
-from seamq.jobs.engine import Engine
 from seamq.jobs.model import OjsError, invalid
-from seamq.observability import log
 
 MEDIA_TYPE = "application/openjobspec+json"
 VERSION = "1.0"
@@ -71,34 +66,6 @@ def limit_of(text: str | None, default: int = 100, most: int = 1000) -> int:
     if value < 1:
         raise invalid(f"limit must be at least 1, got {value}")
     return min(value, most)  # more than the most is a page of the most, with has_more
-
-
-def build_app(engine: Engine, *, test_mode: bool = False, conformance_level: int = 4) -> "OjsHeaders":
-    from seamq.jobs import ext_routes, routes  # they import the helpers above
-
-    async def reset(request: Request) -> Response:
-        await engine.reset()
-        return answer({"reset": True})
-
-    table = [*routes.core(engine, conformance_level), *ext_routes.extensions(engine)]
-    if test_mode:
-        table.append(Route("/ojs/v1/admin/reset", reset, methods=["POST"]))
-
-    async def ojs_error(request: Request, exc: OjsError) -> Response:
-        return answer(exc.body(getattr(request.state, "request_id", None)), exc.status)
-
-    async def http_error(request: Request, exc: HTTPException) -> Response:
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "invalid_request")
-        error = OjsError(exc.status_code, code, f"{request.method} {request.url.path}: {exc.detail}")
-        return answer(error.body(), exc.status_code)
-
-    async def crash(request: Request, exc: Exception) -> Response:
-        log.error("ojs_request_failed", path=request.url.path, error=f"{type(exc).__name__}: {exc}")
-        return answer(OjsError(500, "backend_error", "internal error; see the server log").body(), 500)
-
-    app = Starlette(routes=table, exception_handlers={OjsError: ojs_error, HTTPException: http_error,
-                                                       Exception: crash})
-    return OjsHeaders(app)
 
 
 def media_type_for(headers: dict[bytes, bytes]) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from typing import Any
+from urllib.parse import quote, urlencode
 
 import aiohttp
 
@@ -86,6 +87,39 @@ class JobsClient:
         if visibility_timeout_ms:
             body["visibility_timeout_ms"] = visibility_timeout_ms
         return await self._call("POST", "/workers/heartbeat", body)
+
+    # ---- operators: the admin API (urn:ojs:ext:admin-api) ---------------------------------------
+
+    async def jobs(self, *, dead_letters: bool = False, limit: int = 1000, **filters: str | None) -> list[dict]:
+        """Jobs (or dead letters) matching `queue`, `state`, `type`, `since`, `until`, oldest first."""
+        path = "/admin/dead-letter" if dead_letters else "/admin/jobs"
+        params = {k: v for k, v in filters.items() if v is not None}
+        out: list[dict] = []
+        page = 1
+        while len(out) < limit:  # oldest first: jobs that arrive while paging join the last page
+            query = urlencode({**params, "sort": "created_at", "order": "asc", "page": page, "per_page": 100})
+            answer = await self._call("GET", f"{path}?{query}")
+            out.extend(answer["items"])
+            if not answer["items"] or page * 100 >= answer["pagination"]["total"]:
+                break
+            page += 1
+        return out[:limit]
+
+    async def job(self, job_id: str) -> dict:
+        """The whole job, with every failed attempt (`errors`)."""
+        return await self._call("GET", f"/admin/jobs/{quote(job_id, safe='')}")
+
+    async def retry(self, job_id: str, *, dead_letter: bool = False) -> dict:
+        path = f"/admin/dead-letter/{quote(job_id, safe='')}/retry" if dead_letter else \
+            f"/admin/jobs/{quote(job_id, safe='')}/retry"
+        return (await self._call("POST", path))["job"]
+
+    async def bulk(self, action: str, filters: dict, *, dead_letters: bool = False) -> dict:
+        """`retry` or `cancel` every job the filters select (an empty filter: every one it may):
+        `{matched, succeeded, failed, errors}`."""
+        path = "/admin/dead-letter/retry" if dead_letters else f"/admin/jobs/bulk/{action}"
+        chosen = {k: v for k, v in filters.items() if v is not None}
+        return await self._call("POST", path, {"filter": chosen, "confirm": True, "all": not chosen}, retry=False)
 
     # ---- the wire ---------------------------------------------------------------------------------
 

@@ -29,6 +29,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from seamq.jobs import cron, model, workflows
+from seamq.jobs.activity import Meter, Workers
 from seamq.jobs.ext import Schemas
 from seamq.jobs.index import Index
 from seamq.jobs.model import (
@@ -39,7 +40,10 @@ from seamq.jobs.store import RECORD_TTL_SECONDS, Conflict, JobStore, Write
 from seamq.observability import log
 
 EVENTS_KEPT = 10_000
+MAINTENANCE = "system.maintenance"
 FINISHED_AT = ("completed_at", "discarded_at", "cancelled_at")
+METERED = {"job.completed": "processed", "job.retrying": "failed", "job.discarded": "failed",
+           "job.enqueued": "enqueued"}
 
 
 class Engine:
@@ -60,6 +64,7 @@ class Engine:
         # Timers carry the generation they were armed in: a reset (and a restart, which re-arms
         # every timer from the records) starts a new one, so no earlier timer changes anything.
         self.gen = self.rng.getrandbits(62)
+        self.workers, self.meter, self.started_at = Workers(), Meter(), utcnow()
 
     async def start(self) -> "Engine":
         async for record, revision in self.store.all_records():
@@ -152,6 +157,7 @@ class Engine:
             raise model.invalid("queues must be a non-empty list of queue names")
         if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= model.MAX_BATCH:
             raise model.invalid(f"count must be an integer from 1 to {model.MAX_BATCH}")
+        self.workers.seen(worker_id, utcnow(), queues)
         out: list[dict] = []
         for queue in queues:
             if len(out) >= count:
@@ -268,8 +274,9 @@ class Engine:
         if not isinstance(worker_id, str) or not worker_id:
             raise model.invalid("worker_id is required")
         ids = model.heartbeat_ids(active_jobs, active_job_ids)
-        extended, cancelled, directive = [], [], "running"
+        extended, cancelled = [], []
         now = utcnow()
+        directive = self.workers.beat(worker_id, len(ids), now) or "running"  # asked through the admin API
         for job_id in ids:
             held = self.index.get(job_id)
             if held is not None and held[0].get("state") == CANCELLED:
@@ -300,6 +307,10 @@ class Engine:
 
     def workflow(self, workflow_id: str) -> dict:
         return self._public_workflow(self._workflow(workflow_id)[0])
+
+    def workflows(self) -> list[dict]:
+        found = [self._public_workflow(r) for r, _ in self.index.of_kind("workflow")]
+        return sorted(found, key=lambda w: w["created_at"], reverse=True)
 
     def _public_workflow(self, workflow: dict) -> dict:
         states = {job_id: held[0]["state"] for job_id in workflows.job_ids_of(workflow)
@@ -340,6 +351,21 @@ class Engine:
             raise conflict(f"cron {record['name']} changed while it was registered")
         if record["enabled"]:
             await self._arm_cron(record)
+        return cron.public(record)
+
+    async def set_cron_enabled(self, name: str, enabled: bool) -> dict:
+        held = self.index.get(cron.key(name))
+        if held is None:
+            raise OjsError(404, "not_found", f"cron {name} not found")
+        record = {**held[0], "enabled": enabled}
+        if enabled:
+            record["next_run_at"] = iso(cron.parse(record["expression"]).next_after(utcnow(), record["timezone"]))
+        if not await self._write(record, held[1]):
+            raise conflict(f"cron {name} changed while it was {'enabled' if enabled else 'disabled'}")
+        if enabled:
+            await self._arm_cron(record)
+        else:
+            await self.store.disarm("cron", record["_key"])
         return cron.public(record)
 
     def crons(self) -> list[dict]:
@@ -384,7 +410,22 @@ class Engine:
 
     def _paused(self, queue: str) -> bool:
         held = self.index.get(f"queue.{queue}")
-        return held is not None and held[0]["paused"]
+        system = self.index.get(MAINTENANCE)
+        return (held is not None and held[0]["paused"]) or (system is not None and system[0]["enabled"])
+
+    def maintenance(self) -> dict:
+        held = self.index.get(MAINTENANCE)
+        return {k: v for k, v in held[0].items() if not k.startswith("_")} if held else {"enabled": False}
+
+    async def set_maintenance(self, enabled: bool, reason: str | None, ends_at: str | None) -> dict:
+        """Maintenance: no fetch gets a job, from any queue, until it ends; jobs are still accepted,
+        and scheduled ones become available on time, to run when it ends."""
+        held = self.index.get(MAINTENANCE)
+        record = {"_key": MAINTENANCE, "_kind": "system", "enabled": enabled, "reason": reason,
+                  "started_at": iso(utcnow()) if enabled else None, "ends_at": ends_at if enabled else None}
+        if not await self._write(record, held[1] if held else 0):
+            raise conflict("maintenance mode changed meanwhile; read it again")
+        return self.maintenance()
 
     async def set_paused(self, queue: str, paused: bool) -> dict:
         key = f"queue.{model.check_queue(queue)}"
@@ -425,13 +466,49 @@ class Engine:
         return {"deleted": True, "job_id": job_id}
 
     async def retry_dead_letter(self, job_id: str) -> dict:
-        record, revision = self._dead(job_id)
+        self._dead(job_id)
+        return await self.retry(job_id)
+
+    # ---- admin: every job, retry, delete, a worker's jobs --------------------------------------
+
+    def jobs(self) -> list[dict]:
+        """Every job record held (finished ones until their retention ends)."""
+        return [self.index.get(job_id)[0] for job_id in list(self.index.jobs)]
+
+    async def retry(self, job_id: str) -> dict:
+        """A discarded or cancelled job runs again: available, attempt 0, its errors kept as history.
+        A workflow's job may run again; its workflow keeps the outcome it recorded first."""
+        record, revision = self._job(job_id)
+        if record["state"] not in (DISCARDED, CANCELLED):
+            raise conflict(f"job {job_id} is {record['state']}: only discarded or cancelled jobs can be retried")
         again = {**record, "state": AVAILABLE, "attempt": 0, "enqueued_at": iso(utcnow()), "_dlq": None,
-                 "completed_at": None, "discarded_at": None, "error": None}
+                 "completed_at": None, "discarded_at": None, "cancelled_at": None, "error": None}
         if not await self._write(again, revision):
-            raise conflict(f"dead letter {job_id} changed while it was retried")
+            raise conflict(f"job {job_id} changed while it was retried")
         self._event("job.enqueued", again)
         return public(again)
+
+    async def delete(self, job_id: str) -> dict:
+        """A finished job is removed before its retention ends (the admin API's purge and bulk delete)."""
+        record, _ = self._job(job_id)
+        if record["state"] not in TERMINAL:
+            raise conflict(f"job {job_id} is {record['state']}: only finished jobs can be deleted; cancel it first")
+        await self.store.delete(job_id)
+        self.index.drop(job_id)
+        return {"deleted": True, "job_id": job_id}
+
+    async def release_worker(self, worker_id: str) -> list[str]:
+        """A stale worker's active jobs go back to their queues now, each attempt recorded as failed
+        (`worker_lost`), rather than when their leases end."""
+        released = []
+        for record in self.jobs():
+            if record["state"] == ACTIVE and record.get("worker_id") == worker_id:
+                held = self.index.get(record["id"])
+                error = {"code": "worker_lost", "type": "WorkerLost", "retryable": True,
+                         "message": f"worker {worker_id} was deregistered while it ran attempt {record['attempt']}"}
+                await self._fail(*held, error, requeue=True)
+                released.append(record["id"])
+        return released
 
     # ---- events ---------------------------------------------------------------------------------
 
@@ -445,6 +522,9 @@ class Engine:
                      "attempt": record.get("attempt"), **data},
         }
         self.events.append((self.event_seq, kind, record.get("queue"), json.dumps(event).encode()))
+        metered = METERED.get(kind)
+        if metered and record.get("queue"):
+            self.meter.count(metered, record["queue"], utcnow())
 
     def list_events(self, types: list[str], queues: list[str], limit: int, after: int = 0) -> dict:
         found = [e for e in self.events if e[0] > after and (not types or e[1] in types)
@@ -593,7 +673,10 @@ class Engine:
                 await self._fire_cron(key, attempt)
             elif kind == "forget":
                 held = self.index.get(key)
-                if held is not None and held[0]["state"] in TERMINAL:
+                ended = next((held[0][k] for k in FINISHED_AT if held[0].get(k)), None) if held else None
+                # A job retried and finished again since this was armed has a later end (and timer).
+                if ended and held[0]["state"] in TERMINAL and \
+                        model.parse_time(ended).timestamp() + RECORD_TTL_SECONDS <= utcnow().timestamp() + 1:
                     self.index.drop(key)
             else:
                 await self._lease_or_timeout(kind, key, attempt)

@@ -62,7 +62,8 @@ class OjsError(Exception):
         self.details = details
 
     def body(self, request_id: str | None = None) -> dict:
-        error = {"code": self.code, "message": self.message, "retryable": self.status >= 500, "type": self.type}
+        retryable = self.status >= 500 and self.status != 501  # 501: asking again changes nothing
+        error = {"code": self.code, "message": self.message, "retryable": retryable, "type": self.type}
         if self.details:
             error["details"] = self.details
         if self.status == 404:

@@ -9,18 +9,22 @@ guessed from who is asking.
 
 from __future__ import annotations
 
+import functools
+
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from seamq.jobs import admin
 from seamq.jobs.api import VERSION, answer, body_of, limit_of
-from seamq.jobs.engine import Engine
+from seamq.jobs.engine import EVENTS_KEPT, Engine
 from seamq.jobs.model import invalid
 
 EXTENSIONS = [
     {"name": "progress", "uri": "urn:ojs:ext:progress", "version": "1.0"},
     {"name": "schema-registry", "uri": "urn:ojs:ext:schema-registry", "version": "1.0"},
     {"name": "dead-letter", "uri": "urn:ojs:ext:dead-letter", "version": "1.0"},
+    {"name": "admin-api", "uri": "urn:ojs:ext:admin-api", "version": "1.0"},
 ]
 CAPABILITIES = {"cron": True, "workflows": True, "dead_letter": True, "unique_jobs": True, "rate_limiting": True,
                 "events": True, "batch_enqueue": True, "priority": True, "progress": True, "job_versioning": True}
@@ -94,6 +98,9 @@ def core(engine: Engine, conformance_level: int) -> list[Route]:
             after = int(params.get("after") or 0)
         except ValueError:
             raise invalid("after must be a cursor from an earlier answer") from None
+        if "page" in params or "per_page" in params:  # the admin UI pages through what is kept
+            found = engine.list_events(split("types") or split("type"), split("queues"), EVENTS_KEPT)["events"]
+            return answer(admin.paged([{**e, "timestamp": e["time"]} for e in reversed(found)], params))
         return answer(engine.list_events(split("types"), split("queues"), limit_of(params.get("limit")), after))
 
     async def dead_letters(request: Request) -> Response:
@@ -186,6 +193,7 @@ def core(engine: Engine, conformance_level: int) -> list[Route]:
     ]
 
 
+@functools.cache  # read once: the manifest is asked for by every dashboard poll
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 

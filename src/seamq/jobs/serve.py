@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import gc
+from pathlib import Path
 
 import uvicorn
 
 from seamq.http.listen import listening_socket
-from seamq.jobs.api import build_app
+from seamq.jobs.app import build_app
 from seamq.jobs.engine import Engine
 from seamq.jobs.store import JobStore
 from seamq.nats.connect import connect
@@ -15,7 +16,8 @@ from seamq.observability import log
 from seamq.settings import Settings
 
 
-async def serve(settings: Settings, *, host: str, port: int, test_mode: bool = False) -> None:
+async def serve(settings: Settings, *, host: str, port: int, test_mode: bool = False,
+                admin_ui: Path | None = None) -> None:
     """Serve until SIGTERM/SIGINT (uvicorn's own handlers), then stop the engine and close NATS."""
     sock = listening_socket(host, port)  # first: a taken port is said before anything starts
     nc = await connect(settings.nats, name="seamq-jobs")
@@ -23,7 +25,7 @@ async def serve(settings: Settings, *, host: str, port: int, test_mode: bool = F
         store = await JobStore(nc).start()
         engine = await Engine(store, test_mode=test_mode).start()
         try:
-            app = build_app(engine, test_mode=test_mode)
+            app = build_app(engine, test_mode=test_mode, admin_ui=admin_ui)
             # What exists now (modules, the app, the index loaded from KV) lives as long as the process:
             # out of the collector's sight, a full collection stops taking 30-50 ms (measured), which
             # was the p99 of timer lateness.

@@ -1,10 +1,9 @@
-"""`seamq jobs worker`: run OJS jobs through a plain Python function.
+"""`seamq jobs worker`: run OJS jobs through plain Python functions, by job type (seamq.jobs.handlers).
 
-    async def send_email(to, subject, *, job):   # `job` (the envelope) is optional
-        ...
-
-The worker fetches up to `concurrency` jobs at a time, calls the function with
-the job's args, heartbeats while jobs run (so a long job keeps its lease), acks
+The worker fetches up to `concurrency` jobs at a time, calls the job type's
+function with the job's args (a type it has no function for fails its attempt
+with `UnknownJobType`, retried by the job's policy), heartbeats while jobs run
+(so a long job keeps its lease), acks
 with the return value, and nacks with the exception (its class is the error
 type that `retry.non_retryable_errors` matches). A sync function runs in a
 thread.
@@ -25,7 +24,6 @@ either: its jobs come back when their visibility timeout (`--visibility-timeout`
 from __future__ import annotations
 
 import asyncio
-import inspect
 import os
 import signal
 import socket
@@ -35,6 +33,7 @@ from typing import Any, Callable
 import aiohttp
 
 from seamq.jobs.client import JobsClient, JobsError
+from seamq.jobs.handlers import JobHandlers, UnknownJobType
 from seamq.model import ErrorCode, SeamqError
 from seamq.observability import log
 from seamq.redact import redact
@@ -57,14 +56,14 @@ class WorkerConfig:
 
 
 class Worker:
-    def __init__(self, client: JobsClient, handler: Callable, config: WorkerConfig) -> None:
-        self.client, self.handler, self.config = client, handler, config
+    def __init__(self, client: JobsClient, handlers: JobHandlers | Callable, config: WorkerConfig) -> None:
+        self.client, self.handlers, self.config = client, JobHandlers.of(handlers), config
         self.worker_id = config.worker_id or f"{socket.gethostname()}-{os.getpid()}"
         self.stopping = asyncio.Event()
+        self.quiet = False  # told by the server (an operator, through the admin API): fetch nothing more
         self.running: dict[str, asyncio.Task] = {}
         self.cancelled: set[str] = set()  # by the server: nothing to release
-        self._in_thread = not inspect.iscoroutinefunction(handler)  # cannot be cancelled once it runs
-        self._passes_job = "job" in inspect.signature(handler).parameters
+        self.in_threads: set[str] = set()  # jobs whose sync function runs in a thread: cannot be cancelled
         self._slot = asyncio.Event()
 
     def stop(self) -> None:
@@ -76,7 +75,7 @@ class Worker:
         beat = asyncio.create_task(self._heartbeats())
         try:
             while not self.stopping.is_set():
-                free = self.config.concurrency - len(self.running)
+                free = 0 if self.quiet else self.config.concurrency - len(self.running)
                 jobs = await self._fetch(free) if free > 0 else []
                 for job in jobs:
                     self.running[job["id"]] = asyncio.create_task(self._run(job))
@@ -104,11 +103,13 @@ class Worker:
     async def _run(self, job: dict) -> None:
         try:
             try:
-                kwargs = {"job": job} if self._passes_job else {}
-                if not self._in_thread:
-                    result = await self.handler(*job.get("args", []), **kwargs)
+                handler = self.handlers.route(job["type"])
+                kwargs = {"job": job} if handler.passes_job else {}
+                if not handler.in_thread:
+                    result = await handler.function(*job.get("args", []), **kwargs)
                 else:
-                    result = await asyncio.to_thread(self.handler, *job.get("args", []), **kwargs)
+                    self.in_threads.add(job["id"])
+                    result = await asyncio.to_thread(handler.function, *job.get("args", []), **kwargs)
             except asyncio.CancelledError:
                 if job["id"] in self.cancelled:
                     raise
@@ -116,6 +117,11 @@ class Worker:
                                                                  "the worker stopped before the job finished"},
                                                     requeue=True), job, "released")
                 raise
+            except UnknownJobType as exc:
+                log.warning("job_type_unknown", job_id=job["id"], type=job["type"], error=str(exc))
+                await self._settle(self.client.nack(job["id"], {"code": "unknown_job_type", "type": "UnknownJobType",
+                                                                 "message": str(exc)}), job, "nack")
+                return
             except Exception as exc:
                 log.warning("job_failed", job_id=job["id"], type=job["type"], attempt=job.get("attempt"),
                             error=f"{type(exc).__name__}: {exc}"[:500], exc_info=exc)
@@ -125,6 +131,7 @@ class Worker:
         finally:
             self.running.pop(job["id"], None)
             self.cancelled.discard(job["id"])
+            self.in_threads.discard(job["id"])
             self._slot.set()
 
     async def _settle(self, call, job: dict, what: str) -> None:
@@ -148,10 +155,13 @@ class Worker:
                 continue
             for job_id in answer.get("jobs_cancelled") or []:  # cancelled on the server: stop that job only
                 task = self.running.get(job_id)
-                if task is not None and not self._in_thread:
+                if task is not None and job_id not in self.in_threads:
                     log.info("job_cancelled_on_server", job_id=job_id)
                     self.cancelled.add(job_id)
                     task.cancel()
+            if answer.get("state") == "quiet" and not self.quiet:
+                log.info("jobs_worker_told_to_quiet", worker_id=self.worker_id)
+                self.quiet = True
             if answer.get("state") == "terminate" and not answer.get("jobs_cancelled"):
                 log.info("jobs_worker_told_to_stop", worker_id=self.worker_id)
                 self.stop()
@@ -161,13 +171,13 @@ class Worker:
             return
         log.info("jobs_worker_draining", running=len(self.running), grace_s=self.config.grace)
         done, pending = await asyncio.wait(list(self.running.values()), timeout=self.config.grace)
-        if pending and self._in_thread:  # heartbeats go on until the threads end: the leases stay ours
-            log.warning("jobs_outlive_grace", running=[j for j, t in self.running.items() if t in pending],
+        threads = [t for j, t in self.running.items() if t in pending and j in self.in_threads]
+        if threads:  # heartbeats go on until the threads end: the leases stay ours
+            log.warning("jobs_outlive_grace", running=[j for j, t in self.running.items() if t in threads],
                         why="a sync function's thread cannot be stopped: its job keeps its lease until it ends")
-            await asyncio.gather(*pending, return_exceptions=True)
-            return
         for task in pending:  # released, not lost: another worker takes them now
-            task.cancel()
+            if task not in threads:
+                task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
 
 
@@ -181,7 +191,7 @@ def _jsonable(value: Any) -> Any:
         return repr(value)
 
 
-async def run_worker(url: str, handler: Callable, config: WorkerConfig) -> None:
+async def run_worker(url: str, handler: JobHandlers | Callable, config: WorkerConfig) -> None:
     """The CLI's entry: a worker that stops cleanly on SIGTERM and SIGINT."""
     async with JobsClient(url) as client:
         try:  # at start, a wrong or unreachable URL is said, not retried forever (the supervisor restarts us)

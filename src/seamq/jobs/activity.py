@@ -1,0 +1,133 @@
+"""What the admin API reports that no job record holds: the workers a server has heard from, and its
+throughput per minute. No I/O; the engine feeds both as requests and job events pass.
+
+Both are the view of one server process (they restart empty, and with several
+servers each knows its own clients): the admin API says so in `scope`, rather
+than presenting a part as the whole.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+
+from seamq.jobs.model import invalid, iso
+
+STALE_AFTER = timedelta(seconds=60)  # no fetch or heartbeat for this long: the worker is stale
+FORGET_AFTER = timedelta(hours=24)
+KEPT_MINUTES = 24 * 60
+PERIODS = {"1m": 1, "5m": 5, "1h": 60, "1d": 1440}
+KINDS = ("processed", "failed", "enqueued")
+
+
+@dataclass
+class Worker:
+    id: str
+    started_at: datetime
+    last_seen_at: datetime
+    queues: set[str] = field(default_factory=set)
+    last_heartbeat_at: datetime | None = None
+    active_jobs: int = 0
+    asked: str | None = None  # "quiet" or "terminate", said in its next heartbeat answer
+
+    def state(self, now: datetime) -> str:
+        if self.asked:
+            return self.asked
+        return "stale" if now - self.last_seen_at > STALE_AFTER else "running"
+
+    def public(self, now: datetime) -> dict:
+        return {"id": self.id, "state": self.state(now), "queues": sorted(self.queues),
+                "active_jobs": self.active_jobs, "started_at": iso(self.started_at),
+                "last_heartbeat_at": iso(self.last_heartbeat_at or self.last_seen_at),
+                "last_seen_at": iso(self.last_seen_at)}
+
+
+class Workers:
+    def __init__(self) -> None:
+        self.known: dict[str, Worker] = {}
+
+    def seen(self, worker_id: object, now: datetime, queues: list[str] = ()) -> Worker | None:
+        if not isinstance(worker_id, str) or not worker_id:
+            return None  # a fetch without a worker_id is allowed; there is no one to list
+        worker = self.known.get(worker_id)
+        if worker is None:
+            self._forget_old(now)
+            worker = self.known[worker_id] = Worker(worker_id, now, now)
+        worker.last_seen_at = now
+        worker.queues.update(queues)
+        return worker
+
+    def beat(self, worker_id: str, active_jobs: int, now: datetime) -> str | None:
+        """A heartbeat: returns what the worker was asked to do, if anything."""
+        worker = self.seen(worker_id, now)
+        worker.last_heartbeat_at, worker.active_jobs = now, active_jobs
+        return worker.asked
+
+    def ask(self, worker_id: str, what: str) -> Worker | None:
+        worker = self.known.get(worker_id)
+        if worker is not None:
+            worker.asked = what
+        return worker
+
+    def listing(self, now: datetime) -> tuple[list[dict], dict]:
+        rows = [w.public(now) for w in sorted(self.known.values(), key=lambda w: w.id)]
+        states = Counter(r["state"] for r in rows)
+        return rows, {"total": len(rows), "running": states["running"], "quiet": states["quiet"],
+                      "stale": states["stale"]}
+
+    def _forget_old(self, now: datetime) -> None:
+        for worker_id in [k for k, w in self.known.items() if now - w.last_seen_at > FORGET_AFTER]:
+            del self.known[worker_id]
+
+
+def _minute(moment: datetime) -> int:
+    return int(moment.timestamp() // 60)
+
+
+class Meter:
+    """Jobs processed, failed and enqueued per minute and queue, for the last 24 hours."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[tuple[int, str, str]] = Counter()  # (minute, queue, kind) -> jobs
+        self.oldest = 0
+
+    def count(self, kind: str, queue: str, now: datetime) -> None:
+        minute = _minute(now)
+        self.counts[(minute, queue, kind)] += 1
+        if minute - self.oldest > KEPT_MINUTES:
+            self.oldest = minute - KEPT_MINUTES
+            for key in [k for k in self.counts if k[0] < self.oldest]:
+                del self.counts[key]
+
+    def _sum(self, kind: str, minutes: range, queue: str | None) -> int:
+        return sum(n for (m, q, k), n in self.counts.items()
+                   if k == kind and m in minutes and (queue is None or q == queue))
+
+    def per_minute(self, now: datetime, queue: str | None = None) -> dict:
+        """The last 60 seconds: this minute so far, and the part of the last one still inside them."""
+        minute = _minute(now)
+        inside = 1 - (now.timestamp() % 60) / 60
+        rate = lambda kind: round(self._sum(kind, range(minute, minute + 1), queue)  # noqa: E731
+                                  + inside * self._sum(kind, range(minute - 1, minute), queue), 2)
+        return {"processed_per_minute": rate("processed"), "failed_per_minute": rate("failed")}
+
+    def history(self, period: str, since: datetime | None, until: datetime | None, now: datetime,
+                queue: str | None = None) -> dict:
+        if period not in PERIODS:
+            raise invalid(f"period must be one of {', '.join(PERIODS)}")
+        step = PERIODS[period]
+        until = until or now
+        since = since or until - timedelta(hours=1)
+        if since >= until:
+            raise invalid("since must be before until")
+        first, last = _minute(since) // step * step, _minute(until)
+        if (last - first) // step > 2000:
+            raise invalid("that range holds more than 2000 periods: choose a longer period")
+        data = []
+        for start in range(first, last + 1, step):
+            minutes = range(start, start + step)
+            point = {"timestamp": iso(datetime.fromtimestamp(start * 60, timezone.utc))}
+            point.update({kind: self._sum(kind, minutes, queue) for kind in KINDS})
+            data.append(point)
+        return {"period": period, "data": data}

@@ -1,0 +1,74 @@
+"""The OJS server's Starlette app: the core, extension and admin routes, the error handlers, and the
+official admin UI's files when the operator points `--admin-ui` at a build of it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import FileResponse, RedirectResponse, Response
+from starlette.routing import Route
+
+from seamq.jobs import ext_routes, routes
+from seamq.jobs.admin_routes import admin_routes
+from seamq.jobs.api import OjsHeaders, answer
+from seamq.jobs.console_routes import console_routes
+from seamq.jobs.engine import Engine
+from seamq.jobs.model import OjsError
+from seamq.observability import log
+
+ADMIN_UI_PATH = "/ojs/admin"
+
+
+def build_app(engine: Engine, *, test_mode: bool = False, conformance_level: int = 4,
+              admin_ui: Path | None = None) -> OjsHeaders:
+    async def reset(request: Request) -> Response:
+        await engine.reset()
+        return answer({"reset": True})
+
+    table = [*routes.core(engine, conformance_level), *ext_routes.extensions(engine), *admin_routes(engine),
+             *console_routes(engine)]
+    if test_mode:
+        table.append(Route("/ojs/v1/admin/reset", reset, methods=["POST"]))
+    if admin_ui is not None:
+        table.extend(admin_ui_routes(admin_ui))
+
+    async def ojs_error(request: Request, exc: OjsError) -> Response:
+        return answer(exc.body(getattr(request.state, "request_id", None)), exc.status)
+
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "invalid_request")
+        error = OjsError(exc.status_code, code, f"{request.method} {request.url.path}: {exc.detail}")
+        return answer(error.body(), exc.status_code)
+
+    async def crash(request: Request, exc: Exception) -> Response:
+        log.error("ojs_request_failed", path=request.url.path, error=f"{type(exc).__name__}: {exc}")
+        return answer(OjsError(500, "backend_error", "internal error; see the server log").body(), 500)
+
+    app = Starlette(routes=table, exception_handlers={OjsError: ojs_error, HTTPException: http_error,
+                                                       Exception: crash})
+    return OjsHeaders(app)
+
+
+def admin_ui_routes(folder: Path) -> list[Route]:
+    """A single-page app under /ojs/admin/: a file of the build when the path names one (its assets
+    are linked relatively, so from /ojs/admin/a/b they are asked for under a/), else index.html,
+    whose router shows the page. Nothing outside the folder is ever served."""
+    root = folder.resolve()
+
+    async def redirect(request: Request) -> Response:
+        return RedirectResponse(f"{ADMIN_UI_PATH}/")
+
+    async def page(request: Request) -> Response:
+        wanted = request.path_params.get("path", "")
+        if "assets/" in wanted:
+            wanted = "assets/" + wanted.rsplit("assets/", 1)[1]
+        candidate = (root / wanted).resolve()
+        if wanted and candidate.is_relative_to(root) and candidate.is_file():
+            return FileResponse(candidate)
+        return FileResponse(root / "index.html", headers={"Cache-Control": "no-cache"})
+
+    return [Route(ADMIN_UI_PATH, redirect, methods=["GET"]),
+            Route(ADMIN_UI_PATH + "/{path:path}", page, methods=["GET"])]
