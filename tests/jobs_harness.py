@@ -17,8 +17,9 @@ from seamq.dev.embedded import free_port
 
 class JobServer:
     def __init__(self, nats_url: str, log_path: Path, *, test_mode: bool = False, port: int | None = None,
-                 extra: tuple[str, ...] = ()) -> None:
+                 extra: tuple[str, ...] = (), env: dict[str, str] | None = None) -> None:
         self.nats_url, self.log_path, self.test_mode, self.extra = nats_url, Path(log_path), test_mode, extra
+        self.env = env or {}
         self.port = port or free_port()
         self.proc: subprocess.Popen | None = None
 
@@ -28,7 +29,7 @@ class JobServer:
 
     def start(self, timeout: float = 30) -> "JobServer":
         env = {k: v for k, v in os.environ.items() if not k.startswith("SEAMQ_")}
-        env.update(SEAMQ_NATS__URL=self.nats_url, SEAMQ_LOG_LEVEL="warning")
+        env.update({"SEAMQ_NATS__URL": self.nats_url, "SEAMQ_LOG_LEVEL": "warning", **self.env})
         args = [sys.executable, "-m", "seamq", "jobs", "serve", "--port", str(self.port), *self.extra]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(args + (["--test-mode"] if self.test_mode else []), env=env,

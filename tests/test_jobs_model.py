@@ -85,6 +85,8 @@ def test_bad_durations(text):
 def test_uuid7_shape_and_order():
     ids = [model.uuid7(1_700_000_000_000 + n) for n in range(100)]
     assert all(model.UUIDV7_PATTERN.match(i) for i in ids) and ids == sorted(ids)
+    made = [model.uuid7() for _ in range(10_000)]  # many within one millisecond: still in the order made
+    assert made == sorted(made) and len(set(made)) == len(made) and all(model.UUIDV7_PATTERN.match(i) for i in made)
 
 
 @pytest.mark.parametrize("retry, delays", [

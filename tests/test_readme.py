@@ -43,8 +43,9 @@ def test_every_python_block_runs_in_order(dsn):
             continue
         exec(compile(text, "README.md", "exec"), namespace)
         tests += [name for name in re.findall(r"^async def (test_\w+)", text, re.M)]
-    assert scalar(dsn, "SELECT state FROM orders") == "placed"
-    assert scalar(dsn, "SELECT count(*) FROM outbox_events") == 2  # the order's event and the typed one
+    assert scalar(dsn, "SELECT state FROM orders") == "paid"
+    assert scalar(dsn, "SELECT count(*) FROM outbox_events WHERE context = 'ojs'") == 1  # the job
+    assert scalar(dsn, "SELECT count(*) FROM outbox_events") == 3  # with the order's event and the typed one
     assert tests == ["test_a_negative_total_is_dead_lettered"]
     for name in tests:  # a test of the README's, with the harness its fixture gives
         asyncio.run(namespace[name](Harness()))

@@ -37,6 +37,7 @@ BAD = {
     "contexts:\n  sea:\n    stream:\n      storage: disk\n": "contexts.sea.stream.storage",
     "contexts:\n  sea:\n    stream:\n      colour: red\n": "contexts.sea.stream.colour",
     "contexts:\n  Sea-Ctx: {}\n": "contexts",
+    "contexts:\n  ojs: {}\n": "contexts",  # seamq's own: jobs enqueued in a transaction
     "contexts:\n  sea: {}\nconsumers:\n  sea_reads_vibespro: {}\n": "consumers.sea_reads_vibespro",
     "contexts:\n  sea: {}\nconsumers:\n  sea__from_ghost: {}\n": "consumers.sea__from_ghost",
     "contexts:\n  sea: {}\nconsumers:\n  sea__from_sea:\n    max_deliver: 0\n": "consumers.sea__from_sea.max_deliver",

@@ -30,6 +30,12 @@ BUCKETS = 128
 CLOCK_SKEW = timedelta(minutes=1)
 
 
+# Jobs enqueued in the caller's transaction (seamq.jobs.enqueue) are outbox rows of this reserved
+# context; the relay publishes them here, with the job id as Nats-Msg-Id, and the job server takes
+# them in (the stream is the job server's: it creates it).
+JOBS_CONTEXT, JOBS_SUBJECT, JOBS_STREAM = "ojs", "ojs.enqueue", "OJS_ENQUEUE"
+
+
 class ErrorCode(str, Enum):
     """Codes carried by seamq errors; the spec's names where it has one."""
 
@@ -52,6 +58,7 @@ class ErrorCode(str, Enum):
     BREAKING_CHANGE = "BREAKING_CHANGE"
     REGISTRY_STALE = "REGISTRY_STALE"  # `registry check`: regenerate the module, or a change needs a new version
     NOT_FOUND = "NOT_FOUND"
+    INVALID_JOB = "INVALID_JOB"  # seamq.jobs.enqueue: a job the server would refuse
     JOB_REFUSED = "JOB_REFUSED"  # the job server refused an operator's request (a job in the wrong state)
     BROKER_UNAVAILABLE = "BROKER_UNAVAILABLE"
     DATABASE_ERROR = "DATABASE_ERROR"

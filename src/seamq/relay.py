@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from seamq.health import Beat, Health
-from seamq.model import SeamqError, message_headers
+from seamq.model import JOBS_CONTEXT, JOBS_STREAM, JOBS_SUBJECT, SeamqError, message_headers
 from seamq.observability import (
     OUTBOX_BACKLOG, OUTBOX_OLDEST_SECONDS, OUTBOX_PARKED, RELAY_BATCH_SECONDS, RELAY_FAILED, RELAY_PUBLISHED, end_publish_spans,
     log, start_publish_spans,
@@ -75,6 +75,8 @@ class Relay:
     @functools.lru_cache(maxsize=16384)
     def _subject(self, context: str, event_type: str, version: int, bucket: int) -> tuple[str | None, ...]:
         """(subject, stream, None) or (None, None, why not); cached, as there are few distinct ones."""
+        if context == JOBS_CONTEXT:  # a job enqueued in a transaction, for the job server
+            return JOBS_SUBJECT, JOBS_STREAM, None
         try:
             subject = self.topology.event_subject(context, event_type, version, bucket)
         except SeamqError as exc:

@@ -122,6 +122,31 @@ class PipelineSettings(BaseModel):
     conf: dict[str, str] = Field({}, description="more Spark settings, e.g. spark.archives, spark.executor.memory")
 
 
+class JobsSettings(BaseModel):
+    """The job server (`seamq jobs serve`) and its clients (`seamq jobs worker`, `list`, ...)."""
+
+    url: str = Field("http://127.0.0.1:8080", description="the job server, for the commands that call it")
+    tokens: SecretStr | None = Field(None, description="bearer tokens that may do anything, comma-separated "
+                                                       "(several: rotate without downtime); clients send the first")
+    read_tokens: SecretStr | None = Field(None, description="bearer tokens that may only read, comma-separated")
+
+    @field_validator("tokens", "read_tokens")
+    @classmethod
+    def _secret(cls, value: SecretStr | None) -> SecretStr | None:
+        for token in (value.get_secret_value() if value else "").split(","):
+            if token.strip():
+                register(token.strip())  # never in any output (seamq.redact)
+        return value
+
+    def client_token(self) -> str | None:
+        """What seamq's own clients send: the first full token, else the first read token."""
+        for given in (self.tokens, self.read_tokens):
+            first = next((t.strip() for t in (given.get_secret_value() if given else "").split(",") if t.strip()), None)
+            if first:
+                return first
+        return None
+
+
 class EmbeddedSettings(BaseModel):
     """The services `seamq dev` starts when no external ones are configured."""
 
@@ -148,6 +173,7 @@ class Settings(BaseSettings):
     registry_manifests: Path = Path("manifests")
     registry_module: Path = Path("registry_generated.py")
     embedded: EmbeddedSettings = EmbeddedSettings()
+    jobs: JobsSettings = JobsSettings()
     pipeline: PipelineSettings = PipelineSettings()
     log_level: str = "info"
     metrics_port: int | None = Field(None, description="serve /metrics, /healthz and /readyz on this port")

@@ -18,7 +18,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from seamq.model import BUCKETS, ErrorCode, EventSubject, SeamqError
+from seamq.model import BUCKETS, JOBS_CONTEXT, ErrorCode, EventSubject, SeamqError
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)$")
 _DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -212,6 +212,8 @@ class _TopologyFile(_Strict):
         for name in value:
             if not _CONTEXT.match(name):
                 raise ValueError(f"context name {name!r} must be lowercase snake_case")
+            if name == JOBS_CONTEXT:
+                raise ValueError(f"context name {name!r} is seamq's own: jobs enqueued in a transaction (docs/jobs.md)")
         if not value:
             raise ValueError("at least one context is required")
         return value

@@ -25,6 +25,8 @@ def serve(
                                         "and heartbeats honour options.metadata.test_directive."),
     admin_ui: Optional[Path] = typer.Option(None, "--admin-ui", help="A build of the official OJS admin UI "
                                             "(its dist-app folder) to serve at /ojs/admin/ (docs/jobs.md)."),
+    no_auth: bool = typer.Option(False, "--no-auth", help="Listen beyond loopback with no token configured "
+                                                          "(anyone who reaches the port can change jobs)."),
 ) -> None:
     """Serve OJS 1.0 under /ojs/v1 until SIGTERM (NATS from SEAMQ_NATS__*)."""
     from seamq.jobs.serve import serve as serve_jobs
@@ -33,6 +35,10 @@ def serve(
         exit_with(SeamqError(ErrorCode.INVALID_CONFIG, f"--admin-ui {admin_ui}: no index.html there; point it "
                                                        "at the admin UI's build (dist-app), see docs/jobs.md"))
     current = settings()
+    if host not in LOOPBACK and not (current.jobs.tokens or current.jobs.read_tokens) and not no_auth:
+        exit_with(SeamqError(ErrorCode.INVALID_CONFIG, f"--host {host} with no token: anyone who reaches the port "
+                             "could enqueue, cancel and purge jobs. Set SEAMQ_JOBS__TOKENS (docs/jobs.md, "
+                             "\"Authentication\"), or pass --no-auth behind a proxy that authenticates"))
     run(serve_jobs(current, host=host, port=port, test_mode=test_mode, admin_ui=admin_ui))
 
 
@@ -61,7 +67,7 @@ def worker(
         exit_with(exc)
     config = WorkerConfig(queues=tuple(queue), concurrency=concurrency, visibility_timeout=visibility_timeout,
                           grace=grace, worker_id=worker_id)
-    run(run_worker(url, handlers, config))
+    run(run_worker(url, handlers, config, settings().jobs.client_token()))
 
 
 def _handlers(given: list[str]):
@@ -84,7 +90,8 @@ def _handlers(given: list[str]):
 
 # ---- operators: list, show, retry, cancel (through the server's admin API) ----------------------
 
-Url = typer.Option("http://127.0.0.1:8080", "--url", envvar="SEAMQ_JOBS_URL", help="The job server.")
+Url = typer.Option(None, "--url", help="The job server (default: SEAMQ_JOBS__URL, http://127.0.0.1:8080).")
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
 Queue = typer.Option(None, "--queue", "-q", help="Only jobs of this queue.")
 State = typer.Option(None, "--state", help="Only jobs in this state (available, active, discarded, ...).")
 JobType = typer.Option(None, "--type", help="Only this job type, or a prefix ending in * (email.*).")
@@ -92,29 +99,33 @@ Since = typer.Option(None, "--since", help="Only jobs created at or after this R
 Dead = typer.Option(False, "--dead-letters", help="Dead letters only (jobs discarded with on_exhaustion: dead_letter).")
 
 
-def _admin(url: str, call):
+def _admin(url: str | None, call):
     """Run `call(client)` against the job server; its refusals and absence as seamq's coded errors."""
     import aiohttp
 
     from seamq.jobs.client import JobsClient, JobsError
 
+    current = settings().jobs
+    url = url or current.url
+
     async def go():
-        async with JobsClient(url, retries=1) as client:
+        async with JobsClient(url, retries=1, token=current.client_token()) as client:
             return await call(client)
 
     try:
         return asyncio.run(go())
     except JobsError as exc:
-        code = {404: ErrorCode.NOT_FOUND, 400: ErrorCode.INVALID_CONFIG, 422: ErrorCode.INVALID_CONFIG}.get(
-            exc.status, ErrorCode.JOB_REFUSED)
-        exit_with(SeamqError(code, f"the job server answered {exc.status} {exc.code}: {exc.message}"))
+        code = {404: ErrorCode.NOT_FOUND, 400: ErrorCode.INVALID_CONFIG, 422: ErrorCode.INVALID_CONFIG,
+                401: ErrorCode.INVALID_CONFIG, 403: ErrorCode.INVALID_CONFIG}.get(exc.status, ErrorCode.JOB_REFUSED)
+        hint = " (set SEAMQ_JOBS__TOKENS to a token the server knows)" if exc.status in (401, 403) else ""
+        exit_with(SeamqError(code, f"the job server answered {exc.status} {exc.code}: {exc.message}{hint}"))
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
         exit_with(SeamqError(ErrorCode.BROKER_UNAVAILABLE, f"cannot reach the job server at {url}: "
-                                                           f"{type(exc).__name__}: {exc} (check --url or SEAMQ_JOBS_URL)"))
+                                                           f"{type(exc).__name__}: {exc} (check --url or SEAMQ_JOBS__URL)"))
 
 
 @app.command("list")
-def list_(url: str = Url, queue: Optional[str] = Queue, state: Optional[str] = State, job_type: Optional[str] = JobType,
+def list_(url: Optional[str] = Url, queue: Optional[str] = Queue, state: Optional[str] = State, job_type: Optional[str] = JobType,
           since: Optional[str] = Since, dead_letters: bool = Dead,
           limit: int = typer.Option(100, "--limit", min=1, help="At most this many (oldest first)."),
           as_json: bool = JsonOption) -> None:
@@ -135,7 +146,7 @@ def list_(url: str = Url, queue: Optional[str] = Queue, state: Optional[str] = S
 
 
 @app.command()
-def show(job_id: str = typer.Argument(..., help="The job's id."), url: str = Url, as_json: bool = JsonOption) -> None:
+def show(job_id: str = typer.Argument(..., help="The job's id."), url: Optional[str] = Url, as_json: bool = JsonOption) -> None:
     """One job: its envelope, its moments, and every failed attempt with its trace."""
     job = _admin(url, lambda c: c.job(job_id))
     if as_json:
@@ -178,7 +189,7 @@ def _bulk_report(done: str, result: dict, as_json: bool) -> None:
 @app.command()
 def retry(job_id: Optional[str] = typer.Argument(None, help="One discarded or cancelled job; or --all."),
           all_: bool = typer.Option(False, "--all", help="Every discarded or cancelled job the filters select."),
-          url: str = Url, queue: Optional[str] = Queue, state: Optional[str] = State,
+          url: Optional[str] = Url, queue: Optional[str] = Queue, state: Optional[str] = State,
           job_type: Optional[str] = JobType, since: Optional[str] = Since, dead_letters: bool = Dead,
           as_json: bool = JsonOption) -> None:
     """Run discarded or cancelled jobs (or dead letters) again: available now, attempt 0, errors kept."""
@@ -194,7 +205,7 @@ def retry(job_id: Optional[str] = typer.Argument(None, help="One discarded or ca
 def cancel(job_id: Optional[str] = typer.Argument(None, help="One job not yet finished; or --all."),
            all_: bool = typer.Option(False, "--all", help="Every unfinished job the filters select."),
            yes: bool = typer.Option(False, "--yes", help="Really cancel every job --all selects."),
-           url: str = Url, queue: Optional[str] = Queue, state: Optional[str] = State,
+           url: Optional[str] = Url, queue: Optional[str] = Queue, state: Optional[str] = State,
            job_type: Optional[str] = JobType, since: Optional[str] = Since, as_json: bool = JsonOption) -> None:
     """Cancel jobs: waiting ones never run; a running one's worker is told at its next heartbeat."""
     filters = {"queue": queue, "state": state, "type": job_type, "since": since}

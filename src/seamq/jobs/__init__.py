@@ -2,5 +2,6 @@
 docs/jobs.md): `model` (no I/O), `store` (NATS), `engine` (operations and clocks), `api` (HTTP),
 `serve` (wiring, `seamq jobs serve`)."""
 from seamq.jobs.handlers import JobHandlers
+from seamq.jobs.transactional import enqueue, enqueue_async
 
-__all__ = ["JobHandlers"]
+__all__ = ["JobHandlers", "enqueue", "enqueue_async"]

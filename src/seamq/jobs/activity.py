@@ -86,30 +86,30 @@ def _minute(moment: datetime) -> int:
 
 
 class Meter:
-    """Jobs processed, failed and enqueued per minute and queue, for the last 24 hours."""
+    """Jobs processed, failed and enqueued per minute and queue, for the last 24 hours. Kept by
+    (queue, kind) then minute, so a rate is two lookups per queue, however long the history."""
 
     def __init__(self) -> None:
-        self.counts: Counter[tuple[int, str, str]] = Counter()  # (minute, queue, kind) -> jobs
-        self.oldest = 0
+        self.counts: dict[tuple[str, str], Counter[int]] = {}  # (queue, kind) -> minute -> jobs
+        self.pruned = 0  # the minute of the last pruning
 
     def count(self, kind: str, queue: str, now: datetime) -> None:
         minute = _minute(now)
-        self.counts[(minute, queue, kind)] += 1
-        if minute - self.oldest > KEPT_MINUTES:
-            self.oldest = minute - KEPT_MINUTES
-            for key in [k for k in self.counts if k[0] < self.oldest]:
-                del self.counts[key]
+        self.counts.setdefault((queue, kind), Counter())[minute] += 1
+        if minute != self.pruned:  # once a minute: drop what is older than a day
+            self.pruned = minute
+            for minutes in self.counts.values():
+                for old in [m for m in minutes if m <= minute - KEPT_MINUTES]:
+                    del minutes[old]
 
-    def _sum(self, kind: str, minutes: range, queue: str | None) -> int:
-        return sum(n for (m, q, k), n in self.counts.items()
-                   if k == kind and m in minutes and (queue is None or q == queue))
+    def _in(self, kind: str, minute: int, queue: str | None) -> int:
+        return sum(c.get(minute, 0) for (q, k), c in self.counts.items() if k == kind and queue in (None, q))
 
     def per_minute(self, now: datetime, queue: str | None = None) -> dict:
         """The last 60 seconds: this minute so far, and the part of the last one still inside them."""
         minute = _minute(now)
         inside = 1 - (now.timestamp() % 60) / 60
-        rate = lambda kind: round(self._sum(kind, range(minute, minute + 1), queue)  # noqa: E731
-                                  + inside * self._sum(kind, range(minute - 1, minute), queue), 2)
+        rate = lambda kind: round(self._in(kind, minute, queue) + inside * self._in(kind, minute - 1, queue), 2)  # noqa: E731
         return {"processed_per_minute": rate("processed"), "failed_per_minute": rate("failed")}
 
     def history(self, period: str, since: datetime | None, until: datetime | None, now: datetime,
@@ -124,10 +124,15 @@ class Meter:
         first, last = _minute(since) // step * step, _minute(until)
         if (last - first) // step > 2000:
             raise invalid("that range holds more than 2000 periods: choose a longer period")
+        totals: dict[tuple[str, int], int] = Counter()  # (kind, period start) -> jobs
+        for (q, kind), minutes in self.counts.items():
+            if queue is None or q == queue:
+                for minute, n in minutes.items():
+                    if first <= minute <= last:
+                        totals[(kind, minute // step * step)] += n
         data = []
         for start in range(first, last + 1, step):
-            minutes = range(start, start + step)
             point = {"timestamp": iso(datetime.fromtimestamp(start * 60, timezone.utc))}
-            point.update({kind: self._sum(kind, minutes, queue) for kind in KINDS})
+            point.update({kind: totals[(kind, start)] for kind in KINDS})
             data.append(point)
         return {"period": period, "data": data}

@@ -14,6 +14,7 @@ from starlette.routing import Route
 from seamq.jobs import ext_routes, routes
 from seamq.jobs.admin_routes import admin_routes
 from seamq.jobs.api import OjsHeaders, answer
+from seamq.jobs.auth import Guard, Tokens
 from seamq.jobs.console_routes import console_routes
 from seamq.jobs.engine import Engine
 from seamq.jobs.model import OjsError
@@ -23,7 +24,7 @@ ADMIN_UI_PATH = "/ojs/admin"
 
 
 def build_app(engine: Engine, *, test_mode: bool = False, conformance_level: int = 4,
-              admin_ui: Path | None = None) -> OjsHeaders:
+              admin_ui: Path | None = None, tokens: Tokens = Tokens()) -> OjsHeaders:
     async def reset(request: Request) -> Response:
         await engine.reset()
         return answer({"reset": True})
@@ -49,7 +50,7 @@ def build_app(engine: Engine, *, test_mode: bool = False, conformance_level: int
 
     app = Starlette(routes=table, exception_handlers={OjsError: ojs_error, HTTPException: http_error,
                                                        Exception: crash})
-    return OjsHeaders(app)
+    return OjsHeaders(Guard(app, tokens))
 
 
 def admin_ui_routes(folder: Path) -> list[Route]:

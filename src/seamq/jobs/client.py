@@ -29,11 +29,14 @@ class JobsError(Exception):
 
 
 class JobsClient:
-    def __init__(self, url: str, *, timeout: float = 30.0, retries: int = 3) -> None:
+    def __init__(self, url: str, *, timeout: float = 30.0, retries: int = 3, token: str | None = None) -> None:
+        """`token`: a bearer token, when the server asks for one (SEAMQ_JOBS__TOKENS)."""
         self.url = url.rstrip("/") + "/ojs/v1"
         self.retries = retries
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout),
-                                              headers={"Content-Type": MEDIA_TYPE, "Accept": MEDIA_TYPE})
+        headers = {"Content-Type": MEDIA_TYPE, "Accept": MEDIA_TYPE}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout), headers=headers)
 
     async def __aenter__(self) -> "JobsClient":
         return self

@@ -28,7 +28,7 @@ from collections import deque
 from datetime import datetime, timedelta
 from typing import Any
 
-from seamq.jobs import cron, model, workflows
+from seamq.jobs import cron, intake, model, workflows
 from seamq.jobs.activity import Meter, Workers
 from seamq.jobs.ext import Schemas
 from seamq.jobs.index import Index
@@ -69,7 +69,8 @@ class Engine:
     async def start(self) -> "Engine":
         async for record, revision in self.store.all_records():
             await self._recover(record, revision)
-        self._tasks = [asyncio.create_task(self._timer_loop()), asyncio.create_task(self._deadline_loop())]
+        self._tasks = [asyncio.create_task(self._timer_loop()), asyncio.create_task(self._deadline_loop()),
+                       asyncio.create_task(intake.run(self))]
         return self
 
     async def stop(self) -> None:
@@ -109,6 +110,12 @@ class Engine:
                 raise OjsError(exc.status, exc.code, f"jobs[{index}]: {exc.message}", details=exc.details) from None
         await self._create(records)
         return [public(r) for r in records]
+
+    async def admit_refused(self, record: dict) -> None:
+        """A relayed job the server refused (seamq.jobs.intake), kept as discarded."""
+        if await self._commit([Write(record, 0, finished=True)]):
+            self._finished(record)
+            self._event("job.discarded", record)
 
     async def _create(self, records: list[dict], also: list[Write] = ()) -> None:
         if not await self._commit([*also, *(Write(r) for r in records)]):

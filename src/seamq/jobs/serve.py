@@ -9,6 +9,7 @@ import uvicorn
 
 from seamq.http.listen import listening_socket
 from seamq.jobs.app import build_app
+from seamq.jobs.auth import Tokens
 from seamq.jobs.engine import Engine
 from seamq.jobs.store import JobStore
 from seamq.nats.connect import connect
@@ -25,7 +26,9 @@ async def serve(settings: Settings, *, host: str, port: int, test_mode: bool = F
         store = await JobStore(nc).start()
         engine = await Engine(store, test_mode=test_mode).start()
         try:
-            app = build_app(engine, test_mode=test_mode, admin_ui=admin_ui)
+            tokens = Tokens.parse(*(t.get_secret_value() if t else None for t in (settings.jobs.tokens,
+                                                                                   settings.jobs.read_tokens)))
+            app = build_app(engine, test_mode=test_mode, admin_ui=admin_ui, tokens=tokens)
             # What exists now (modules, the app, the index loaded from KV) lives as long as the process:
             # out of the collector's sight, a full collection stops taking 30-50 ms (measured), which
             # was the p99 of timer lateness.
@@ -33,7 +36,7 @@ async def serve(settings: Settings, *, host: str, port: int, test_mode: bool = F
             gc.freeze()
             server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
                                                    access_log=False, lifespan="off"))
-            log.info("jobs_serving", host=host, port=port, test_mode=test_mode)
+            log.info("jobs_serving", host=host, port=port, test_mode=test_mode, auth=tokens.required)
             await server.serve(sockets=[sock])
         finally:
             await engine.stop()

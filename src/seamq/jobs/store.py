@@ -16,6 +16,9 @@ NATS resources (created idempotently at start):
   `ojs.fire.{kind}.{id}` when due, where a durable consumer hands it to the
   engine. A new timer for the same job and kind replaces the old one, and
   timers survive restarts of both the server and seamq.
+- Stream `OJS_ENQUEUE` (work queue): jobs enqueued in a database transaction
+  (seamq.jobs.enqueue), published by the relay from the outbox with the job id
+  as `Nats-Msg-Id`; the durable consumer `ojs-intake` hands them to the engine.
 
 The engine sees records as dicts and revisions as ints; no nats-py type leaves here.
 """
@@ -30,13 +33,18 @@ from datetime import datetime, timezone
 from typing import AsyncIterator
 
 from nats.aio.client import Client
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, KeyValueConfig, StorageType, StreamConfig
+from nats.js.api import (
+    AckPolicy, ConsumerConfig, DeliverPolicy, KeyValueConfig, RetentionPolicy, StorageType, StreamConfig,
+)
 from nats.js.errors import APIError, BadRequestError, KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 
 from seamq.jobs.model import decode, encode
 from seamq.nats.pull import PullSource
+from seamq.model import JOBS_STREAM, JOBS_SUBJECT
 
 JOBS, UNIQUE, TIMERS, TIMER_CONSUMER = "OJS_JOBS", "OJS_UNIQUE", "OJS_TIMERS", "ojs-timers"
+INTAKE_CONSUMER = "ojs-intake"
+DUPLICATE_WINDOW = 3600.0  # seconds: a relay re-publishing a job (killed before it marked it) is dropped
 RECORD_TTL_SECONDS = 7 * 86400  # a finished job is kept this long (KV per-message TTL)
 
 
@@ -63,7 +71,7 @@ class JobStore:
         self.nc = nc
         self.js = nc.jetstream()
         self.jobs = self.unique = None
-        self._timers_sub = None
+        self._timers_sub = self._intake_sub = None
 
     async def start(self) -> "JobStore":
         self.jobs = await self._bucket(JOBS)
@@ -81,6 +89,16 @@ class JobStore:
         # A standing pull: a fired timer is handed over the moment it arrives (a fetch of a batch
         # would wait for the batch or its timeout, and retries are checked 200 ms after they are due).
         self._timers_sub = await PullSource(self.nc, TIMERS, TIMER_CONSUMER, buffer=200).start()
+        intake = StreamConfig(name=JOBS_STREAM, subjects=[JOBS_SUBJECT], retention=RetentionPolicy.WORK_QUEUE,
+                              storage=StorageType.FILE, duplicate_window=DUPLICATE_WINDOW)
+        try:
+            await self.js.add_stream(intake)
+        except BadRequestError:
+            await self.js.update_stream(intake)
+        await self.js.add_consumer(JOBS_STREAM, ConsumerConfig(
+            durable_name=INTAKE_CONSUMER, ack_policy=AckPolicy.EXPLICIT, ack_wait=30, max_deliver=-1,
+            deliver_policy=DeliverPolicy.ALL, max_ack_pending=1000))
+        self._intake_sub = await PullSource(self.nc, JOBS_STREAM, INTAKE_CONSUMER, buffer=200).start()
         return self
 
     async def _bucket(self, name: str):
@@ -103,8 +121,9 @@ class JobStore:
             raise APIError.from_error(reply["error"])
 
     async def close(self) -> None:
-        if self._timers_sub is not None:
-            await self._timers_sub.close()
+        for sub in (self._timers_sub, self._intake_sub):
+            if sub is not None:
+                await sub.close()
 
     # ---- records ------------------------------------------------------------------------------
 
@@ -251,10 +270,20 @@ class JobStore:
     async def done(handle) -> None:
         await handle.ack()
 
+    # ---- intake: jobs enqueued in a database transaction, relayed from the outbox ------------------
+
+    async def taken_in(self, batch: int = 100, timeout: float = 1.0) -> list[tuple[bytes, object]]:
+        """(push body as sent, ack handle) of relayed jobs."""
+        return [(m.data, m) for m in await self._intake_sub.fetch(batch, timeout)]
+
+    @staticmethod
+    async def later(handle, delay: float) -> None:
+        await handle.nak(delay=delay)
+
     # ---- test mode ----------------------------------------------------------------------------
 
     async def wipe(self) -> None:
         """Empty every OJS bucket and stream (`POST /ojs/v1/admin/reset`)."""
-        for stream in (f"KV_{JOBS}", f"KV_{UNIQUE}", TIMERS):
+        for stream in (f"KV_{JOBS}", f"KV_{UNIQUE}", TIMERS, JOBS_STREAM):
             await self.js.purge_stream(stream)
 

@@ -191,9 +191,9 @@ def _jsonable(value: Any) -> Any:
         return repr(value)
 
 
-async def run_worker(url: str, handler: JobHandlers | Callable, config: WorkerConfig) -> None:
+async def run_worker(url: str, handler: JobHandlers | Callable, config: WorkerConfig, token: str | None = None) -> None:
     """The CLI's entry: a worker that stops cleanly on SIGTERM and SIGINT."""
-    async with JobsClient(url) as client:
+    async with JobsClient(url, token=token) as client:
         try:  # at start, a wrong or unreachable URL is said, not retried forever (the supervisor restarts us)
             await asyncio.wait_for(client.health(), STARTUP_WAIT)
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:

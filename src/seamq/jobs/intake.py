@@ -1,0 +1,85 @@
+"""The job server's side of transactional enqueue: jobs written to the outbox in the caller's
+database transaction (seamq.jobs.enqueue), published by the relay to `OJS_ENQUEUE`, are created here.
+
+The job id is the key end to end: the outbox row's id, the message's
+`Nats-Msg-Id` (JetStream drops a copy a relay re-publishes after dying before
+it marked the row), and the job's KV key (created only if absent), so a commit
+makes exactly one job however often its message comes. A job the server
+refuses (its args do not match the registered schema) is kept as a discarded
+job with the refusal as its error, visible like any other; a message that is
+no job at all is logged and dropped. Anything transient (NATS away) leaves the
+message to come again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from seamq.jobs import model
+from seamq.jobs.model import DISCARDED, OjsError, iso, utcnow
+from seamq.observability import log
+
+RETRY_AFTER = 1.0  # seconds before a message that met a transient failure comes again
+
+
+def refused(body: dict, error: OjsError) -> dict:
+    """The job as enqueued, discarded with the server's refusal as its one error."""
+    now = utcnow()
+    record = model.new_record(body, now)
+    entry = {"code": error.code, "type": "JobRefused", "message": error.message, "retryable": False,
+             "attempt": 0, "occurred_at": iso(now)}
+    return {**record, "state": DISCARDED, "discarded_at": iso(now), "error": entry, "errors": [entry]}
+
+
+async def run(engine) -> None:
+    """Take in relayed jobs until cancelled."""
+    store = engine.store
+    while True:
+        try:
+            taken = await store.taken_in()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # NATS away: the messages wait in the stream
+            log.warning("jobs_intake_failed", error=f"{type(exc).__name__}: {exc}")
+            await asyncio.sleep(RETRY_AFTER)
+            continue
+        for data, handle in taken:
+            try:
+                outcome = await take_in(engine, data)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("jobs_intake_retry", error=f"{type(exc).__name__}: {exc}")
+                await store.later(handle, RETRY_AFTER)
+                continue
+            if outcome == "not a job":
+                log.error("jobs_intake_not_a_job", size=len(data), head=data[:200].decode(errors="replace"))
+            await store.done(handle)
+
+
+async def take_in(engine, data: bytes) -> str:
+    """`created`, `duplicate` (already taken in), `refused` (kept discarded) or `not a job`."""
+    try:
+        body = json.loads(data)
+    except ValueError:
+        return "not a job"
+    if not isinstance(body, dict) or not isinstance(body.get("id"), str):
+        return "not a job"
+    if engine.index.revision(body["id"]) is not None:
+        return "duplicate"
+    try:
+        await engine.push(body)
+        return "created"
+    except OjsError as exc:
+        if exc.code == "duplicate":
+            return "duplicate"
+        if exc.status >= 500 or exc.status == 409:
+            raise  # transient (a racing writer): again later
+        try:
+            record = refused(body, exc)
+        except OjsError:
+            return "not a job"
+        await engine.admit_refused(record)
+        log.warning("jobs_intake_refused", job_id=body["id"], code=exc.code, error=exc.message)
+        return "refused"
