@@ -79,3 +79,40 @@ def test_dev_on_a_three_node_cluster_runs_r3_streams_and_stops_every_node(tmp_pa
     row = next(line for line in final.splitlines() if "sea__from_vibespro" in line)
     assert int(re.findall(r"\d+", row.split("sea__from_vibespro", 1)[1])[0]) > 50, row
     assert all(port_is_free(p) for p in ports) and port_is_free(pg_port)
+
+
+def test_dev_runs_the_job_server_too(tmp_path, pg_data):
+    """`seamq dev` serves OJS beside the workers: a job pushed to the URL it prints is fetched back."""
+    import json
+    import time
+    import urllib.request
+
+    env, nats_port, pg_port = dev_env(tmp_path)
+    dev = subprocess.Popen([*SEAMQ, "dev", "--data-dir", str(tmp_path / "data"), "--no-demo", "--run-for", "60"],
+                           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        url = None
+        for line in dev.stdout:
+            found = re.search(r"job server \(OJS\)\s*│\s*(http://127\.0\.0\.1:\d+)/ojs/v1", line)
+            url = url or (found and found.group(1))
+            if "ready" in line and "job server" in line:
+                break
+        assert url, "no job server in seamq dev's output"
+
+        def call(path: str, body: dict) -> dict:
+            request = urllib.request.Request(url + path, data=json.dumps(body).encode(), method="POST",
+                                             headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=30) as answer:
+                return json.loads(answer.read())
+
+        job = call("/ojs/v1/jobs", {"type": "dev.check", "args": [1], "options": {"queue": "dev"}})["job"]
+        deadline = time.monotonic() + 30
+        fetched = []
+        while not fetched and time.monotonic() < deadline:
+            fetched = call("/ojs/v1/workers/fetch", {"queues": ["dev"], "worker_id": "t"})["jobs"]
+        assert [j["id"] for j in fetched] == [job["id"]]
+    finally:
+        dev.terminate()
+        dev.wait(60)
+    assert dev.returncode == 0, dev.stderr.read()[-3000:]
+    assert port_is_free(nats_port) and port_is_free(pg_port) and port_is_free(int(url.rsplit(":", 1)[1]))

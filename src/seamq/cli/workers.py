@@ -163,8 +163,10 @@ def dev(
                                        help="Only NATS and PostgreSQL, migrated and provisioned with your "
                                             "topology, until Ctrl-C: you run your own services and workers "
                                             "(docs/first-app.md)."),
+    jobs: bool = typer.Option(True, "--jobs/--no-jobs", help="Run the job server too (on 8080, else a free port)."),
 ) -> None:
-    """Run everything locally: embedded NATS and PostgreSQL, migrations, topology, workers, demo, dashboard."""
+    """Run everything locally: embedded NATS and PostgreSQL, migrations, topology, workers, the job server, demo,
+    dashboard."""
     from seamq.dev.runtime import run_dev
 
     current = settings()
@@ -177,4 +179,4 @@ def dev(
         current = current.model_copy(update={"replicas": min(cluster, 3)})
     run(run_dev(current, topology(topology_file, current), data_dir or current.embedded.data_dir,
                 console=console, exit_when_ready=exit_when_ready, demo=demo, run_for=run_for, cluster=cluster,
-                services_only=services_only))
+                services_only=services_only, jobs_port=8080 if jobs else None))

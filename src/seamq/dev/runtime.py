@@ -91,6 +91,7 @@ def describe(console: Console, settings: Settings, topology: Topology, changes, 
 async def run_dev(
     settings: Settings, topology: Topology, data_dir: Path, *, console: Console, exit_when_ready: bool = False,
     demo: bool = True, run_for: float | None = None, cluster: int = 1, services_only: bool = False,
+    jobs_port: int | None = 8080,
 ) -> None:
     data_dir = Path(data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -113,7 +114,7 @@ async def run_dev(
         log_file = stack.enter_context(open(data_dir / "seamq.log", "a"))
         configure_logging(settings.log_level, file=log_file)
         await run_workers(settings, topology, stop, console=console, demo=demo, run_for=run_for,
-                          log_path=data_dir / "seamq.log")
+                          log_path=data_dir / "seamq.log", jobs_port=jobs_port)
         console.print("stopped")
 
 
@@ -136,8 +137,9 @@ async def serve_only(settings: Settings, stop: asyncio.Event, *, console: Consol
 
 
 async def run_workers(settings: Settings, topology: Topology, stop: asyncio.Event, *, console: Console,
-                      demo: bool, run_for: float | None, log_path: Path) -> None:
-    """Relay, one consumer per topology consumer (each with its context's handler service), demo, dashboard."""
+                      demo: bool, run_for: float | None, log_path: Path, jobs_port: int | None = None) -> None:
+    """Relay, one consumer per topology consumer (each with its context's handler service), DLQ replay,
+    the job server (when `jobs_port`), demo, dashboard."""
     secret = secrets.token_hex(16)
     services = HandlerServices(sorted(topology.contexts), secret)
     await services.start()
@@ -154,9 +156,19 @@ async def run_workers(settings: Settings, topology: Topology, stop: asyncio.Even
     table = Table("handler service", "url", title="workers")
     for context, url in services.urls.items():
         table.add_row(context, url)
+    if jobs_port is not None:
+        from seamq.http.listen import listening_socket
+        from seamq.jobs.serve import serve as serve_jobs
+
+        jobs_port = _port(jobs_port)
+        sock = listening_socket("127.0.0.1", jobs_port)  # listening before "ready" is said
+        tasks.append(asyncio.create_task(serve_jobs(settings, host="127.0.0.1", port=jobs_port, stop=stop,
+                                                    sock=sock)))
+        table.add_row("job server (OJS)", f"http://127.0.0.1:{jobs_port}/ojs/v1")
     console.print(table)
     console.print(f"[bold green]ready[/bold green]: relay, {len(topology.consumers)} consumers, DLQ replay"
-                  f"{', demo workload' if demo else ''}; logs in {log_path}; Ctrl-C to stop")
+                  f"{', job server' if jobs_port is not None else ''}{', demo workload' if demo else ''}; "
+                  f"logs in {log_path}; Ctrl-C to stop")
     try:
         if run_for:
             if not await sleep_unless_stopped(stop, run_for):

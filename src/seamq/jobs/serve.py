@@ -1,7 +1,10 @@
-"""Wiring for `seamq jobs serve`: NATS from the usual settings, the store, the engine, uvicorn."""
+"""Wiring for `seamq jobs serve` (and the job server inside `seamq dev`): NATS from the usual
+settings, the store, the engine, uvicorn."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import gc
 from pathlib import Path
 
@@ -17,10 +20,19 @@ from seamq.observability import log
 from seamq.settings import Settings
 
 
+class _Embedded(uvicorn.Server):
+    """A server inside another program (`seamq dev`): its owner handles the signals and says when to stop."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        yield
+
+
 async def serve(settings: Settings, *, host: str, port: int, test_mode: bool = False,
-                admin_ui: Path | None = None) -> None:
-    """Serve until SIGTERM/SIGINT (uvicorn's own handlers), then stop the engine and close NATS."""
-    sock = listening_socket(host, port)  # first: a taken port is said before anything starts
+                admin_ui: Path | None = None, stop: asyncio.Event | None = None, sock=None) -> None:
+    """Serve until SIGTERM/SIGINT (uvicorn's own handlers), or until `stop` is set when given; then stop
+    the engine and close NATS. `sock`: already listening (its owner said "ready" once it was)."""
+    sock = sock or listening_socket(host, port)  # first: a taken port is said before anything starts
     nc = await connect(settings.nats, name="seamq-jobs")
     try:
         store = await JobStore(nc).start()
@@ -29,16 +41,25 @@ async def serve(settings: Settings, *, host: str, port: int, test_mode: bool = F
             tokens = Tokens.parse(*(t.get_secret_value() if t else None for t in (settings.jobs.tokens,
                                                                                    settings.jobs.read_tokens)))
             app = build_app(engine, test_mode=test_mode, admin_ui=admin_ui, tokens=tokens)
-            # What exists now (modules, the app, the index loaded from KV) lives as long as the process:
-            # out of the collector's sight, a full collection stops taking 30-50 ms (measured), which
-            # was the p99 of timer lateness.
-            gc.collect()
-            gc.freeze()
-            server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                                   access_log=False, lifespan="off"))
+            config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="off")
+            if stop is None:
+                # What exists now (modules, the app, the index loaded from KV) lives as long as the process:
+                # out of the collector's sight, a full collection stops taking 30-50 ms (measured), which
+                # was the p99 of timer lateness.
+                gc.collect()
+                gc.freeze()
+                server = uvicorn.Server(config)
+            else:
+                server = _Embedded(config)
+                asyncio.get_running_loop().create_task(_exit_on(stop, server))
             log.info("jobs_serving", host=host, port=port, test_mode=test_mode, auth=tokens.required)
             await server.serve(sockets=[sock])
         finally:
             await engine.stop()
     finally:
         await nc.close()
+
+
+async def _exit_on(stop: asyncio.Event, server: uvicorn.Server) -> None:
+    await stop.wait()
+    server.should_exit = True
