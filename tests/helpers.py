@@ -13,7 +13,14 @@ from nats.js.errors import ServiceUnavailableError
 
 async def read_stream(js, stream: str, subject: str = ">", timeout: float = 30.0) -> list:
     """Every message in a stream, in stream order, through an ack-less pull consumer."""
-    info = await js.stream_info(stream)
+    deadline = time.monotonic() + 60
+    while True:  # a cluster that just lost nodes, on a busy machine, can take more than a request's 5 s
+        try:
+            info = await js.stream_info(stream)
+            break
+        except (asyncio.TimeoutError, ServiceUnavailableError, NoRespondersError):
+            assert time.monotonic() < deadline, f"no answer about stream {stream} for a minute"
+            await asyncio.sleep(0.5)
     total = info.state.messages
     if total == 0:
         return []

@@ -48,3 +48,21 @@ async def test_wrong_transitions_are_conflicts_and_unknown_ids_not_found(engine)
     with pytest.raises(OjsError) as missing:
         engine.info("01961111-aaaa-7bbb-8ccc-dddddddddddd")
     assert missing.value.status == 404
+
+
+async def test_a_lease_that_runs_out_is_a_failed_attempt_in_the_history(engine):
+    """No ack, nack or heartbeat within the visibility timeout: the job goes back to its queue, and the
+    attempt that ended without a verdict is kept in its errors (every failed attempt is visible)."""
+    _, job = await engine.push({"type": "a.b", "args": [], "options": {"queue": "lease"}})
+    [held] = await engine.fetch(["lease"], worker_id="w-gone", visibility=200)
+    for _ in range(200):
+        if engine.info(job["id"])["state"] == "available":
+            break
+        await asyncio.sleep(0.05)
+    back = engine.info(job["id"])
+    assert back["state"] == "available" and held["attempt"] == 1
+    assert [(e["code"], e["type"], e["attempt"]) for e in back["errors"]] == [("lease_expired", "LeaseExpired", 1)]
+    assert "w-gone" in back["errors"][0]["message"]
+    [again] = await engine.fetch(["lease"], worker_id="w-2")
+    assert again["attempt"] == 2
+    assert (await engine.ack(again["id"]))["state"] == "completed"

@@ -38,6 +38,7 @@ from seamq.jobs.model import (
 )
 from seamq.jobs.store import RECORD_TTL_SECONDS, Conflict, JobStore, Write
 from seamq.observability import log
+from seamq.stopping import wait_event
 
 EVENTS_KEPT = 10_000
 MAINTENANCE = "system.maintenance"
@@ -661,10 +662,7 @@ class Engine:
                 await asyncio.gather(*(self._due_in_order(key, dues) for key, dues in keys[start:start + 256]))
             upcoming = self.index.next_deadline()
             wait = upcoming - utcnow().timestamp() if upcoming is not None else 3600
-            try:
-                await asyncio.wait_for(self._wake.wait(), max(0.0, wait))
-            except asyncio.TimeoutError:
-                pass
+            await wait_event(self._wake, wait)
 
     async def _due_in_order(self, key: str, dues: list[tuple[str, int]]) -> None:
         for kind, attempt in dues:
@@ -722,5 +720,9 @@ class Engine:
             return
         if model.parse_time(record["_lease_until"]).timestamp() > utcnow().timestamp():
             return  # extended by a heartbeat since this deadline was armed
-        await self._write({**record, "state": AVAILABLE, "enqueued_at": iso(utcnow()), "_lease_until": None,
-                           "worker_id": None}, revision)
+        # The attempt ended without a verdict: back to the queue, and in the job's history as a failed one.
+        worker = record.get("worker_id") or "?"
+        log.warning("job_lease_expired", job_id=job_id, worker_id=worker, attempt=attempt)
+        await self._fail(record, revision, {"code": "lease_expired", "type": "LeaseExpired", "message":
+                                            f"worker {worker} sent no ack, nack or heartbeat within the visibility "
+                                            "timeout: the job went back to its queue"}, requeue=True)

@@ -37,6 +37,7 @@ from seamq.jobs.handlers import JobHandlers, UnknownJobType
 from seamq.model import ErrorCode, SeamqError
 from seamq.observability import log
 from seamq.redact import redact
+from seamq.stopping import wait_event
 
 STARTUP_WAIT = 5.0  # seconds the job server may take to answer a starting worker
 
@@ -82,10 +83,7 @@ class Worker:
                 if not jobs:
                     self._slot.clear()
                     wait = self.config.idle_wait if free > 0 else None
-                    try:
-                        await asyncio.wait_for(self._slot.wait(), wait)
-                    except asyncio.TimeoutError:
-                        pass
+                    await wait_event(self._slot, wait)
             await self._drain()
         finally:
             beat.cancel()

@@ -43,6 +43,7 @@ from nats.aio.client import Client
 from seamq.nats import jsapi
 from seamq.nats.pull import JsDelivery, PullSource
 from seamq.observability import log
+from seamq.stopping import wait_event
 from seamq.topology import ConsumerSpec
 
 GROUP = "seamq"  # the one priority group of every partition consumer
@@ -269,10 +270,7 @@ class PartitionedDeliveries:
             if remaining <= 0:
                 return []
             busy = any((p.owner and not p.open) or p.releasing for p in self.partitions)
-            try:
-                await asyncio.wait_for(self._arrived.wait(), min(remaining, CHECK_EVERY if busy else 1.0))
-            except asyncio.TimeoutError:
-                pass
+            await wait_event(self._arrived, min(remaining, CHECK_EVERY if busy else 1.0))
 
     def stop_requesting(self) -> None:
         for partition in self.partitions:

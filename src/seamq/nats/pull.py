@@ -21,6 +21,8 @@ from collections import deque
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from seamq.stopping import wait_event
+
 EXPIRES = 2.0  # seconds a pull request stands; bounds how long a clean stop can take
 
 
@@ -125,10 +127,7 @@ class PullSource:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return []
-            try:
-                await asyncio.wait_for(self._arrived.wait(), min(remaining, 1.0))
-            except asyncio.TimeoutError:
-                pass
+            await wait_event(self._arrived, min(remaining, 1.0))
         count = min(batch, len(self._ready))
         out = [self._ready.popleft() for _ in range(count)]
         await self.top_up()
