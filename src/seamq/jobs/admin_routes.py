@@ -24,9 +24,12 @@ SCOPE = "server"  # workers and throughput are what this server process saw (sea
 
 
 def admin_routes(engine: Engine) -> list[Route]:
-    def listed(request: Request, records: list[dict]) -> dict:
+    def listed(request: Request, records) -> dict:
+        """`records`: a list, or a function of (queue, state) that can select by them cheaply."""
         params = request.query_params
-        found = admin.sort(Filter.of(params, strict=False).select(records), params.get("sort"), params.get("order"))
+        chosen = Filter.of(params, strict=False)
+        records = records(chosen.queue, chosen.state) if callable(records) else records
+        found = admin.sort(chosen.select(records), params.get("sort"), params.get("order"))
         return admin.paged([admin.summary(r) for r in found], params)
 
     def queue_row(name: str) -> dict:
@@ -59,8 +62,7 @@ def admin_routes(engine: Engine) -> list[Route]:
     async def queue(request: Request) -> Response:
         name = request.path_params["name"]
         row = queue_row(name)
-        waiting = [r["enqueued_at"] for r in engine.jobs() if r["queue"] == name and r["state"] == "available"
-                   and r.get("enqueued_at")]
+        waiting = [r["enqueued_at"] for r in engine.jobs(name, "available") if r.get("enqueued_at")]
         if waiting:
             row["oldest_available_at"] = min(waiting)
         return answer(row)
@@ -85,7 +87,7 @@ def admin_routes(engine: Engine) -> list[Route]:
                           "waiting and running jobs are cancelled, not purged")
         until = Filter.of({"until": body.get("older_than")}).until
         purged = 0
-        for record in engine.jobs():
+        for record in engine.jobs(name):
             ended = record.get("completed_at") or record.get("cancelled_at") or record.get("discarded_at")
             if record["queue"] == name and record["state"] in states and (until is None or ended < iso(until)):
                 await engine.delete(record["id"])
@@ -93,7 +95,7 @@ def admin_routes(engine: Engine) -> list[Route]:
         return answer({"purged_count": purged, "states": states})
 
     async def jobs(request: Request) -> Response:
-        return answer(listed(request, engine.jobs()))
+        return answer(listed(request, engine.jobs))
 
     async def job(request: Request) -> Response:
         return answer(admin.detail(engine.record(request.path_params["job_id"])))
@@ -114,7 +116,7 @@ def admin_routes(engine: Engine) -> list[Route]:
             if needs_filter and chosen == Filter() and body.get("all") is not True:
                 raise invalid("a bulk action needs a filter (queue, state, type, since, until), "
                               "or \"all\": true to act on every job it may")
-            matched = [r for r in chosen.select(source()) if r["state"] in eligible]
+            matched = [r for r in chosen.select(source(chosen.queue, chosen.state)) if r["state"] in eligible]
             errors = []
             for record in matched:
                 try:
@@ -124,10 +126,11 @@ def admin_routes(engine: Engine) -> list[Route]:
             return answer(admin.bulk_result(action, len(matched), errors))
         return handler
 
-    dead = lambda: engine.dead_letters(None)  # noqa: E731
+    def dead(queue: str | None = None, state: str | None = None) -> list[dict]:
+        return engine.dead_letters(queue)
 
     async def dead_letters(request: Request) -> Response:
-        return answer(listed(request, dead()))
+        return answer(listed(request, dead))
 
     async def dead_letter_stats(request: Request) -> Response:
         return answer(admin.dead_letter_stats(Filter.of(request.query_params, strict=False).select(dead())))
@@ -152,7 +155,7 @@ def admin_routes(engine: Engine) -> list[Route]:
 
     async def workers(request: Request) -> Response:
         rows, summary = engine.workers.listing(utcnow())
-        running = Counter(r.get("worker_id") for r in engine.jobs() if r["state"] == "active")
+        running = Counter(r.get("worker_id") for r in engine.jobs(state="active"))
         for row in rows:  # what the records say it holds, not what its last heartbeat said
             row["active_jobs"] = running[row["id"]]
         return answer({**admin.paged(rows, request.query_params), "summary": summary, "scope": SCOPE})
@@ -165,7 +168,7 @@ def admin_routes(engine: Engine) -> list[Route]:
 
     async def worker(request: Request) -> Response:
         found = _worker(request.path_params["worker_id"])
-        active = [admin.summary(r) for r in engine.jobs() if r["state"] == "active" and r.get("worker_id") == found.id]
+        active = [admin.summary(r) for r in engine.jobs(state="active") if r.get("worker_id") == found.id]
         return answer({**found.public(utcnow()), "jobs": active})
 
     async def quiet(request: Request) -> Response:

@@ -479,9 +479,11 @@ class Engine:
 
     # ---- admin: every job, retry, delete, a worker's jobs --------------------------------------
 
-    def jobs(self) -> list[dict]:
-        """Every job record held (finished ones until their retention ends)."""
-        return [self.index.get(job_id)[0] for job_id in list(self.index.jobs)]
+    def jobs(self, queue: str | None = None, state: str | None = None) -> list[dict]:
+        """Every job record held (finished ones until their retention ends), of `queue` and in `state`
+        when given: those are held beside each record, so only the records asked for are decoded."""
+        return [self.index.get(job_id)[0] for job_id, held in list(self.index.jobs.items())
+                if (queue is None or held[2] == queue) and (state is None or held[3] == state)]
 
     async def retry(self, job_id: str) -> dict:
         """A discarded or cancelled job runs again: available, attempt 0, its errors kept as history.
@@ -509,8 +511,8 @@ class Engine:
         """A stale worker's active jobs go back to their queues now, each attempt recorded as failed
         (`worker_lost`), rather than when their leases end."""
         released = []
-        for record in self.jobs():
-            if record["state"] == ACTIVE and record.get("worker_id") == worker_id:
+        for record in self.jobs(state=ACTIVE):
+            if record.get("worker_id") == worker_id:
                 held = self.index.get(record["id"])
                 error = {"code": "worker_lost", "type": "WorkerLost", "retryable": True,
                          "message": f"worker {worker_id} was deregistered while it ran attempt {record['attempt']}"}
