@@ -34,6 +34,7 @@ test: $(STAMP) browser
 browser:
 	@if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then \
 	  if [ "$$(id -u)" != 0 ]; then echo "error: the browser tests need Debian's chromium and chromium-driver: sudo apt-get install chromium chromium-driver" >&2; exit 2; fi; \
+	  export DEBIAN_FRONTEND=noninteractive; \
 	  apt-get install -y -q chromium chromium-driver >/dev/null 2>&1 || \
 	  { apt-get update -q >/dev/null && apt-get install -y -q chromium chromium-driver >/dev/null; }; \
 	fi
