@@ -1,0 +1,132 @@
+"""The job store in memory: the engine's rules tested in a unit tier without NATS, on a clock the test
+moves (`advance`), so a lease or a retry due in an hour takes no time. It keeps the port's promises
+(tests/test_jobs_store_contract.py), not NATS' performance.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import itertools
+from collections import deque
+from datetime import datetime, timedelta, timezone
+
+from seamq.jobs.ports import Conflict, Fired, Taken, Write
+
+
+ACK_WAIT = timedelta(seconds=30)  # a fired timer not `done` by then is handed out again (a server died)
+
+
+class Clock:
+    def __init__(self, start: datetime | None = None) -> None:
+        self.now = start or datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+class MemoryJobStore:
+    def __init__(self, clock: Clock | None = None) -> None:
+        self.clock = clock or Clock()
+        self.records: dict[str, tuple[dict, int]] = {}
+        self.revision = 0
+        self.seq = itertools.count(1)
+        # queue -> priority -> entries in the order offered: (seq, job id, revision, deliveries)
+        self.ready: dict[str, dict[int, deque[tuple[int, str, int, int]]]] = {}
+        self.held: dict[str, tuple[datetime, str, int, tuple[int, str, int, int]]] = {}  # hold -> (until, queue, prio, entry)
+        self.timers: dict[tuple[str, str], tuple[datetime, dict]] = {}
+        self.handed: dict[tuple[str, str], tuple[datetime, dict]] = {}  # fired, not yet done: (when, token)
+
+    # ---- records ------------------------------------------------------------------------------------
+
+    async def get(self, key: str) -> tuple[dict, int] | None:
+        held = self.records.get(key)
+        return (copy.deepcopy(held[0]), held[1]) if held else None
+
+    async def commit(self, writes: list[Write]) -> list[int]:
+        for write in writes:  # every check first: all or none
+            current = self.records.get(write.key)
+            if (current[1] if current else 0) != write.revision:
+                raise Conflict(write.key)
+        out = []
+        for write in writes:
+            self.revision += 1
+            self.records[write.key] = (copy.deepcopy(write.record), self.revision)
+            out.append(self.revision)
+        return out
+
+    async def delete(self, key: str) -> None:
+        self.records.pop(key, None)
+
+    # ---- the ready order ----------------------------------------------------------------------------
+
+    async def offer(self, queue: str, priority: int, job_id: str, revision: int) -> None:
+        self._queue(queue, priority).append((next(self.seq), job_id, revision, 0))
+
+    def _queue(self, queue: str, priority: int) -> deque:
+        return self.ready.setdefault(queue, {}).setdefault(priority, deque())
+
+    def _expire_holds(self) -> None:
+        """Holds that ran out: their entries come back, before later ones (as JetStream redelivers)."""
+        now = self.clock()
+        for hold, (until, queue, priority, entry) in list(self.held.items()):
+            if until <= now:
+                del self.held[hold]
+                waiting = self._queue(queue, priority)
+                waiting.append(entry)
+                self.ready[queue][priority] = deque(sorted(waiting))
+
+    async def take(self, queue: str, count: int, hold_seconds: float) -> list[Taken]:
+        self._expire_holds()
+        out = []
+        for priority in sorted(self.ready.get(queue, {}), reverse=True):
+            waiting = self.ready[queue][priority]
+            while waiting and len(out) < count:
+                seq, job_id, revision, deliveries = waiting.popleft()
+                hold = f"hold.{queue}.{seq}.{deliveries + 1}"
+                entry = (seq, job_id, revision, deliveries + 1)
+                self.held[hold] = (self.clock() + timedelta(seconds=hold_seconds), queue, priority, entry)
+                out.append(Taken(job_id, revision, hold, deliveries + 1))
+        return out
+
+    async def hold(self, hold: str, seconds: float) -> None:
+        found = self.held.get(hold)
+        if found is not None:
+            self.held[hold] = (self.clock() + timedelta(seconds=seconds), *found[1:])
+
+    async def settle(self, hold: str) -> None:
+        self.held.pop(hold, None)
+
+    async def waiting(self, queue: str) -> dict[int, int]:
+        self._expire_holds()
+        return {p: len(entries) for p, entries in self.ready.get(queue, {}).items() if entries}
+
+    # ---- timers -------------------------------------------------------------------------------------
+
+    async def arm(self, kind: str, key: str, at: datetime, token: dict) -> None:
+        self.timers[(kind, key)] = (at, dict(token))
+
+    async def disarm(self, kind: str, key: str) -> None:
+        self.timers.pop((kind, key), None)
+
+    async def fired(self, batch: int = 100, timeout: float = 0.0) -> list[Fired]:
+        now = self.clock()
+        for (kind, key), (handed_at, token) in list(self.handed.items()):
+            if handed_at + ACK_WAIT <= now:  # handed to a server that never said done
+                self.timers.setdefault((kind, key), (handed_at, token))
+                del self.handed[(kind, key)]
+        due = sorted((at, kind, key) for (kind, key), (at, _) in self.timers.items() if at <= now)[:batch]
+        out = []
+        for _, kind, key in due:
+            _, token = self.timers.pop((kind, key))
+            self.handed[(kind, key)] = (now, token)
+            out.append(Fired(kind, key, token, (kind, key)))
+        if not out and timeout:
+            await asyncio.sleep(0)
+        return out
+
+    async def done(self, fired: Fired) -> None:
+        self.handed.pop(fired.handle, None)
