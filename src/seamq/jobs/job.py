@@ -35,7 +35,7 @@ WAITING = frozenset({State.SCHEDULED, State.AVAILABLE, State.RETRYABLE})
 FINISHED = frozenset({State.COMPLETED, State.DISCARDED, State.CANCELLED})
 TIMES = ("created_at", "enqueued_at", "scheduled_at", "started_at", "completed_at", "cancelled_at", "discarded_at",
          "next_attempt_at", "lease_until")
-INTERNAL = {"lease_until": "_lease_until", "dead_letter": "_dlq"}  # stored under these keys, never shown
+INTERNAL = {"lease_until": "_lease_until", "dead_letter": "_dlq", "entry": "_entry", "hold": "_hold"}  # never shown
 ALWAYS = ("enqueued_at", "scheduled_at", "expires_at", "timeout_ms", "tags", "retry", "unique", "options")
 
 
@@ -73,6 +73,8 @@ class Job:
     dead_letter: bool = False
     workflow_id: str | None = None
     workflow_index: int | None = None
+    entry: str | None = None  # the ready entry (and its hold) that this attempt runs under
+    hold: str | None = None
     parent_results: list | None = None
     extra: dict = field(default_factory=dict)  # what else the client sent (specversion, schema, ...)
 
@@ -142,10 +144,11 @@ def _from(job: Job, allowed: frozenset[State] | set[State], what: str) -> None:
         raise conflict(f"cannot {what} job {job.id}: it is {job.state.value}")
 
 
-def claimed(job: Job, now: datetime, worker_id: str | None, lease: timedelta) -> Job:
+def claimed(job: Job, now: datetime, worker_id: str | None, lease: timedelta, entry: str | None = None,
+            hold: str | None = None) -> Job:
     _from(job, {State.AVAILABLE}, "claim")
     return replace(job, state=State.ACTIVE, attempt=job.attempt + 1, started_at=now, worker_id=worker_id,
-                   lease_until=now + lease)
+                   lease_until=now + lease, entry=entry, hold=hold)
 
 
 def extended(job: Job, now: datetime, lease: timedelta) -> Job:
@@ -155,7 +158,8 @@ def extended(job: Job, now: datetime, lease: timedelta) -> Job:
 
 def completed(job: Job, now: datetime, result: Any) -> Job:
     _from(job, {State.ACTIVE}, "acknowledge")
-    return replace(job, state=State.COMPLETED, completed_at=now, result=result, error=None, lease_until=None)
+    return replace(job, state=State.COMPLETED, completed_at=now, result=result, error=None, lease_until=None,
+                   entry=None, hold=None)
 
 
 def failed(job: Job, now: datetime, error: Any, rng: random.Random | None = None) -> Job:
@@ -163,7 +167,8 @@ def failed(job: Job, now: datetime, error: Any, rng: random.Random | None = None
     as a dead letter with `on_exhaustion: dead_letter`) when hopeless or out of attempts."""
     _from(job, {State.ACTIVE}, "fail")
     entry = error_entry(error, job.attempt, now)
-    common = dict(error=_last(entry), errors=(*job.errors, entry), lease_until=None, worker_id=None)
+    common = dict(error=_last(entry), errors=(*job.errors, entry), lease_until=None, worker_id=None, entry=None,
+                  hold=None)
     policy = job.policy
     names = [entry["type"], entry["code"]]
     if isinstance((entry.get("details") or {}).get("error_class"), str):
@@ -182,13 +187,13 @@ def released(job: Job, now: datetime, error: Any) -> Job:
     _from(job, {State.ACTIVE}, "release")
     entry = error_entry(error, job.attempt, now)
     return replace(job, state=State.AVAILABLE, enqueued_at=now, error=_last(entry), errors=(*job.errors, entry),
-                   lease_until=None, worker_id=None)
+                   lease_until=None, worker_id=None, entry=None, hold=None)
 
 
 def cancelled(job: Job, now: datetime) -> Job:
     if job.state in FINISHED:
         raise conflict(f"job {job.id} is {job.state.value}: it can no longer be cancelled")
-    return replace(job, state=State.CANCELLED, cancelled_at=now, lease_until=None)
+    return replace(job, state=State.CANCELLED, cancelled_at=now, lease_until=None, entry=None, hold=None)
 
 
 def expired(job: Job, now: datetime) -> Job:

@@ -89,7 +89,7 @@ class MemoryJobStore:
                 hold = f"hold.{queue}.{seq}.{deliveries + 1}"
                 entry = (seq, job_id, revision, deliveries + 1)
                 self.held[hold] = (self.clock() + timedelta(seconds=hold_seconds), queue, priority, entry)
-                out.append(Taken(job_id, revision, hold, deliveries + 1))
+                out.append(Taken(job_id, revision, f"{queue}.{seq}", hold, deliveries + 1))
         return out
 
     async def hold(self, hold: str, seconds: float) -> None:

@@ -42,7 +42,8 @@ class Taken:
 
     job_id: str
     revision: int
-    hold: str
+    entry: str  # the entry's own id, the same each time it comes
+    hold: str  # this delivery's hold
     deliveries: int  # 1 the first time; more when a hold ran out and it came again
 
 
