@@ -101,8 +101,11 @@ class MemoryJobStore:
         self.held.pop(hold, None)
 
     async def waiting(self, queue: str) -> dict[int, int]:
-        self._expire_holds()
-        return {p: len(entries) for p, entries in self.ready.get(queue, {}).items() if entries}
+        counts = {p: len(entries) for p, entries in self.ready.get(queue, {}).items() if entries}
+        for _, held_queue, priority, _ in self.held.values():
+            if held_queue == queue:
+                counts[priority] = counts.get(priority, 0) + 1
+        return counts
 
     # ---- timers -------------------------------------------------------------------------------------
 

@@ -77,7 +77,7 @@ class JobStore(Protocol):
         """The entry is done with (its job finished, failed or moved on): it never comes again."""
 
     async def waiting(self, queue: str) -> dict[int, int]:
-        """Entries not held, by priority."""
+        """Entries not yet settled (held ones too), by priority."""
 
     async def arm(self, kind: str, key: str, at: datetime, token: dict) -> None: ...
 
