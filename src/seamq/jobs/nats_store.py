@@ -26,7 +26,7 @@ from seamq.jobs import store as v1
 from seamq.jobs.ports import Conflict, Fired, Taken, Write
 
 READY = "OJS_READY"
-FETCH_WAIT = 0.02  # seconds a take waits on a subject whose entries are all held
+FETCH_WAIT = 2.0  # a bound only: the first pull is no_wait, answered at once (a short one lost late replies)
 
 
 def _subject(queue: str, priority: int) -> str:
@@ -38,7 +38,8 @@ class NatsJobStore:
         self.nc, self.js = nc, nc.jetstream()
         self.v1 = v1.JobStore(nc)
         self.timer_ack_wait = timer_ack_wait
-        self._subs: dict[str, object] = {}
+        self._made: set[str] = set()  # consumers known to exist
+        self._free: dict[str, list] = {}  # idle pull subscriptions per subject: one fetch on each at a time
 
     async def start(self) -> "NatsJobStore":
         await self.v1.start()
@@ -51,8 +52,9 @@ class NatsJobStore:
         return self
 
     async def close(self) -> None:
-        for sub in self._subs.values():
-            await sub.unsubscribe()
+        for subs in self._free.values():
+            for sub in subs:
+                await sub.unsubscribe()
         await self.v1.close()
 
     # ---- records: seamq.jobs.store's ----------------------------------------------------------------
@@ -75,14 +77,15 @@ class NatsJobStore:
         await self.js.publish(_subject(queue, priority), json.dumps({"id": job_id, "rev": revision}).encode())
 
     async def _sub(self, subject: str):
-        sub = self._subs.get(subject)
-        if sub is None:
-            durable = "ready-" + subject.removeprefix("ojs.ready.").encode().hex()
+        """An idle pull subscription on the subject's consumer (nats-py's fetch is one at a time on each)."""
+        durable = "ready-" + subject.removeprefix("ojs.ready.").encode().hex()
+        if subject not in self._made:
             await self.js.add_consumer(READY, ConsumerConfig(
                 durable_name=durable, filter_subject=subject, ack_policy=AckPolicy.EXPLICIT, ack_wait=30,
                 max_deliver=-1, deliver_policy=DeliverPolicy.ALL, max_ack_pending=100_000))
-            sub = self._subs[subject] = await self.js.pull_subscribe_bind(consumer=durable, stream=READY)
-        return sub
+            self._made.add(subject)
+        free = self._free.setdefault(subject, [])
+        return free.pop() if free else await self.js.pull_subscribe_bind(consumer=durable, stream=READY)
 
     async def waiting(self, queue: str) -> dict[int, int]:
         info = await self.js.stream_info(READY, subjects_filter=f"ojs.ready.{queue}.*")
@@ -93,11 +96,14 @@ class NatsJobStore:
         for priority in sorted(await self.waiting(queue), reverse=True):
             if len(out) >= count:
                 break
-            sub = await self._sub(_subject(queue, priority))
+            subject = _subject(queue, priority)
+            sub = await self._sub(subject)
             try:
                 messages = await sub.fetch(count - len(out), timeout=FETCH_WAIT)
             except (NatsTimeout, asyncio.TimeoutError):
                 continue
+            finally:
+                self._free[subject].append(sub)
             for m in messages:
                 await self._nak(m.reply, hold_seconds)  # the hold
                 body = json.loads(m.data)
