@@ -13,12 +13,10 @@ ready order as a JetStream work-queue stream held as leases.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from datetime import datetime
 
 from nats.aio.client import Client
-from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import BadRequestError
 
@@ -26,7 +24,7 @@ from seamq.jobs import store as v1
 from seamq.jobs.ports import Conflict, Fired, Taken, Write
 
 READY = "OJS_READY"
-FETCH_WAIT = 2.0  # a bound only: the first pull is no_wait, answered at once (a short one lost late replies)
+REPLY_WAIT = 5.0  # seconds for the server's answer to a no_wait pull (it answers at once; this only bounds it)
 
 
 def _subject(queue: str, priority: int) -> str:
@@ -39,7 +37,7 @@ class NatsJobStore:
         self.v1 = v1.JobStore(nc)
         self.timer_ack_wait = timer_ack_wait
         self._made: set[str] = set()  # consumers known to exist
-        self._free: dict[str, list] = {}  # idle pull subscriptions per subject: one fetch on each at a time
+        self._inboxes: list = []  # idle reply subscriptions, one pull at a time on each
 
     async def start(self) -> "NatsJobStore":
         await self.v1.start()
@@ -52,9 +50,8 @@ class NatsJobStore:
         return self
 
     async def close(self) -> None:
-        for subs in self._free.values():
-            for sub in subs:
-                await sub.unsubscribe()
+        for _, sub in self._inboxes:
+            await sub.unsubscribe()
         await self.v1.close()
 
     # ---- records: seamq.jobs.store's ----------------------------------------------------------------
@@ -76,16 +73,38 @@ class NatsJobStore:
     async def offer(self, queue: str, priority: int, job_id: str, revision: int) -> None:
         await self.js.publish(_subject(queue, priority), json.dumps({"id": job_id, "rev": revision}).encode())
 
-    async def _sub(self, subject: str):
-        """An idle pull subscription on the subject's consumer (nats-py's fetch is one at a time on each)."""
+    async def _consumer(self, subject: str) -> str:
         durable = "ready-" + subject.removeprefix("ojs.ready.").encode().hex()
         if subject not in self._made:
             await self.js.add_consumer(READY, ConsumerConfig(
                 durable_name=durable, filter_subject=subject, ack_policy=AckPolicy.EXPLICIT, ack_wait=30,
                 max_deliver=-1, deliver_policy=DeliverPolicy.ALL, max_ack_pending=100_000))
             self._made.add(subject)
-        free = self._free.setdefault(subject, [])
-        return free.pop() if free else await self.js.pull_subscribe_bind(consumer=durable, stream=READY)
+        return durable
+
+    async def _pull_now(self, durable: str, count: int) -> list:
+        """What the consumer can deliver now, up to `count`: one `no_wait` pull, answered at once.
+        (nats-py's fetch adds `expires`, with which the server lets the pull linger, and it can then
+        deliver an entry whose hold ends meanwhile.)"""
+        inbox, sub = self._inboxes.pop() if self._inboxes else await self._new_inbox()
+        try:
+            await self.nc.publish(f"$JS.API.CONSUMER.MSG.NEXT.{READY}.{durable}",
+                                  json.dumps({"batch": count, "no_wait": True}).encode(), reply=inbox)
+            out = []
+            while len(out) < count:
+                message = await sub.next_msg(timeout=REPLY_WAIT)
+                if message.headers and message.headers.get("Status"):  # 404 no messages, 408 done
+                    break
+                out.append(message)
+            self._inboxes.append((inbox, sub))  # a stray status later only ends a later pull early
+            return out
+        except Exception:
+            await sub.unsubscribe()  # a late answer must not reach the next pull on this inbox
+            raise
+
+    async def _new_inbox(self):
+        inbox = self.nc.new_inbox()
+        return inbox, await self.nc.subscribe(inbox)
 
     async def waiting(self, queue: str) -> dict[int, int]:
         info = await self.js.stream_info(READY, subjects_filter=f"ojs.ready.{queue}.*")
@@ -96,14 +115,8 @@ class NatsJobStore:
         for priority in sorted(await self.waiting(queue), reverse=True):
             if len(out) >= count:
                 break
-            subject = _subject(queue, priority)
-            sub = await self._sub(subject)
-            try:
-                messages = await sub.fetch(count - len(out), timeout=FETCH_WAIT)
-            except (NatsTimeout, asyncio.TimeoutError):
-                continue
-            finally:
-                self._free[subject].append(sub)
+            durable = await self._consumer(_subject(queue, priority))
+            messages = await self._pull_now(durable, count - len(out))
             for m in messages:
                 await self._nak(m.reply, hold_seconds)  # the hold
                 body = json.loads(m.data)
