@@ -133,3 +133,17 @@ async def test_a_requeue_releases_the_job_at_once_without_using_up_attempts(ops)
     assert released["state"] == "available"
     [again] = await ops.fetch(["q"], 1, "w2")
     assert again["attempt"] == 2 and (await ops.ack(again["id"]))["state"] == "completed"
+
+
+async def test_an_ack_to_a_server_whose_copy_is_stale_reads_the_job_and_is_refused_if_it_moved_on(ops, store, clock):
+    other = Operations(store, clock=clock)
+    pushed = await ops.push(job())
+    await ops.fetch(["q"], 1, "w")  # this server keeps its copy of the running job
+    await other.cancel(pushed["id"])  # another server cancels it
+    with pytest.raises(OjsError) as refused:
+        await ops.ack(pushed["id"])
+    assert refused.value.status == 409 and "cancelled" in refused.value.message
+    pushed_again = await ops.push(job())
+    [got] = await other.fetch(["q"], 1, "w2")
+    assert (await ops.ack(got["id"]))["state"] == "completed"  # acked at a server that never held it
+    assert pushed_again["id"] == got["id"]

@@ -37,6 +37,7 @@ class MemoryJobStore:
         # queue -> priority -> entries in the order offered: (seq, job id, revision, deliveries)
         self.ready: dict[str, dict[int, deque[tuple[int, str, int, int]]]] = {}
         self.held: dict[str, tuple[datetime, str, int, tuple[int, str, int, int]]] = {}  # hold -> (until, queue, prio, entry)
+        self.offered: dict[tuple[str, int], dict | None] = {}  # what each entry carries
         self.timers: dict[tuple[str, str], tuple[datetime, dict]] = {}
         self.handed: dict[tuple[str, str], tuple[datetime, dict]] = {}  # fired, not yet done: (when, token)
 
@@ -63,8 +64,9 @@ class MemoryJobStore:
 
     # ---- the ready order ----------------------------------------------------------------------------
 
-    async def offer(self, queue: str, priority: int, job_id: str, revision: int) -> None:
+    async def offer(self, queue: str, priority: int, job_id: str, revision: int, record: dict | None = None) -> None:
         self._queue(queue, priority).append((next(self.seq), job_id, revision, 0))
+        self.offered[(job_id, revision)] = copy.deepcopy(record)
 
     def _queue(self, queue: str, priority: int) -> deque:
         return self.ready.setdefault(queue, {}).setdefault(priority, deque())
@@ -89,7 +91,8 @@ class MemoryJobStore:
                 hold = f"hold.{queue}.{seq}.{deliveries + 1}"
                 entry = (seq, job_id, revision, deliveries + 1)
                 self.held[hold] = (self.clock() + timedelta(seconds=hold_seconds), queue, priority, entry)
-                out.append(Taken(job_id, revision, f"{queue}.{seq}", hold, deliveries + 1))
+                out.append(Taken(job_id, revision, f"{queue}.{seq}", hold, deliveries + 1,
+                                 copy.deepcopy(self.offered.get((job_id, revision)))))
         return out
 
     async def hold(self, hold: str, seconds: float) -> None:

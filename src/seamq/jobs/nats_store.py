@@ -70,8 +70,9 @@ class NatsJobStore:
 
     # ---- the ready order ----------------------------------------------------------------------------
 
-    async def offer(self, queue: str, priority: int, job_id: str, revision: int) -> None:
-        await self.js.publish(_subject(queue, priority), json.dumps({"id": job_id, "rev": revision}).encode())
+    async def offer(self, queue: str, priority: int, job_id: str, revision: int, record: dict | None = None) -> None:
+        entry = {"id": job_id, "rev": revision, "record": record}
+        await self.js.publish(_subject(queue, priority), json.dumps(entry, separators=(",", ":")).encode())
 
     async def _consumer(self, subject: str) -> str:
         durable = "ready-" + subject.removeprefix("ojs.ready.").encode().hex()
@@ -121,7 +122,7 @@ class NatsJobStore:
                 await self._nak(m.reply, hold_seconds)  # the hold
                 body = json.loads(m.data)
                 out.append(Taken(body["id"], body["rev"], str(m.metadata.sequence.stream), m.reply,
-                                 m.metadata.num_delivered))
+                                 m.metadata.num_delivered, body.get("record")))
         return out
 
     async def _nak(self, reply: str, seconds: float) -> None:

@@ -27,6 +27,9 @@ class Operations:
     def __init__(self, store: JobStore, *, clock: Callable[[], datetime] = model.utcnow,
                  rng: random.Random | None = None) -> None:
         self.store, self.clock, self.rng = store, clock, rng or random.Random()
+        # The jobs this server handed out, as it stored them: their ack or heartbeat, which usually comes
+        # back here, needs no read. A copy another server moved on since makes the CAS fail; it is then read.
+        self.mine: dict[str, tuple[J.Job, int]] = {}
 
     # ---- the record -------------------------------------------------------------------------------
 
@@ -38,6 +41,22 @@ class Operations:
             raise not_found(job_id)
         return J.from_record(held[0]), held[1]
 
+    async def _change(self, job_id: Any, move: Callable[[J.Job], J.Job]) -> J.Job:
+        """Apply `move` to the job as last stored here (else as read) and store it; read and try once
+        more when the copy held here was stale."""
+        held = self.mine.get(job_id) if isinstance(job_id, str) else None
+        for attempt in range(2):
+            job, revision = held if held is not None else await self.load(job_id)
+            moved = move(job)
+            try:
+                await self._store(moved, revision, job)
+                return moved
+            except OjsError as exc:
+                if held is None or exc.status != 409:
+                    raise
+                held = None  # stale: read it
+        raise AssertionError("unreachable")
+
     async def _store(self, job: J.Job, revision: int, before: J.Job | None = None) -> int:
         """Write a job's next state by CAS; then what the state needs: an entry in the ready order
         when it became available, its clocks, and the end of the hold it ran under."""
@@ -45,10 +64,14 @@ class Operations:
             [stored] = await self.store.commit([Write(job.id, J.to_record(job), revision, job.state in J.FINISHED)])
         except Conflict:
             raise conflict(f"job {job.id} changed meanwhile; read it again") from None
+        if job.state == J.State.ACTIVE:
+            self.mine[job.id] = (job, stored)
+        else:
+            self.mine.pop(job.id, None)
         if before is not None and before.hold and before.hold != job.hold:
             await self.store.settle(before.hold)
         if job.state == J.State.AVAILABLE:
-            await self.store.offer(job.queue, job.priority, job.id, stored)
+            await self.store.offer(job.queue, job.priority, job.id, stored, J.to_record(job))
         for timer in J.timers(job):
             if timer.kind in ("run", "expire", "timeout"):
                 await self.store.arm(timer.kind, job.id, timer.at, {"attempt": timer.attempt})
@@ -69,10 +92,7 @@ class Operations:
         return J.public((await self.load(job_id))[0])
 
     async def cancel(self, job_id: str) -> dict:
-        job, revision = await self.load(job_id)
-        stopped = J.cancelled(job, self.clock())
-        await self._store(stopped, revision, job)
-        return J.public(stopped)
+        return J.public(await self._change(job_id, lambda job: J.cancelled(job, self.clock())))
 
     # ---- workers ----------------------------------------------------------------------------------
 
@@ -92,6 +112,15 @@ class Operations:
         return out
 
     async def _claim(self, taken: Taken, worker_id: str | None, lease: timedelta) -> J.Job | None:
+        if taken.record is not None and taken.deliveries == 1:  # the common case: claim as offered, no read
+            offered = J.from_record(taken.record)
+            if offered.state == J.State.AVAILABLE:
+                claimed = J.claimed(offered, self.clock(), worker_id, lease, taken.entry, taken.hold)
+                try:
+                    [stored] = await self.store.commit([Write(offered.id, J.to_record(claimed), taken.revision)])
+                    return await self._started(claimed, stored)
+                except Conflict:
+                    pass  # it moved on since: read it, as below
         held = await self.store.get(taken.job_id)
         if held is None:
             await self.store.settle(taken.hold)
@@ -110,26 +139,26 @@ class Operations:
             return None
         claimed = J.claimed(job, now, worker_id, lease, taken.entry, taken.hold)
         try:
-            await self.store.commit([Write(job.id, J.to_record(claimed), revision)])
+            [stored] = await self.store.commit([Write(job.id, J.to_record(claimed), revision)])
         except Conflict:
             return None  # another server moved it first; this entry comes again and is settled then
+        return await self._started(claimed, stored)
+
+    async def _started(self, claimed: J.Job, revision: int) -> J.Job:
+        self.mine[claimed.id] = (claimed, revision)
         for timer in J.timers(claimed):
             if timer.kind == "timeout":
                 await self.store.arm(timer.kind, claimed.id, timer.at, {"attempt": timer.attempt})
         return claimed
 
     async def ack(self, job_id: Any, result: Any = None) -> dict:
-        job, revision = await self.load(job_id)
-        done = J.completed(job, self.clock(), result)
-        await self._store(done, revision, job)
-        return J.public(done)
+        return J.public(await self._change(job_id, lambda job: J.completed(job, self.clock(), result)))
 
     async def nack(self, job_id: Any, error: Any = None, requeue: bool = False) -> dict:
-        job, revision = await self.load(job_id)
-        now = self.clock()
-        moved = J.released(job, now, error) if requeue else J.failed(job, now, error, self.rng)
-        await self._store(moved, revision, job)
-        return J.public(moved)
+        def move(job: J.Job) -> J.Job:
+            now = self.clock()
+            return J.released(job, now, error) if requeue else J.failed(job, now, error, self.rng)
+        return J.public(await self._change(job_id, move))
 
     async def heartbeat(self, worker_id: str, job_ids: list[str], visibility_ms: int | None = None) -> dict:
         lease = timedelta(milliseconds=visibility_ms or DEFAULT_LEASE_MS)

@@ -45,6 +45,7 @@ class Taken:
     entry: str  # the entry's own id, the same each time it comes
     hold: str  # this delivery's hold
     deliveries: int  # 1 the first time; more when a hold ran out and it came again
+    record: dict | None = None  # the record as offered, so a claim needs no read (its CAS checks it)
 
 
 @dataclass(frozen=True)
@@ -63,8 +64,8 @@ class JobStore(Protocol):
 
     async def delete(self, key: str) -> None: ...
 
-    async def offer(self, queue: str, priority: int, job_id: str, revision: int) -> None:
-        """`job_id` became available at `revision`: an entry for its queue's order."""
+    async def offer(self, queue: str, priority: int, job_id: str, revision: int, record: dict | None = None) -> None:
+        """`job_id` became available at `revision` (as `record`): an entry for its queue's order."""
 
     async def take(self, queue: str, count: int, hold_seconds: float) -> list[Taken]:
         """Up to `count` entries of `queue`, highest priority first, then in the order offered; each
