@@ -61,6 +61,11 @@ def test_each_move_starts_only_from_its_states(move):
             assert refused.value.status == 409 and state.value in refused.value.message
 
 
+def test_a_result_of_false_or_zero_is_kept():
+    for result in (False, 0, "", []):
+        assert J.to_record(J.completed(active(), NOW, result))["result"] == result
+
+
 def test_a_claim_then_an_ack():
     claimed = active()
     assert (claimed.state, claimed.attempt, claimed.worker_id, claimed.lease_until) == (

@@ -95,6 +95,8 @@ _FIELDS = {f.name for f in fields(Job)} - {"extra"}
 _STORED = {INTERNAL.get(name, name): name for name in _FIELDS}
 _ORDER = tuple(dict.fromkeys(("id", "type", "queue", "args", "priority", "state", "attempt", "max_attempts", *ALWAYS,
                               *sorted(_FIELDS))))
+_KINDS = {**{name: "time" for name in TIMES}, "state": "state", "errors": "errors", "dead_letter": "flag"}
+_SPEC = tuple((name, INTERNAL.get(name, name), _KINDS.get(name), name in ALWAYS) for name in _ORDER)
 
 
 def from_record(record: dict) -> Job:
@@ -117,18 +119,14 @@ def from_record(record: dict) -> Job:
 def to_record(job: Job) -> dict:
     """The dict to store: the client's other fields, then every field (ISO strings for times)."""
     record = dict(job.extra)
-    for name in _ORDER:
+    for name, key, kind, always in _SPEC:
         value = getattr(job, name)
-        if name in TIMES:
-            value = iso(value) if value is not None else None
-        elif name == "state":
-            value = value.value
-        elif name == "errors":
-            value = list(value) or None
-        elif name == "dead_letter":
-            value = value or None
-        if value is not None or name in ALWAYS:
-            record[INTERNAL.get(name, name)] = value
+        if value is None or (kind in ("flag", "errors") and not value):
+            if always:
+                record[key] = None
+            continue
+        record[key] = iso(value) if kind == "time" else value.value if kind == "state" else \
+            list(value) if kind == "errors" else value
     return record
 
 
