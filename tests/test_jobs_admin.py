@@ -11,7 +11,7 @@ import pytest
 from seamq.jobs.app import build_app
 from seamq.jobs.engine import Engine
 from seamq.jobs.model import utcnow
-from seamq.jobs.store import JobStore
+from seamq.jobs.nats_store import NatsJobStore as JobStore
 
 DEAD = {"max_attempts": 1, "on_exhaustion": "dead_letter"}
 

@@ -8,7 +8,7 @@ import pytest
 
 from seamq.jobs.engine import Engine
 from seamq.jobs.model import OjsError
-from seamq.jobs.store import JobStore
+from seamq.jobs.nats_store import NatsJobStore as JobStore
 
 
 @pytest.fixture
@@ -46,7 +46,7 @@ async def test_wrong_transitions_are_conflicts_and_unknown_ids_not_found(engine)
         await engine.ack(job["id"])
     assert refused.value.status == 409
     with pytest.raises(OjsError) as missing:
-        engine.info("01961111-aaaa-7bbb-8ccc-dddddddddddd")
+        await engine.info("01961111-aaaa-7bbb-8ccc-dddddddddddd")
     assert missing.value.status == 404
 
 
@@ -56,10 +56,10 @@ async def test_a_lease_that_runs_out_is_a_failed_attempt_in_the_history(engine):
     _, job = await engine.push({"type": "a.b", "args": [], "options": {"queue": "lease"}})
     [held] = await engine.fetch(["lease"], worker_id="w-gone", visibility=200)
     for _ in range(200):
-        if engine.info(job["id"])["state"] == "available":
+        if (await engine.info(job["id"]))["state"] == "available":
             break
         await asyncio.sleep(0.05)
-    back = engine.info(job["id"])
+    back = await engine.info(job["id"])
     assert back["state"] == "available" and held["attempt"] == 1
     assert [(e["code"], e["type"], e["attempt"]) for e in back["errors"]] == [("lease_expired", "LeaseExpired", 1)]
     assert "w-gone" in back["errors"][0]["message"]

@@ -100,6 +100,41 @@ async def test_entries_that_come_again_go_before_later_ones(store):
     assert [t.job_id for t in await store.take("q", 2, 5 * store.unit)] == ["early", "late"]
 
 
+async def test_a_withdrawn_entry_is_never_taken_and_no_longer_counted(store):
+    for n in range(3):
+        await store.offer("w", 0, f"j{n}", n + 1)
+    [held] = await store.take("w", 1, 5 * store.unit)
+    await store.withdraw("w", 0, "j1")  # waiting
+    await store.withdraw("w", 0, "j0")  # held: its job was cancelled while it ran
+    assert await store.ready_counts("w") == (1, 0)
+    await later(store, 6)
+    assert [t.job_id for t in await store.take("w", 3, 5 * store.unit)] == ["j2"]
+
+
+async def test_counts_of_finished_jobs_and_armed_timers_by_queue(store):
+    for state in ("completed", "completed", "discarded"):
+        await store.finished("a.b", state)
+    await store.finished("a", "cancelled")
+    assert await store.tally("a.b") == {"completed": 2, "discarded": 1} and await store.tally("a") == {"cancelled": 1}
+    at = now(store) + timedelta(hours=1)
+    for key in ("a.b.j1", "a.b.j2", "a.j3"):
+        await store.arm("retry", key, at, {})
+    assert (await store.armed("retry", "a.b"), await store.armed("retry", "a"), await store.armed("expire", "a")) \
+        == (2, 1, 0)
+    assert set(await store.queues()) >= {"a", "a.b"}
+
+
+async def test_followers_see_what_is_there_then_each_change(store):
+    await store.commit([Write("flag.x", {"_key": "flag.x", "_kind": "flag", "on": True}, None)])
+    seen = store.follow(["flag."])
+    assert await anext(seen) == ("flag.x", {"_key": "flag.x", "_kind": "flag", "on": True}) and await anext(seen) == ("", None)
+    await store.commit([Write("flag.y", {"_key": "flag.y", "_kind": "flag", "on": False}, None), Write("other", {"id": "other"}, None)])
+    assert await asyncio.wait_for(anext(seen), 5) == ("flag.y", {"_key": "flag.y", "_kind": "flag", "on": False})
+    await store.delete("flag.x")
+    assert await asyncio.wait_for(anext(seen), 5) == ("flag.x", None)
+    await seen.aclose()
+
+
 async def test_timers_fire_once_at_their_time_and_a_new_one_replaces_the_old(store):
     u, start = store.unit, now(store)
     await store.arm("run", "j1", start + timedelta(seconds=10 * u), {"attempt": 1})

@@ -1,4 +1,4 @@
-"""Probe (branch engine-v2): engine v2 operations over the NATS store, in process, no HTTP; with time spent per store call.
+"""Probe (branch engine-v2): the engine over the NATS store, in process, no HTTP; with time spent per store call.
 
     PYTHONPATH=src python bench/probes/engine_v2.py 5000
 """
@@ -6,15 +6,14 @@ import asyncio, sys, tempfile, time
 from pathlib import Path
 import nats
 from seamq.dev.embedded import NatsServer
+from seamq.jobs.engine import Engine
 from seamq.jobs.nats_store import NatsJobStore
-from seamq.jobs.operations import Operations
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 10000
 async def main():
     d = Path(tempfile.mkdtemp()); s = NatsServer(d / "nats"); s.start()
     try:
         nc = await nats.connect(s.url)
         store = await NatsJobStore(nc).start()
-        ops = Operations(store)
         import collections, functools
         spent = collections.Counter(); calls = collections.Counter()
         def timed(name, fn):
@@ -24,26 +23,28 @@ async def main():
                 try: return await fn(*a, **k)
                 finally: spent[name] += time.perf_counter() - t0; calls[name] += 1
             return w
-        for name in ("get", "commit", "offer", "take", "waiting", "settle", "arm", "hold"):
+        for name in ("get", "commit", "offer", "take", "settle", "arm", "hold", "emit", "finished"):
             setattr(store, name, timed(name, getattr(store, name)))
+        engine = await Engine(store).start()
         t = time.perf_counter()
         for start in range(0, N, 200):
-            await asyncio.gather(*(ops.push({"type": "t", "args": [i], "options": {"queue": "q"}}) for i in range(start, min(N, start + 200))))
+            await asyncio.gather(*(engine.push({"type": "t", "args": [i], "options": {"queue": "q"}}) for i in range(start, min(N, start + 200))))
         enq = N / (time.perf_counter() - t)
         done = 0
         async def loop():
             nonlocal done
             while done < N:
-                jobs = await ops.fetch(["q"], 10, "w")
+                jobs = await engine.fetch(["q"], 10, "w")
                 if not jobs:
                     await asyncio.sleep(0.001); continue
-                await asyncio.gather(*(ops.ack(j["id"]) for j in jobs))
+                await asyncio.gather(*(engine.ack(j["id"]) for j in jobs))
                 done += len(jobs)
         t = time.perf_counter()
         await asyncio.gather(*(loop() for _ in range(16)))
+        rate = N / (time.perf_counter() - t)
         for k, v in spent.most_common(): print(f"  {k}: {calls[k]} calls, {v:.2f} s total, {v/calls[k]*1000:.2f} ms each")
-        print(f"engine v2 over NATS, in process: enqueue {enq:,.0f}/s, processed {N / (time.perf_counter() - t):,.0f}/s")
-        await store.close(); await nc.close()
+        print(f"engine over NATS, in process: enqueue {enq:,.0f}/s, processed {rate:,.0f}/s")
+        await engine.stop(); await nc.close()
     finally:
         s.kill()
 asyncio.run(main())

@@ -8,12 +8,13 @@ from __future__ import annotations
 import asyncio
 import copy
 import itertools
-from collections import deque
+from collections import Counter, deque
 from datetime import datetime, timedelta, timezone
 
 from seamq.jobs.ports import Conflict, Fired, Taken, Write
 
 
+EVENTS_KEPT = 10_000
 ACK_WAIT = timedelta(seconds=30)  # a fired timer not `done` by then is handed out again (a server died)
 
 
@@ -40,6 +41,13 @@ class MemoryJobStore:
         self.offered: dict[tuple[str, int], dict | None] = {}  # what each entry carries
         self.timers: dict[tuple[str, str], tuple[datetime, dict]] = {}
         self.handed: dict[tuple[str, str], tuple[datetime, dict]] = {}  # fired, not yet done: (when, token)
+        self.log: deque[tuple[int, str, str, bytes]] = deque(maxlen=EVENTS_KEPT)
+        self.ended: Counter[tuple[str, str]] = Counter()
+        self.locks: dict[str, tuple[str, datetime | None]] = {}  # fingerprint -> (job id, until)
+        self.followers: list[tuple[tuple[str, ...], asyncio.Queue]] = []
+
+    async def close(self) -> None:
+        """Nothing to let go of."""
 
     # ---- records ------------------------------------------------------------------------------------
 
@@ -50,23 +58,51 @@ class MemoryJobStore:
     async def commit(self, writes: list[Write]) -> list[int]:
         for write in writes:  # every check first: all or none
             current = self.records.get(write.key)
-            if (current[1] if current else 0) != write.revision:
+            if write.revision is not None and (current[1] if current else 0) != write.revision:
                 raise Conflict(write.key)
         out = []
         for write in writes:
             self.revision += 1
             self.records[write.key] = (copy.deepcopy(write.record), self.revision)
+            self._tell(write.key, write.record)
             out.append(self.revision)
         return out
 
     async def delete(self, key: str) -> None:
-        self.records.pop(key, None)
+        if self.records.pop(key, None) is not None:
+            self._tell(key, None)
+
+    async def scan(self, prefix: str) -> list[tuple[dict, int]]:
+        return [(copy.deepcopy(record), revision) for key, (record, revision) in list(self.records.items())
+                if (key.startswith(prefix) if prefix else "." not in key)]
+
+    async def follow(self, prefixes: list[str]):
+        changes: asyncio.Queue = asyncio.Queue()
+        self.followers.append((tuple(prefixes), changes))
+        for key, (record, _) in list(self.records.items()):
+            if key.startswith(tuple(prefixes)):
+                yield key, copy.deepcopy(record)
+        yield "", None
+        while True:
+            yield await changes.get()
+
+    def _tell(self, key: str, record: dict | None) -> None:
+        for prefixes, changes in self.followers:
+            if key.startswith(prefixes):
+                changes.put_nowait((key, copy.deepcopy(record)))
 
     # ---- the ready order ----------------------------------------------------------------------------
 
     async def offer(self, queue: str, priority: int, job_id: str, revision: int, record: dict | None = None) -> None:
         self._queue(queue, priority).append((next(self.seq), job_id, revision, 0))
         self.offered[(job_id, revision)] = copy.deepcopy(record)
+
+    async def withdraw(self, queue: str, priority: int, job_id: str) -> None:
+        waiting = self._queue(queue, priority)
+        self.ready[queue][priority] = deque(e for e in waiting if e[1] != job_id)
+        for hold, (_, held_queue, _, entry) in list(self.held.items()):
+            if held_queue == queue and entry[1] == job_id:
+                del self.held[hold]
 
     def _queue(self, queue: str, priority: int) -> deque:
         return self.ready.setdefault(queue, {}).setdefault(priority, deque())
@@ -110,6 +146,14 @@ class MemoryJobStore:
                 counts[priority] = counts.get(priority, 0) + 1
         return counts
 
+    async def queues(self) -> list[str]:
+        return sorted({*self.ready, *(queue for queue, _ in self.ended)})
+
+    async def ready_counts(self, queue: str) -> tuple[int, int]:
+        self._expire_holds()
+        waiting = sum(len(entries) for entries in self.ready.get(queue, {}).values())
+        return waiting, sum(1 for held in self.held.values() if held[1] == queue)
+
     # ---- timers -------------------------------------------------------------------------------------
 
     async def arm(self, kind: str, key: str, at: datetime, token: dict) -> None:
@@ -136,3 +180,37 @@ class MemoryJobStore:
 
     async def done(self, fired: Fired) -> None:
         self.handed.pop(fired.handle, None)
+
+    async def armed(self, kind: str, queue: str) -> int:
+        return sum(1 for k, key in [*self.timers, *self.handed] if k == kind and key.rsplit(".", 1)[0] == queue)
+
+    # ---- events and finished jobs --------------------------------------------------------------------
+
+    async def emit(self, queue: str, kind: str, event: bytes) -> None:
+        self.log.append((next(self.seq), queue, kind, event))
+
+    async def events(self, after: int, limit: int) -> list[tuple[int, str, str, bytes]]:
+        return [e for e in self.log if e[0] > after][:limit]
+
+    async def finished(self, queue: str, state: str) -> None:
+        self.ended[(queue, state)] += 1
+
+    async def tally(self, queue: str) -> dict[str, int]:
+        return {state: n for (q, state), n in self.ended.items() if q == queue}
+
+    # ---- unique locks --------------------------------------------------------------------------------
+
+    async def lock_unique(self, fingerprint: str, job_id: str, period: float | None) -> str | None:
+        held = self.locks.get(fingerprint)
+        if held is not None and (held[1] is None or held[1] > self.clock()):
+            return held[0]
+        await self.take_unique(fingerprint, job_id, period)
+        return None
+
+    async def take_unique(self, fingerprint: str, job_id: str, period: float | None) -> None:
+        self.locks[fingerprint] = (job_id, self.clock() + timedelta(seconds=period) if period else None)
+
+    async def wipe(self) -> None:
+        followers = self.followers
+        self.__init__(self.clock)
+        self.followers = followers

@@ -1,34 +1,44 @@
-"""The job store port on NATS (engine v2): records and timers as seamq.jobs.store keeps them, and the
-ready order as a JetStream work-queue stream held as leases.
+"""The job store port on NATS: records and timers as seamq.jobs.store keeps them, the ready order as a
+JetStream work-queue stream held as leases, and the log of events and finished jobs.
 
-- Stream `OJS_READY` (work queue), a subject per queue and priority:
-  `ojs.ready.{queue}.p{priority + 100:03d}`, one durable pull consumer each, shared by every server.
-  An entry is `{"id", "rev"}`. Taking an entry NAKs it at once with a delay: that is the hold, and
+- Stream `OJS_READY` (work queue): an entry per available job on `ojs.ready.{queue}.p{priority + 100:03d}.{id}`,
+  one durable pull consumer per queue and priority (`...p{nnn}.*`), shared by every server. An entry
+  is `{"id", "rev", "record"}`. Taking an entry NAKs it at once with a delay: that is the hold, and
   JetStream delivers it again after the delay unless it is acked first (`+ACK`, from any connection,
-  to the reply subject the job's record keeps). A heartbeat is another NAK with a delay.
-- The order between priorities is the engine's: it asks which subjects hold entries
-  (`stream_info` with a subject filter) and takes from the highest first; within a subject,
+  to the reply subject the job's record keeps). A heartbeat is another NAK with a delay. A job
+  cancelled while it waits has its entry purged by its subject.
+- The order between priorities is the store's: a queue's priorities are a record (`prio.{queue}`)
+  that every server follows, and a take pulls from the highest first; within a priority,
   JetStream's order is first in, first out, with entries that come again before later ones.
+- Streams `OJS_EVENTS` (the last 10,000 events) and `OJS_DONE` (an empty message per finished job
+  on `ojs.done.{queue}.{state}`, kept for the records' retention): the counts of finished jobs are
+  the subject counts of the latter.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from datetime import datetime
+from typing import AsyncIterator
 
 from nats.aio.client import Client
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import BadRequestError
 
 from seamq.jobs import store as v1
+from seamq.jobs.model import decode
 from seamq.jobs.ports import Conflict, Fired, Taken, Write
+from seamq.observability import log
 
-READY = "OJS_READY"
+READY, EVENTS, DONE = "OJS_READY", "OJS_EVENTS", "OJS_DONE"
+FOLLOWED = ("queue.", "system.", "limit.", "schema.", "cron.", "prio.")  # wiped with delete markers
+EVENTS_KEPT = 10_000
 REPLY_WAIT = 5.0  # seconds for the server's answer to a no_wait pull (it answers at once; this only bounds it)
 
 
-def _subject(queue: str, priority: int) -> str:
-    return f"ojs.ready.{queue}.p{priority + 100:03d}"
+def _subject(queue: str, priority: int, job_id: str = "*") -> str:
+    return f"ojs.ready.{queue}.p{priority + 100:03d}.{job_id}"
 
 
 class NatsJobStore:
@@ -38,18 +48,30 @@ class NatsJobStore:
         self.timer_ack_wait = timer_ack_wait
         self._made: set[str] = set()  # consumers known to exist
         self._inboxes: list = []  # idle reply subscriptions, one pull at a time on each
+        self._priorities: dict[str, set[int]] = {}  # queue -> the priorities its jobs were offered at
+        self._tasks: list[asyncio.Task] = []
 
     async def start(self) -> "NatsJobStore":
         await self.v1.start()
         config = StreamConfig(name=READY, subjects=["ojs.ready.>"], retention=RetentionPolicy.WORK_QUEUE,
                               storage=StorageType.FILE)
-        try:
-            await self.js.add_stream(config)
-        except BadRequestError:
-            await self.js.update_stream(config)
+        for config in (config, StreamConfig(name=EVENTS, subjects=["ojs.event"], max_msgs=EVENTS_KEPT,
+                                            storage=StorageType.FILE),
+                       StreamConfig(name=DONE, subjects=["ojs.done.>"], max_age=v1.RECORD_TTL_SECONDS,
+                                    storage=StorageType.FILE)):
+            try:
+                await self.js.add_stream(config)
+            except BadRequestError:
+                await self.js.update_stream(config)
+        for key, record in [(r["_key"], r) for r, _ in await self.scan("prio.")]:
+            self._priorities[key.removeprefix("prio.")] = set(record["priorities"])
+        self._tasks.append(asyncio.create_task(self._follow_priorities()))
         return self
 
     async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         for _, sub in self._inboxes:
             await sub.unsubscribe()
         await self.v1.close()
@@ -60,22 +82,79 @@ class NatsJobStore:
         return await self.v1.get(key)
 
     async def commit(self, writes: list[Write]) -> list[int]:
-        try:
-            return await self.v1.commit([v1.Write(w.record, w.revision, w.finished) for w in writes])
-        except v1.Conflict as exc:
-            raise Conflict(str(exc)) from None
+        return await self.v1.commit(writes)
 
     async def delete(self, key: str) -> None:
         await self.v1.delete(key)
 
+    async def scan(self, prefix: str) -> list[tuple[dict, int]]:
+        return [held async for held in self.v1.all_records(f"{prefix}>" if prefix else "*")]
+
+    async def follow(self, prefixes: list[str]) -> AsyncIterator[tuple[str, dict | None]]:
+        changes: asyncio.Queue = asyncio.Queue()
+
+        async def watch(prefix: str) -> None:
+            async for entry in await self.v1.jobs.watch(f"{prefix}>"):
+                if entry is None:  # what was there at the start has all come
+                    changes.put_nowait(("", prefix))
+                else:
+                    changes.put_nowait((entry.key, decode(entry.value) if entry.value and not entry.operation
+                                        else None))
+
+        tasks = [asyncio.create_task(watch(prefix)) for prefix in prefixes]
+        started = set()
+        try:
+            while True:
+                key, record = await changes.get()
+                if key:
+                    yield key, record
+                    continue
+                started.add(record)
+                if len(started) == len(prefixes):
+                    yield "", None
+        finally:
+            for task in tasks:
+                task.cancel()
+
     # ---- the ready order ----------------------------------------------------------------------------
 
     async def offer(self, queue: str, priority: int, job_id: str, revision: int, record: dict | None = None) -> None:
+        if priority not in self._priorities.get(queue, ()):
+            await self._register(queue, priority)
         entry = {"id": job_id, "rev": revision, "record": record}
-        await self.js.publish(_subject(queue, priority), json.dumps(entry, separators=(",", ":")).encode())
+        await self.js.publish(_subject(queue, priority, job_id), json.dumps(entry, separators=(",", ":")).encode())
+
+    async def withdraw(self, queue: str, priority: int, job_id: str) -> None:
+        await self.js.purge_stream(READY, subject=_subject(queue, priority, job_id))
+
+    async def _register(self, queue: str, priority: int) -> None:
+        """A queue's priorities are a record every server follows: a take asks only those, highest
+        first, with no request to find which subjects hold entries."""
+        key = f"prio.{queue}"
+        for _ in range(10):
+            held = await self.v1.get(key)
+            known = {*(held[0]["priorities"] if held else ()), priority}
+            try:
+                await self.v1.commit([Write(key, {"_key": key, "priorities": sorted(known)}, held[1] if held else 0)])
+            except Conflict:
+                continue  # another server added one meanwhile
+            self._priorities[queue] = known
+            return
+
+    async def _follow_priorities(self) -> None:
+        while True:
+            try:
+                async for key, record in self.follow(["prio."]):
+                    if key:
+                        self._priorities[key.removeprefix("prio.")] = set(record["priorities"] if record else ())
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # NATS away: the client reconnects
+                log.warning("ojs_follow_failed", error=f"{type(exc).__name__}: {exc}")
+            await asyncio.sleep(0.5)
 
     async def _consumer(self, subject: str) -> str:
-        durable = "ready-" + subject.removeprefix("ojs.ready.").encode().hex()
+        durable = "ready-" + subject.removeprefix("ojs.ready.").removesuffix(".*").encode().hex()
         if subject not in self._made:
             await self.js.add_consumer(READY, ConsumerConfig(
                 durable_name=durable, filter_subject=subject, ack_policy=AckPolicy.EXPLICIT, ack_wait=30,
@@ -108,12 +187,16 @@ class NatsJobStore:
         return inbox, await self.nc.subscribe(inbox)
 
     async def waiting(self, queue: str) -> dict[int, int]:
-        info = await self.js.stream_info(READY, subjects_filter=f"ojs.ready.{queue}.*")
-        return {int(s.rsplit(".p", 1)[1]) - 100: n for s, n in (info.state.subjects or {}).items() if n}
+        out = {}
+        for priority in self._priorities.get(queue, ()):
+            info = await self.js.consumer_info(READY, await self._consumer(_subject(queue, priority)))
+            if info.num_pending + info.num_ack_pending:
+                out[priority] = info.num_pending + info.num_ack_pending
+        return out
 
     async def take(self, queue: str, count: int, hold_seconds: float) -> list[Taken]:
         out: list[Taken] = []
-        for priority in sorted(await self.waiting(queue), reverse=True):
+        for priority in sorted(self._priorities.get(queue, ()), reverse=True):
             if len(out) >= count:
                 break
             durable = await self._consumer(_subject(queue, priority))
@@ -124,6 +207,19 @@ class NatsJobStore:
                 out.append(Taken(body["id"], body["rev"], str(m.metadata.sequence.stream), m.reply,
                                  m.metadata.num_delivered, body.get("record")))
         return out
+
+    async def queues(self) -> list[str]:
+        done = await self.js.stream_info(DONE, subjects_filter="ojs.done.>")
+        return sorted({*self._priorities, *(s.removeprefix("ojs.done.").rsplit(".", 1)[0]
+                                            for s in done.state.subjects or {})})
+
+    async def ready_counts(self, queue: str) -> tuple[int, int]:
+        waiting, held = 0, 0
+        for priority in self._priorities.get(queue, ()):
+            info = await self.js.consumer_info(READY, await self._consumer(_subject(queue, priority)))
+            waiting += info.num_pending
+            held += info.num_ack_pending
+        return waiting, held
 
     async def _nak(self, reply: str, seconds: float) -> None:
         await self.nc.publish(reply, b"-NAK " + json.dumps({"delay": int(seconds * 1e9)}).encode())
@@ -147,3 +243,73 @@ class NatsJobStore:
 
     async def done(self, fired: Fired) -> None:
         await self.v1.done(fired.handle)
+
+    async def armed(self, kind: str, queue: str) -> int:
+        """A consumer made for the count and dropped: its pending count is the number of timers."""
+        info = await self.js.add_consumer(v1.TIMERS, ConsumerConfig(
+            filter_subject=f"ojs.sched.{kind}.{queue}.*", ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.ALL,
+            inactive_threshold=10, mem_storage=True))
+        try:
+            return info.num_pending
+        finally:
+            await self.js.delete_consumer(v1.TIMERS, info.name)
+
+    # ---- events and finished jobs --------------------------------------------------------------------
+
+    async def emit(self, queue: str, kind: str, event: bytes) -> None:
+        await self.nc.publish("ojs.event", event, headers={"Ojs-Queue": queue, "Ojs-Kind": kind})
+
+    async def events(self, after: int, limit: int) -> list[tuple[int, str, str, bytes]]:
+        await self.nc.flush()
+        sub = await self.js.pull_subscribe("ojs.event", stream=EVENTS, config=ConsumerConfig(
+            deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=after + 1, ack_policy=AckPolicy.NONE,
+            inactive_threshold=10, mem_storage=True))
+        out: list[tuple[int, str, str, bytes]] = []
+        info = await sub.consumer_info()
+        try:
+            pending = info.num_pending
+            while pending and len(out) < limit:
+                for m in await sub.fetch(min(limit - len(out), 1000), timeout=5):
+                    pending = m.metadata.num_pending
+                    headers = m.headers or {}
+                    out.append((m.metadata.sequence.stream, headers.get("Ojs-Queue", ""),
+                                headers.get("Ojs-Kind", ""), m.data))
+        finally:
+            await sub.unsubscribe()
+            await self.js.delete_consumer(EVENTS, info.name)
+        return out
+
+    async def finished(self, queue: str, state: str) -> None:
+        await self.nc.publish(f"ojs.done.{queue}.{state}", b"")
+
+    async def tally(self, queue: str) -> dict[str, int]:
+        await self.nc.flush()
+        info = await self.js.stream_info(DONE, subjects_filter=f"ojs.done.{queue}.*")
+        return {s.rsplit(".", 1)[1]: n for s, n in (info.state.subjects or {}).items()}
+
+    # ---- intake: jobs enqueued in a database transaction (seamq.jobs.intake) -----------------------------
+
+    async def taken_in(self, batch: int = 100, timeout: float = 1.0) -> list[tuple[bytes, object]]:
+        return await self.v1.taken_in(batch, timeout)
+
+    async def later(self, handle, delay: float) -> None:
+        await self.v1.later(handle, delay)
+
+    async def intake_done(self, handle) -> None:
+        await handle.ack()
+
+    # ---- unique locks, test mode: seamq.jobs.store's ----------------------------------------------------
+
+    async def lock_unique(self, fingerprint: str, job_id: str, period: float | None) -> str | None:
+        return await self.v1.lock_unique(fingerprint, job_id, period)
+
+    async def take_unique(self, fingerprint: str, job_id: str, period: float | None) -> None:
+        await self.v1.take_unique(fingerprint, job_id, period)
+
+    async def wipe(self) -> None:
+        for key in [r["_key"] for prefix in FOLLOWED for r, _ in await self.scan(prefix) if "_key" in r]:
+            await self.v1.jobs.delete(key)  # each server following it hears that it is gone
+        await self.v1.wipe()
+        self._priorities.clear()
+        for stream in (READY, EVENTS, DONE):
+            await self.js.purge_stream(stream)

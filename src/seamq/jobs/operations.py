@@ -1,6 +1,6 @@
-"""The job operations of a server that keeps no index (engine v2, issue 29): every answer comes from
-the store port, so any number of servers serve the same queues, and a server's memory does not grow
-with the backlog. Each state change is a transition of seamq.jobs.job, stored by compare-and-set.
+"""The job operations of a server that keeps no index: every answer comes from the store port, so any
+number of servers serve the same queues, and a server's memory does not grow with the backlog. Each
+state change is a transition of seamq.jobs.job, stored by compare-and-set.
 
 The ready order holds each running job's entry as its lease. When a hold runs out the entry comes
 again to whichever server takes from that queue next: if its job is still running under that entry
@@ -11,22 +11,40 @@ dropped. Timers (scheduled, retry, expiry, timeout) fire once, to one server.
 
 from __future__ import annotations
 
+import asyncio
 import random
 from datetime import datetime, timedelta
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from seamq.jobs import job as J
 from seamq.jobs import model
+from seamq.jobs.activity import Workers
+from seamq.jobs.events import Events
 from seamq.jobs.model import OjsError, conflict, not_found
 from seamq.jobs.ports import Conflict, Fired, JobStore, Taken, Write
+from seamq.jobs.queues import Queues
+from seamq.observability import log
 
-DEFAULT_LEASE_MS = model.DEFAULT_VISIBILITY_MS
+if TYPE_CHECKING:
+    from seamq.jobs.flows import Flows
+
+MINE_KEPT = 100_000  # jobs handed out here, kept for their ack (bounded: most are acked within seconds)
+TRIES = 8  # a job's end racing other ends of its workflow
+WAITING_TIMERS = {"run", "expire"}
+
+
+def timer_key(job: J.Job) -> str:
+    return f"{job.queue}.{job.id}"
 
 
 class Operations:
-    def __init__(self, store: JobStore, *, clock: Callable[[], datetime] = model.utcnow,
-                 rng: random.Random | None = None) -> None:
-        self.store, self.clock, self.rng = store, clock, rng or random.Random()
+    def __init__(self, store: JobStore, queues: Queues, events: Events, *, clock: Callable[[], datetime] =
+                 model.utcnow, rng: random.Random | None = None, test_mode: bool = False) -> None:
+        self.store, self.queues, self.events, self.clock = store, queues, events, clock
+        self.rng, self.test_mode = rng or random.Random(), test_mode
+        self.workers = Workers()
+        self.flows: Flows | None = None
+        self.check: Callable[[dict], None] = lambda record: None  # the schema registry's, when it runs
         # The jobs this server handed out, as it stored them: their ack or heartbeat, which usually comes
         # back here, needs no read. A copy another server moved on since makes the CAS fail; it is then read.
         self.mine: dict[str, tuple[J.Job, int]] = {}
@@ -36,134 +54,322 @@ class Operations:
     async def load(self, job_id: Any) -> tuple[J.Job, int]:
         if not isinstance(job_id, str) or not job_id:
             raise model.invalid("job_id is required")
-        held = await self.store.get(job_id)
+        held = await self.store.get(job_id) if "." not in job_id else None
         if held is None:
             raise not_found(job_id)
         return J.from_record(held[0]), held[1]
 
-    async def _change(self, job_id: Any, move: Callable[[J.Job], J.Job]) -> J.Job:
-        """Apply `move` to the job as last stored here (else as read) and store it; read and try once
-        more when the copy held here was stale."""
-        held = self.mine.get(job_id) if isinstance(job_id, str) else None
-        for attempt in range(2):
-            job, revision = held if held is not None else await self.load(job_id)
-            moved = move(job)
+    async def record(self, job_id: Any) -> dict:
+        """A job's whole record (internal fields too), for the extensions that read beside the envelope."""
+        return J.to_record(await self._current(job_id))
+
+    async def _current(self, job_id: Any) -> J.Job:
+        """The job as it is now: one whose lease ran out goes back to its queue as it is read (else it
+        would wait for the next fetch of its queue to meet its entry, as the rescuers of River and Oban
+        wait for their next round)."""
+        job, revision = await self.load(job_id)
+        if job.state == J.State.ACTIVE and job.lease_until and job.lease_until <= self.clock():
+            released = self._lease_expired(job)
             try:
+                await self._store(released, revision, job)
+                return released
+            except OjsError:
+                return (await self.load(job_id))[0]
+        return job
+
+    def _lease_expired(self, job: J.Job) -> J.Job:
+        log.warning("job_lease_expired", job_id=job.id, worker_id=job.worker_id or "?", attempt=job.attempt)
+        return J.released(job, self.clock(), {
+            "code": "lease_expired", "type": "LeaseExpired", "message": f"worker {job.worker_id or '?'} sent no "
+            "ack, nack or heartbeat within the visibility timeout: the job went back to its queue"})
+
+    async def change(self, job_id: Any, move: Callable[[J.Job], J.Job]) -> tuple[J.Job, J.Job]:
+        """Apply `move` to the job as last stored here (else as read) and store it; read and try once
+        more when the copy held here was stale. (before, after)."""
+        held = self.mine.get(job_id) if isinstance(job_id, str) else None
+        while True:
+            job, revision = held if held is not None else await self.load(job_id)
+            try:
+                moved = move(job)
                 await self._store(moved, revision, job)
-                return moved
+                return job, moved
             except OjsError as exc:
                 if held is None or exc.status != 409:
                     raise
-                held = None  # stale: read it
-        raise AssertionError("unreachable")
+                held = None  # the copy held here was stale (moved on through another server): read it
 
     async def _store(self, job: J.Job, revision: int, before: J.Job | None = None) -> int:
-        """Write a job's next state by CAS; then what the state needs: an entry in the ready order
-        when it became available, its clocks, and the end of the hold it ran under."""
-        try:
-            [stored] = await self.store.commit([Write(job.id, J.to_record(job), revision, job.state in J.FINISHED)])
-        except Conflict:
-            raise conflict(f"job {job.id} changed meanwhile; read it again") from None
+        """Write a job's next state by CAS, with its workflow's next move when it ended; then what the
+        state needs: an entry in the ready order when it became available, its clocks, and the end of
+        the hold it ran under."""
+        record, finished = J.to_record(job), job.state in J.FINISHED
+        for attempt in range(TRIES):
+            writes, started, moved = [Write(job.id, record, revision, finished)], [], None
+            if finished and job.workflow_id and self.flows is not None:
+                extra, started, moved = await self.flows.ending(record)
+                writes += extra
+            if job.dead_letter and job.state == J.State.DISCARDED:
+                writes.append(Write(f"dlq.{job.id}", {"_key": f"dlq.{job.id}", "id": job.id}, None, True))
+            try:
+                revisions = await self.store.commit(writes)
+                break
+            except Conflict:
+                current = await self.store.get(job.id) if len(writes) > 1 and attempt < TRIES - 1 else None
+                if current is None or current[1] != revision:
+                    raise conflict(f"job {job.id} changed meanwhile; read it again") from None
+                # the job is as it was: its workflow moved on meanwhile (another of its jobs ended)
+        stored = revisions[0]
         if job.state == J.State.ACTIVE:
-            self.mine[job.id] = (job, stored)
+            self._keep(job, stored)
         else:
             self.mine.pop(job.id, None)
         if before is not None and before.hold and before.hold != job.hold:
             await self.store.settle(before.hold)
-        if job.state == J.State.AVAILABLE:
-            await self.store.offer(job.queue, job.priority, job.id, stored, J.to_record(job))
-        for timer in J.timers(job):
-            if timer.kind in ("run", "expire", "timeout"):
-                await self.store.arm(timer.kind, job.id, timer.at, {"attempt": timer.attempt})
+        if finished and before is not None and before.state == J.State.AVAILABLE:
+            await self.store.withdraw(job.queue, job.priority, job.id)
+        if finished and before is not None and before.state in (J.State.SCHEDULED, J.State.RETRYABLE):  # its count
+            await self.store.disarm("scheduled" if before.state == J.State.SCHEDULED else "retry", timer_key(job))
+        await self._ready(job, stored)
+        if finished:
+            await self.store.finished(job.queue, job.state.value)
+        for new, revision in zip(started, revisions[2:]):
+            await self.admitted(new, revision)
+        if self.flows is not None:
+            await self.flows.ended(moved)
         return stored
+
+    def _keep(self, job: J.Job, revision: int) -> None:
+        self.mine[job.id] = (job, revision)
+        if len(self.mine) > MINE_KEPT:  # acked through another server: forget the oldest
+            del self.mine[next(iter(self.mine))]
+
+    async def _ready(self, job: J.Job, revision: int) -> None:
+        if job.state == J.State.AVAILABLE:
+            await self.store.offer(job.queue, job.priority, job.id, revision, J.to_record(job))
+        for timer in J.timers(job):
+            if timer.kind in WAITING_TIMERS:
+                kind = "expire" if timer.kind == "expire" else \
+                    "retry" if job.state == J.State.RETRYABLE else "scheduled"
+                await self.store.arm(kind, timer_key(job), timer.at, {"attempt": timer.attempt})
 
     # ---- producers --------------------------------------------------------------------------------
 
-    async def push(self, body: Any) -> dict:
-        job = J.from_record(model.new_record(body, self.clock()))
+    async def push(self, body: Any) -> tuple[int, dict]:
+        record = model.new_record(body, self.clock())
+        self.check(record)
+        existing = await self._unique(record)
+        if existing is not None:
+            return 200, model.public(existing)
+        await self.create([record])
+        return 201, model.public(record)
+
+    async def push_batch(self, body: Any) -> list[dict]:
+        """All or nothing: every item is validated, then all are stored in one atomic batch."""
+        records = model.new_records(body, self.clock())
+        for index, record in enumerate(records):
+            try:
+                self.check(record)
+            except OjsError as exc:
+                raise OjsError(exc.status, exc.code, f"jobs[{index}]: {exc.message}", details=exc.details) from None
+        await self.create(records)
+        return [model.public(r) for r in records]
+
+    async def create(self, records: list[dict], also: list[Write] = ()) -> None:
+        """New jobs (and `also`, a workflow or a cron that made them) in one atomic batch."""
         try:
-            await self._store(job, 0)
-        except OjsError:
-            raise OjsError(409, "duplicate", f"a job with id {job.id} already exists",
-                           details={"existing_job_id": job.id}) from None
-        return J.public(job)
+            revisions = await self.store.commit([*also, *(Write(r["id"], r, 0) for r in records)])
+        except Conflict:
+            for record in records:
+                if await self.store.get(record["id"]) is not None:
+                    raise OjsError(409, "duplicate", f"a job with id {record['id']} already exists",
+                                   details={"existing_job_id": record["id"]}) from None
+            raise conflict("changed while jobs were created; nothing was created") from None
+        for record, revision in zip(records, revisions[len(also):]):
+            await self.admitted(record, revision)
+
+    async def admitted(self, record: dict, revision: int) -> None:
+        await self._ready(J.from_record(record), revision)
+        await self.queues.learn(record)
+        await self.events.emit("job.enqueued", record)
+
+    async def admit_refused(self, record: dict) -> None:
+        """A relayed job the server refused (seamq.jobs.intake), kept as discarded."""
+        try:
+            await self.store.commit([Write(record["id"], record, 0, finished=True)])
+        except Conflict:
+            return
+        await self.store.finished(record["queue"], record["state"])
+        await self.events.emit("job.discarded", record)
+
+    async def _unique(self, record: dict) -> dict | None:
+        """Apply options.unique: None to go on, or the existing job (on_conflict: ignore)."""
+        unique = record.get("unique")
+        if not unique:
+            return None
+        fingerprint = model.fingerprint(record)
+        period = model.parse_duration(unique["period"]) if unique.get("period") else None
+        holder_id = await self.store.lock_unique(fingerprint, record["id"], period)
+        if holder_id is None:
+            return None
+        holder = await self.store.get(holder_id)
+        states = unique.get("states") or [s for s in model.STATES if s not in model.TERMINAL]
+        if holder is None or holder[0]["state"] not in states:
+            await self.store.take_unique(fingerprint, record["id"], period)
+            return None
+        policy = unique.get("on_conflict", "reject")
+        if policy == "ignore":
+            return holder[0]
+        if policy == "replace":
+            await self.cancel(holder_id)
+            await self.store.take_unique(fingerprint, record["id"], period)
+            return None
+        raise OjsError(409, "duplicate", f"a unique job already exists: {holder_id}",
+                       details={"existing_job_id": holder_id})
 
     async def info(self, job_id: str) -> dict:
-        return J.public((await self.load(job_id))[0])
+        return J.public(await self._current(job_id))
 
     async def cancel(self, job_id: str) -> dict:
-        return J.public(await self._change(job_id, lambda job: J.cancelled(job, self.clock())))
+        _, job = await self.change(job_id, lambda job: J.cancelled(job, self.clock()))
+        record = J.to_record(job)
+        await self.events.emit("job.cancelled", record)
+        return J.public(job)
+
+    async def cancel_all(self, held: list[tuple[dict, int]], also: list[Write]) -> list[dict]:
+        """Jobs not yet ended, cancelled with `also` in one atomic batch (a workflow's cancel);
+        Conflict when one of them moved meanwhile."""
+        now, jobs = self.clock(), [(J.from_record(r), rev) for r, rev in held]
+        jobs = [(job, J.cancelled(job, now), rev) for job, rev in jobs if job.state not in J.FINISHED]
+        await self.store.commit([*also, *(Write(new.id, J.to_record(new), rev, True) for _, new, rev in jobs)])
+        for before, new, _ in jobs:
+            self.mine.pop(new.id, None)
+            if before.hold:
+                await self.store.settle(before.hold)
+            if before.state == J.State.AVAILABLE:
+                await self.store.withdraw(new.queue, new.priority, new.id)
+            await self.store.finished(new.queue, new.state.value)
+        return [J.to_record(new) for _, new, _ in jobs]
 
     # ---- workers ----------------------------------------------------------------------------------
 
-    async def fetch(self, queues: list[str], count: int = 1, worker_id: str | None = None,
-                    visibility_ms: int | None = None) -> list[dict]:
-        lease = timedelta(milliseconds=visibility_ms or DEFAULT_LEASE_MS)
+    async def fetch(self, queues: Any, count: Any = 1, worker_id: Any = None, visibility: Any = None) -> list[dict]:
+        if not isinstance(queues, list) or not queues or not all(isinstance(q, str) for q in queues):
+            raise model.invalid("queues must be a non-empty list of queue names")
+        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= model.MAX_BATCH:
+            raise model.invalid(f"count must be an integer from 1 to {model.MAX_BATCH}")
+        for queue in queues:
+            model.check_queue(queue)
+        self.workers.seen(worker_id, self.clock(), queues)
+        worker = worker_id if isinstance(worker_id, str) else None
+        hold = model.visibility_ms({}, visibility) / 1000
         out: list[dict] = []
         for queue in queues:
-            while len(out) < count:
-                taken = await self.store.take(queue, count - len(out), lease.total_seconds())
+            if len(out) >= count:
+                break
+            if self.queues.paused(queue):
+                continue
+            allowed = await self.queues.take_tokens(queue, count - len(out))
+            got = 0
+            while got < allowed:
+                taken = await self.store.take(queue, allowed - got, hold)
                 if not taken:
                     break
-                for entry in taken:
-                    claimed = await self._claim(entry, worker_id, lease)
+                # Claimed concurrently: a batch costs one round trip, not `count`.
+                for claimed in await asyncio.gather(*(self._claim(t, worker, visibility, hold) for t in taken)):
                     if claimed is not None:
                         out.append(J.public(claimed))
+                        got += 1
+            await self.queues.give_back(queue, allowed - got)
         return out
 
-    async def _claim(self, taken: Taken, worker_id: str | None, lease: timedelta) -> J.Job | None:
+    async def _claim(self, taken: Taken, worker_id: str | None, visibility: Any, hold: float) -> J.Job | None:
         if taken.record is not None and taken.deliveries == 1:  # the common case: claim as offered, no read
-            offered = J.from_record(taken.record)
-            if offered.state == J.State.AVAILABLE:
-                claimed = J.claimed(offered, self.clock(), worker_id, lease, taken.entry, taken.hold)
-                try:
-                    [stored] = await self.store.commit([Write(offered.id, J.to_record(claimed), taken.revision)])
-                    return await self._started(claimed, stored)
-                except Conflict:
-                    pass  # it moved on since: read it, as below
-        held = await self.store.get(taken.job_id)
-        if held is None:
-            await self.store.settle(taken.hold)
-            return None
-        job, revision = J.from_record(held[0]), held[1]
+            job, revision = J.from_record(taken.record), taken.revision
+        else:
+            held = await self.store.get(taken.job_id)
+            if held is None:
+                await self.store.settle(taken.hold)
+                return None
+            job, revision = J.from_record(held[0]), held[1]
         now = self.clock()
         if job.state == J.State.ACTIVE and job.entry == taken.entry:
             if job.lease_until and job.lease_until > now:  # extended while the hold was running out
                 await self.store.hold(taken.hold, (job.lease_until - now).total_seconds())
                 return None
-            job = J.released(job, now, {"code": "lease_expired", "type": "LeaseExpired", "message":
-                                        f"worker {job.worker_id or '?'} sent no ack, nack or heartbeat within the "
-                                        "visibility timeout: the job went back to its queue"})
+            job = self._lease_expired(job)
         elif job.state != J.State.AVAILABLE:  # it moved on since this entry was offered
             await self.store.settle(taken.hold)
             return None
+        if job.expires and job.expires <= now:
+            return await self._expire_taken(job, revision, taken)
+        lease = timedelta(milliseconds=model.visibility_ms(J.to_record(job), visibility))
         claimed = J.claimed(job, now, worker_id, lease, taken.entry, taken.hold)
         try:
             [stored] = await self.store.commit([Write(job.id, J.to_record(claimed), revision)])
         except Conflict:
+            if taken.deliveries == 1 and taken.record is not None:  # the offered copy was stale: read it
+                return await self._claim(Taken(taken.job_id, taken.revision, taken.entry, taken.hold, 2), worker_id,
+                                         visibility, hold)
             return None  # another server moved it first; this entry comes again and is settled then
-        return await self._started(claimed, stored)
-
-    async def _started(self, claimed: J.Job, revision: int) -> J.Job:
-        self.mine[claimed.id] = (claimed, revision)
-        for timer in J.timers(claimed):
-            if timer.kind == "timeout":
-                await self.store.arm(timer.kind, claimed.id, timer.at, {"attempt": timer.attempt})
+        self._keep(claimed, stored)
+        if abs(lease.total_seconds() - hold) > 0.001:
+            await self.store.hold(taken.hold, lease.total_seconds())
+        if claimed.timeout_ms:
+            at = claimed.started_at + timedelta(milliseconds=claimed.timeout_ms)
+            await self.store.arm("timeout", timer_key(claimed), at, {"attempt": claimed.attempt})
+        await self.events.emit("job.started", {"id": claimed.id, "type": claimed.type, "queue": claimed.queue,
+                                               "attempt": claimed.attempt})
         return claimed
 
-    async def ack(self, job_id: Any, result: Any = None) -> dict:
-        return J.public(await self._change(job_id, lambda job: J.completed(job, self.clock(), result)))
+    async def _expire_taken(self, job: J.Job, revision: int, taken: Taken) -> None:
+        try:
+            await self._store(J.expired(job, self.clock()), revision, job)
+            await self.events.emit("job.expired", J.to_record(job))
+        except OjsError:
+            pass
+        await self.store.settle(taken.hold)
 
-    async def nack(self, job_id: Any, error: Any = None, requeue: bool = False) -> dict:
+    async def ack(self, job_id: Any, result: Any = None) -> dict:
+        before, done = await self.change(job_id, lambda job: J.completed(job, self.clock(), result))
+        record = J.to_record(done)
+        duration = round((done.completed_at - before.started_at).total_seconds() * 1000) if before.started_at else 0
+        await self.events.emit("job.completed", record, duration_ms=duration, result=result)
+        return {"acknowledged": True, "id": done.id, "job_id": done.id, "state": "completed",
+                "completed_at": record["completed_at"], "job": J.public(done)}
+
+    async def nack(self, job_id: Any, error: Any = None, requeue: Any = False) -> dict:
         def move(job: J.Job) -> J.Job:
             now = self.clock()
-            return J.released(job, now, error) if requeue else J.failed(job, now, error, self.rng)
-        return J.public(await self._change(job_id, move))
+            return J.released(job, now, error) if requeue is True else J.failed(job, now, error, self.rng)
+        _, failed = await self.change(job_id, move)
+        return await self._failed(failed)
 
-    async def heartbeat(self, worker_id: str, job_ids: list[str], visibility_ms: int | None = None) -> dict:
-        lease = timedelta(milliseconds=visibility_ms or DEFAULT_LEASE_MS)
+    async def _failed(self, failed: J.Job) -> dict:
+        record = J.to_record(failed)
+        if failed.state == J.State.RETRYABLE:
+            await self.events.emit("job.retrying", record)
+        elif failed.state == J.State.DISCARDED:
+            await self.events.emit("job.discarded", record)
+        answer = {"id": failed.id, "job_id": failed.id, "state": failed.state.value, "attempt": failed.attempt,
+                  "max_attempts": failed.max_attempts, "job": J.public(failed)}
+        keys = ("retry_delay_ms", "next_attempt_at") if failed.state == J.State.RETRYABLE else ()
+        for key in (*keys, "discarded_at", "completed_at"):
+            if record.get(key) is not None:
+                answer[key] = record[key]
+        return answer
+
+    async def heartbeat(self, worker_id: Any, active_jobs: Any, visibility: Any = None,
+                        active_job_ids: Any = None) -> dict:
+        """Extend the leases of the jobs the worker names. `jobs_cancelled` names those cancelled
+        meanwhile; `state: terminate` asks the worker to stop when every job it named was cancelled
+        (the SDKs' workers know no other way to stop one job, and none of its other jobs is hurt)."""
+        if not isinstance(worker_id, str) or not worker_id:
+            raise model.invalid("worker_id is required")
+        ids = model.heartbeat_ids(active_jobs, active_job_ids)
+        now = self.clock()
+        directive = self.workers.beat(worker_id, len(ids), now) or "running"  # asked through the admin API
         extended, cancelled = [], []
-        for job_id in job_ids:
+        for job_id in ids:
             try:
                 job, revision = await self.load(job_id)
             except OjsError:
@@ -172,42 +378,46 @@ class Operations:
                 cancelled.append(job_id)
             if job.state != J.State.ACTIVE:
                 continue
-            longer = J.extended(job, self.clock(), lease)
+            lease = timedelta(milliseconds=model.visibility_ms(J.to_record(job), visibility))
+            longer = J.extended(job, now, lease)
             try:
-                await self.store.commit([Write(job.id, J.to_record(longer), revision)])
+                stored = (await self.store.commit([Write(job.id, J.to_record(longer), revision)]))[0]
             except Conflict:
                 continue
+            self._keep(longer, stored)
             await self.store.hold(job.hold, lease.total_seconds())
             extended.append(job_id)
-        return {"jobs_extended": extended, "jobs_cancelled": cancelled}
+            hook = ((job.options or {}).get("metadata") or {}).get("test_directive")
+            if self.test_mode and hook in ("quiet", "terminate"):
+                directive = hook
+        if cancelled and len(cancelled) == len(ids):
+            directive = "terminate"
+        return {"state": directive, "jobs_extended": extended, "jobs_cancelled": cancelled,
+                "server_time": model.iso(now)}
 
     # ---- clocks -----------------------------------------------------------------------------------
 
     async def fire(self, fired: Fired) -> None:
-        """A timer came due (to this server alone): move the job if the timer still applies."""
-        held = await self.store.get(fired.key)
+        """A job's timer came due (to this server alone): move the job if the timer still applies."""
+        held = await self.store.get(fired.key.rsplit(".", 1)[-1])
         if held is not None:
             job, revision = J.from_record(held[0]), held[1]
             if fired.token.get("attempt") == job.attempt:
                 await self._due(fired.kind, job, revision)
-        await self.store.done(fired)
 
     async def _due(self, kind: str, job: J.Job, revision: int) -> None:
         now = self.clock()
         try:
-            if kind == "run" and job.state in (J.State.SCHEDULED, J.State.RETRYABLE):
+            if kind in ("scheduled", "retry") and job.state in (J.State.SCHEDULED, J.State.RETRYABLE):
                 await self._store(J.due(job, now), revision, job)
             elif kind == "expire" and job.state in J.WAITING:
-                await self._store(J.expired(job, now), revision, job)
+                expired = J.expired(job, now)
+                await self._store(expired, revision, job)
+                await self.events.emit("job.expired", J.to_record(expired))
             elif kind == "timeout" and job.state == J.State.ACTIVE:
                 error = {"code": "timeout", "type": "timeout", "message": f"exceeded timeout_ms={job.timeout_ms}"}
-                await self._store(J.failed(job, now, error, self.rng), revision, job)
+                failed = J.failed(job, now, error, self.rng)
+                await self._store(failed, revision, job)
+                await self._failed(failed)
         except OjsError:  # another server or request moved it first: the timer no longer applies
             pass
-
-    async def tick(self, batch: int = 100) -> int:
-        """Fire what is due now; how many timers fired."""
-        fired = await self.store.fired(batch, 0)
-        for timer in fired:
-            await self.fire(timer)
-        return len(fired)

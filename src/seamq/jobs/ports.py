@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol
+from typing import AsyncIterator, Protocol
 
 
 class Conflict(Exception):
@@ -26,12 +26,12 @@ class Conflict(Exception):
 
 @dataclass(frozen=True)
 class Write:
-    """One record to store: `revision` 0 creates the key (refused if it exists), else a CAS on it.
-    A `finished` record is kept for the retention period only."""
+    """One record to store: `revision` 0 creates the key (refused if it exists), None writes it
+    whatever is there, else a CAS on it. A `finished` record is kept for the retention period only."""
 
     key: str
     record: dict
-    revision: int = 0
+    revision: int | None = 0
     finished: bool = False
 
 
@@ -64,8 +64,20 @@ class JobStore(Protocol):
 
     async def delete(self, key: str) -> None: ...
 
+    async def scan(self, prefix: str) -> list[tuple[dict, int]]:
+        """Every record whose key starts with `prefix` (a dotted one such as `cron.`; "" for the jobs,
+        whose keys have no dot): a pass over the store, for listings, never kept."""
+
+    def follow(self, prefixes: list[str]) -> "AsyncIterator[tuple[str, dict | None]]":
+        """Every record under `prefixes` as it is now, then ("", None), then each change as it happens
+        (None: deleted). For the few records every server needs at hand: queue flags, limits, schemas,
+        crons."""
+
     async def offer(self, queue: str, priority: int, job_id: str, revision: int, record: dict | None = None) -> None:
         """`job_id` became available at `revision` (as `record`): an entry for its queue's order."""
+
+    async def withdraw(self, queue: str, priority: int, job_id: str) -> None:
+        """The job will not run (cancelled or expired while it waited): its entry goes."""
 
     async def take(self, queue: str, count: int, hold_seconds: float) -> list[Taken]:
         """Up to `count` entries of `queue`, highest priority first, then in the order offered; each
@@ -80,6 +92,12 @@ class JobStore(Protocol):
     async def waiting(self, queue: str) -> dict[int, int]:
         """Entries not yet settled (held ones too), by priority."""
 
+    async def queues(self) -> list[str]:
+        """The queues that hold entries or finished jobs."""
+
+    async def ready_counts(self, queue: str) -> tuple[int, int]:
+        """(entries waiting to be taken, entries held) of `queue`."""
+
     async def arm(self, kind: str, key: str, at: datetime, token: dict) -> None: ...
 
     async def disarm(self, kind: str, key: str) -> None: ...
@@ -88,3 +106,33 @@ class JobStore(Protocol):
         """Timers whose time has come, each handed to one server until `done`."""
 
     async def done(self, fired: Fired) -> None: ...
+
+    async def armed(self, kind: str, queue: str) -> int:
+        """How many timers of `kind` wait for jobs of `queue` (keys `{queue}.{job id}`)."""
+
+    # ---- the log of what happened: events and finished jobs ------------------------------------------
+
+    async def emit(self, queue: str, kind: str, event: bytes) -> None:
+        """Keep an event (the most recent ones are kept)."""
+
+    async def finished(self, queue: str, state: str) -> None:
+        """Count a job of `queue` that ended in `state` (kept for the retention period)."""
+
+    async def events(self, after: int, limit: int) -> list[tuple[int, str, str, bytes]]:
+        """(cursor, queue, kind, event) after `after`, oldest first."""
+
+    async def tally(self, queue: str) -> dict[str, int]:
+        """Jobs of `queue` that finished within the retention period, by state."""
+
+    # ---- unique locks --------------------------------------------------------------------------------
+
+    async def lock_unique(self, fingerprint: str, job_id: str, period: float | None) -> str | None:
+        """Take the lock for `job_id`: None, or the job id that holds it."""
+
+    async def take_unique(self, fingerprint: str, job_id: str, period: float | None) -> None:
+        """Give the lock to `job_id` whoever holds it."""
+
+    async def wipe(self) -> None:
+        """Empty the store (test mode's reset)."""
+
+    async def close(self) -> None: ...

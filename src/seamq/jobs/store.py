@@ -39,6 +39,7 @@ from nats.js.api import (
 from nats.js.errors import APIError, BadRequestError, KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 
 from seamq.jobs.model import decode, encode
+from seamq.jobs.ports import Conflict, Write
 from seamq.nats.pull import PullSource
 from seamq.model import JOBS_STREAM, JOBS_SUBJECT
 
@@ -46,24 +47,6 @@ JOBS, UNIQUE, TIMERS, TIMER_CONSUMER = "OJS_JOBS", "OJS_UNIQUE", "OJS_TIMERS", "
 INTAKE_CONSUMER = "ojs-intake"
 DUPLICATE_WINDOW = 3600.0  # seconds: a relay re-publishing a job (killed before it marked it) is dropped
 RECORD_TTL_SECONDS = 7 * 86400  # a finished job is kept this long (KV per-message TTL)
-
-
-class Conflict(Exception):
-    """A CAS lost: someone else changed the record (or created the key) first."""
-
-
-@dataclass(frozen=True)
-class Write:
-    """One record to store: `revision` 0 creates the key (refused if it exists), else a CAS on it.
-    A `finished` record expires after RECORD_TTL_SECONDS."""
-
-    record: dict
-    revision: int = 0
-    finished: bool = False
-
-    @property
-    def key(self) -> str:
-        return self.record.get("_key") or self.record["id"]
 
 
 class JobStore:
@@ -127,13 +110,6 @@ class JobStore:
 
     # ---- records ------------------------------------------------------------------------------
 
-    async def create(self, record: dict) -> int:
-        return (await self.commit([Write(record)]))[0]
-
-    async def update(self, record: dict, revision: int, *, finished: bool = False) -> int:
-        """CAS: the new revision, or Conflict."""
-        return (await self.commit([Write(record, revision, finished)]))[0]
-
     async def commit(self, writes: list[Write]) -> list[int]:
         """Store every write or none (Conflict); the new revisions in order.
 
@@ -148,15 +124,16 @@ class JobStore:
             return await self._publish(writes)
         except Conflict:
             # A create of a key that was deleted must name the delete marker's revision, not 0.
-            markers = [await self._marker(w.key) if not w.revision else 0 for w in writes]
+            markers = [await self._marker(w.key) if w.revision == 0 else 0 for w in writes]
             if not any(markers):
                 raise
-            return await self._publish([Write(w.record, m or w.revision, w.finished) for w, m in zip(writes, markers)])
+            return await self._publish([Write(w.key, w.record, m or w.revision, w.finished)
+                                        for w, m in zip(writes, markers)])
 
     async def _publish(self, writes: list[Write]) -> list[int]:
         batch_id = uuid.uuid4().hex if len(writes) > 1 else None
         for index, write in enumerate(writes, 1):
-            headers = {"Nats-Expected-Last-Subject-Sequence": str(write.revision)}
+            headers = {} if write.revision is None else {"Nats-Expected-Last-Subject-Sequence": str(write.revision)}
             if write.finished:
                 headers["Nats-TTL"] = str(RECORD_TTL_SECONDS)
             if batch_id:
@@ -199,16 +176,17 @@ class JobStore:
     async def delete(self, job_id: str) -> None:
         await self.jobs.purge(job_id)
 
-    async def all_records(self, batch: int = 1000) -> AsyncIterator[tuple[dict, int]]:
-        """Every live record with its revision: one ordered pass over the bucket's last values, pulled
-        a batch at a time (a KV watch is pushed as fast as the server can, and 100k records queued in
-        the client cost far more memory than the engine's whole index)."""
+    async def all_records(self, keys: str = ">", batch: int = 1000) -> AsyncIterator[tuple[dict, int]]:
+        """Every live record under `keys` with its revision: one ordered pass over the bucket's last
+        values, pulled a batch at a time (a KV watch is pushed as fast as the server can, and 100k
+        records queued in the client would cost more memory than the server is allowed)."""
         stream = f"KV_{JOBS}"
-        sub = await self.js.pull_subscribe(f"$KV.{JOBS}.>", stream=stream, config=ConsumerConfig(
+        sub = await self.js.pull_subscribe(f"$KV.{JOBS}.{keys}", stream=stream, config=ConsumerConfig(
             deliver_policy=DeliverPolicy.LAST_PER_SUBJECT, ack_policy=AckPolicy.NONE, inactive_threshold=60,
             mem_storage=True))
+        info = await sub.consumer_info()
         try:
-            pending = (await sub.consumer_info()).num_pending
+            pending = info.num_pending
             while pending:
                 for message in await sub.fetch(batch, timeout=10):
                     pending = message.metadata.num_pending
@@ -216,6 +194,7 @@ class JobStore:
                         yield decode(message.data), message.metadata.sequence.stream
         finally:
             await sub.unsubscribe()
+            await self.js.delete_consumer(stream, info.name)  # else it lingers, and a stream holds 1,000
 
     # ---- unique locks -------------------------------------------------------------------------
 
