@@ -29,6 +29,7 @@ from nats.js.errors import BadRequestError
 from seamq.jobs import store as v1
 from seamq.jobs.model import decode
 from seamq.jobs.ports import Conflict, Fired, Taken, Write
+from seamq.nats.provision import cluster_size
 from seamq.observability import log
 
 READY, EVENTS, DONE = "OJS_READY", "OJS_EVENTS", "OJS_DONE"
@@ -42,9 +43,12 @@ def _subject(queue: str, priority: int, job_id: str = "*") -> str:
 
 
 class NatsJobStore:
-    def __init__(self, nc: Client, *, timer_ack_wait: float = 30) -> None:
+    def __init__(self, nc: Client, *, replicas: int | None = None, timer_ack_wait: float = 30) -> None:
+        """`replicas`: copies of each stream in a cluster; by default 3 in a cluster of 3 or more, else 1."""
         self.nc, self.js = nc, nc.jetstream()
-        self.v1 = v1.JobStore(nc)
+        size = cluster_size(self.js) or 1
+        self.replicas = replicas or (3 if size >= 3 else 1)
+        self.v1 = v1.JobStore(nc, replicas=self.replicas)
         self.timer_ack_wait = timer_ack_wait
         self._made: set[str] = set()  # consumers known to exist
         self._inboxes: list = []  # idle reply subscriptions, one pull at a time on each
@@ -53,12 +57,13 @@ class NatsJobStore:
 
     async def start(self) -> "NatsJobStore":
         await self.v1.start()
-        config = StreamConfig(name=READY, subjects=["ojs.ready.>"], retention=RetentionPolicy.WORK_QUEUE,
-                              storage=StorageType.FILE)
-        for config in (config, StreamConfig(name=EVENTS, subjects=["ojs.event"], max_msgs=EVENTS_KEPT,
-                                            storage=StorageType.FILE),
+        r = self.replicas
+        for config in (StreamConfig(name=READY, subjects=["ojs.ready.>"], retention=RetentionPolicy.WORK_QUEUE,
+                                    storage=StorageType.FILE, num_replicas=r),
+                       StreamConfig(name=EVENTS, subjects=["ojs.event"], max_msgs=EVENTS_KEPT,
+                                    storage=StorageType.FILE, num_replicas=r),
                        StreamConfig(name=DONE, subjects=["ojs.done.>"], max_age=v1.RECORD_TTL_SECONDS,
-                                    storage=StorageType.FILE)):
+                                    storage=StorageType.FILE, num_replicas=r)):
             try:
                 await self.js.add_stream(config)
             except BadRequestError:

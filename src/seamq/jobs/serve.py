@@ -35,7 +35,7 @@ async def serve(settings: Settings, *, host: str, port: int, test_mode: bool = F
     sock = sock or listening_socket(host, port)  # first: a taken port is said before anything starts
     nc = await connect(settings.nats, name="seamq-jobs")
     try:
-        store = await NatsJobStore(nc).start()
+        store = await NatsJobStore(nc, replicas=settings.jobs.replicas).start()
         engine = await Engine(store, test_mode=test_mode).start()
         try:
             tokens = Tokens.parse(*(t.get_secret_value() if t else None for t in (settings.jobs.tokens,

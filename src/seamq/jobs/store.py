@@ -50,8 +50,8 @@ RECORD_TTL_SECONDS = 7 * 86400  # a finished job is kept this long (KV per-messa
 
 
 class JobStore:
-    def __init__(self, nc: Client) -> None:
-        self.nc = nc
+    def __init__(self, nc: Client, *, replicas: int = 1) -> None:
+        self.nc, self.replicas = nc, replicas
         self.js = nc.jetstream()
         self.jobs = self.unique = None
         self._timers_sub = self._intake_sub = None
@@ -61,7 +61,8 @@ class JobStore:
         self.unique = await self._bucket(UNIQUE)
         await self._allow_atomic(f"KV_{JOBS}")
         config = StreamConfig(name=TIMERS, subjects=["ojs.sched.>", "ojs.fire.>"], allow_msg_schedules=True,
-                              max_msgs_per_subject=1, storage=StorageType.FILE, max_age=30 * 86400)
+                              max_msgs_per_subject=1, storage=StorageType.FILE, max_age=30 * 86400,
+                              num_replicas=self.replicas)
         try:
             await self.js.add_stream(config)
         except BadRequestError:
@@ -73,7 +74,7 @@ class JobStore:
         # would wait for the batch or its timeout, and retries are checked 200 ms after they are due).
         self._timers_sub = await PullSource(self.nc, TIMERS, TIMER_CONSUMER, buffer=200).start()
         intake = StreamConfig(name=JOBS_STREAM, subjects=[JOBS_SUBJECT], retention=RetentionPolicy.WORK_QUEUE,
-                              storage=StorageType.FILE, duplicate_window=DUPLICATE_WINDOW)
+                              storage=StorageType.FILE, duplicate_window=DUPLICATE_WINDOW, num_replicas=self.replicas)
         try:
             await self.js.add_stream(intake)
         except BadRequestError:
@@ -86,7 +87,8 @@ class JobStore:
 
     async def _bucket(self, name: str):
         try:
-            return await self.js.create_key_value(KeyValueConfig(bucket=name, history=1, storage=StorageType.FILE))
+            return await self.js.create_key_value(KeyValueConfig(bucket=name, history=1, storage=StorageType.FILE,
+                                                                 replicas=self.replicas))
         except BadRequestError:  # it exists, with atomic batches allowed by an earlier start
             return await self.js.key_value(name)
 
