@@ -92,17 +92,6 @@ def test_failures_retry_by_the_policy_then_discard_and_keep_every_attempt():
     assert (again.state, again.attempt, again.dead_letter, len(again.errors)) == (J.State.AVAILABLE, 0, False, 1)
 
 
-def test_the_same_verdicts_as_the_engine_s_fail_today():
-    for error in ({"type": "Fatal", "message": "x"}, {"message": "x", "retryable": False}, "plain"):
-        for retry in ({}, {"max_attempts": 1}, {"non_retryable_errors": ["Fatal"], "jitter": False}):
-            job = active(retry=retry)
-            record = J.to_record(job)
-            old = model.fail(record, error, NOW, rng=random.Random(7))
-            new_job = J.failed(job, NOW, error, rng=random.Random(7))
-            assert new_job.state.value == old.state and bool(new_job.dead_letter) == old.dead_letter
-            assert J.to_record(new_job).get("retry_delay_ms") == old.fields.get("retry_delay_ms")
-
-
 def test_a_release_puts_it_back_with_the_attempt_in_its_history():
     back = J.released(active(), NOW, {"code": "lease_expired", "type": "LeaseExpired", "message": "gone"})
     assert back.state == J.State.AVAILABLE and back.attempt == 1 and back.enqueued_at == NOW

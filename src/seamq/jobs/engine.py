@@ -37,6 +37,8 @@ from seamq.observability import log
 
 __all__ = ["EVENTS_KEPT", "Engine"]
 
+EARLY_TIMER_TRIES = 10  # a timer that came before the change it was armed for: handed out again, a second apart
+
 
 class Engine:
     def __init__(self, store: JobStore, *, test_mode: bool = False, rng: random.Random | None = None,
@@ -91,8 +93,9 @@ class Engine:
         try:
             if timer.kind == "cron":
                 await self.crontab.fire(timer.key, timer.token.get("attempt"))
-            else:
-                await self.ops.fire(timer)
+            elif not await self.ops.fire(timer) and timer.deliveries < EARLY_TIMER_TRIES:
+                await self.store.again(timer, 1.0)
+                return
             await self.store.done(timer)
         except Exception as exc:  # one bad timer never stops the clock; it comes again
             log.error("ojs_timer_failed", key=timer.key, kind=timer.kind, error=f"{type(exc).__name__}: {exc}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from seamq.jobs import job as J
 from seamq.jobs import workflows
 from seamq.jobs.model import OjsError, conflict
 from seamq.jobs.ports import Conflict, Write
@@ -40,8 +41,10 @@ class Flows:
         moved, started = workflows.job_ended(held[0], record, self.ops.clock())
         if moved is None:
             return [], [], None
+        for job in started:
+            await self.ops.ready(J.from_record(job), job)
         writes = [Write(moved["_key"], moved, held[1], finished=moved["state"] != workflows.RUNNING),
-                  *(Write(job["id"], job, 0) for job in started)]
+                  *map(self.ops.write, started)]
         return writes, started, moved
 
     async def ended(self, moved: dict | None) -> None:

@@ -16,7 +16,8 @@ from datetime import datetime, timedelta
 from enum import Enum
 from typing import Any
 
-from seamq.jobs.model import RetryPolicy, conflict, error_entry, iso, parse_time
+from seamq.jobs.attempts import error_entry
+from seamq.jobs.model import RetryPolicy, conflict, iso, parse_time
 
 RECORD_TTL = timedelta(days=7)  # a finished job is kept this long (the store's per-message TTL)
 

@@ -41,6 +41,7 @@ class MemoryJobStore:
         self.offered: dict[tuple[str, int], dict | None] = {}  # what each entry carries
         self.timers: dict[tuple[str, str], tuple[datetime, dict]] = {}
         self.handed: dict[tuple[str, str], tuple[datetime, dict]] = {}  # fired, not yet done: (when, token)
+        self.deliveries: Counter[tuple[str, str]] = Counter()
         self.log: deque[tuple[int, str, str, bytes]] = deque(maxlen=EVENTS_KEPT)
         self.ended: Counter[tuple[str, str]] = Counter()
         self.locks: dict[str, tuple[str, datetime | None]] = {}  # fingerprint -> (job id, until)
@@ -93,9 +94,10 @@ class MemoryJobStore:
 
     # ---- the ready order ----------------------------------------------------------------------------
 
-    async def offer(self, queue: str, priority: int, job_id: str, revision: int, record: dict | None = None) -> None:
-        self._queue(queue, priority).append((next(self.seq), job_id, revision, 0))
-        self.offered[(job_id, revision)] = copy.deepcopy(record)
+    async def offer(self, queue: str, priority: int, record: dict) -> None:
+        seq = next(self.seq)
+        self._queue(queue, priority).append((seq, record["id"], seq, 0))
+        self.offered[(record["id"], seq)] = copy.deepcopy(record)
 
     async def withdraw(self, queue: str, priority: int, job_id: str) -> None:
         waiting = self._queue(queue, priority)
@@ -127,7 +129,7 @@ class MemoryJobStore:
                 hold = f"hold.{queue}.{seq}.{deliveries + 1}"
                 entry = (seq, job_id, revision, deliveries + 1)
                 self.held[hold] = (self.clock() + timedelta(seconds=hold_seconds), queue, priority, entry)
-                out.append(Taken(job_id, revision, f"{queue}.{seq}", hold, deliveries + 1,
+                out.append(Taken(job_id, f"{queue}.{seq}", hold, deliveries + 1,
                                  copy.deepcopy(self.offered.get((job_id, revision)))))
         return out
 
@@ -157,6 +159,7 @@ class MemoryJobStore:
     # ---- timers -------------------------------------------------------------------------------------
 
     async def arm(self, kind: str, key: str, at: datetime, token: dict) -> None:
+        self.deliveries.pop((kind, key), None)
         self.timers[(kind, key)] = (at, dict(token))
 
     async def disarm(self, kind: str, key: str) -> None:
@@ -173,13 +176,19 @@ class MemoryJobStore:
         for _, kind, key in due:
             _, token = self.timers.pop((kind, key))
             self.handed[(kind, key)] = (now, token)
-            out.append(Fired(kind, key, token, (kind, key)))
+            self.deliveries[(kind, key)] += 1
+            out.append(Fired(kind, key, token, (kind, key), self.deliveries[(kind, key)]))
         if not out and timeout:
             await asyncio.sleep(0)
         return out
 
     async def done(self, fired: Fired) -> None:
         self.handed.pop(fired.handle, None)
+        self.deliveries.pop(fired.handle, None)
+
+    async def again(self, fired: Fired, seconds: float) -> None:
+        if self.handed.pop(fired.handle, None) is not None:
+            self.timers.setdefault(fired.handle, (self.clock() + timedelta(seconds=seconds), fired.token))
 
     async def armed(self, kind: str, queue: str) -> int:
         return sum(1 for k, key in [*self.timers, *self.handed] if k == kind and key.rsplit(".", 1)[0] == queue)

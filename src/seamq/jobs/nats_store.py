@@ -27,7 +27,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, RetentionPolic
 from nats.js.errors import BadRequestError
 
 from seamq.jobs import store as v1
-from seamq.jobs.model import decode
+from seamq.jobs.model import decode, encode
 from seamq.jobs.ports import Conflict, Fired, Taken, Write
 from seamq.nats.provision import cluster_size
 from seamq.observability import log
@@ -123,11 +123,10 @@ class NatsJobStore:
 
     # ---- the ready order ----------------------------------------------------------------------------
 
-    async def offer(self, queue: str, priority: int, job_id: str, revision: int, record: dict | None = None) -> None:
+    async def offer(self, queue: str, priority: int, record: dict) -> None:
         if priority not in self._priorities.get(queue, ()):
             await self._register(queue, priority)
-        entry = {"id": job_id, "rev": revision, "record": record}
-        await self.js.publish(_subject(queue, priority, job_id), json.dumps(entry, separators=(",", ":")).encode())
+        await self.js.publish(_subject(queue, priority, record["id"]), encode(record))
 
     async def withdraw(self, queue: str, priority: int, job_id: str) -> None:
         await self.js.purge_stream(READY, subject=_subject(queue, priority, job_id))
@@ -208,9 +207,9 @@ class NatsJobStore:
             messages = await self._pull_now(durable, count - len(out))
             for m in messages:
                 await self._nak(m.reply, hold_seconds)  # the hold
-                body = json.loads(m.data)
-                out.append(Taken(body["id"], body["rev"], str(m.metadata.sequence.stream), m.reply,
-                                 m.metadata.num_delivered, body.get("record")))
+                record = decode(m.data)
+                out.append(Taken(record["id"], str(m.metadata.sequence.stream), m.reply, m.metadata.num_delivered,
+                                 record))
         return out
 
     async def queues(self) -> list[str]:
@@ -244,10 +243,14 @@ class NatsJobStore:
         await self.v1.disarm(kind, key)
 
     async def fired(self, batch: int = 100, timeout: float = 1.0) -> list[Fired]:
-        return [Fired(kind, key, token, handle) for kind, key, token, handle in await self.v1.fired(batch, timeout)]
+        return [Fired(kind, key, token, handle, handle.metadata.num_delivered)
+                for kind, key, token, handle in await self.v1.fired(batch, timeout)]
 
     async def done(self, fired: Fired) -> None:
         await self.v1.done(fired.handle)
+
+    async def again(self, fired: Fired, seconds: float) -> None:
+        await fired.handle.nak(delay=seconds)
 
     async def armed(self, kind: str, queue: str) -> int:
         """A consumer made for the count and dropped: its pending count is the number of timers."""

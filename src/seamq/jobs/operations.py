@@ -1,12 +1,13 @@
-"""The job operations of a server that keeps no index: every answer comes from the store port, so any
-number of servers serve the same queues, and a server's memory does not grow with the backlog. Each
-state change is a transition of seamq.jobs.job, stored by compare-and-set.
+"""A job's life over the store port (push, fetch, ack, nack, heartbeat, cancel) and its clocks, for
+servers that keep no index: any number of them serve the same queues. Each state change is a
+transition of seamq.jobs.job, stored by compare-and-set.
 
-The ready order holds each running job's entry as its lease. When a hold runs out the entry comes
-again to whichever server takes from that queue next: if its job is still running under that entry
-and its lease has passed, the attempt is recorded as `lease_expired` and the job claimed anew; an
-entry whose job has moved on (finished, cancelled, claimed under another entry) is settled and
-dropped. Timers (scheduled, retry, expiry, timeout) fire once, to one server.
+What a new state needs is written before it: the entry of a job that becomes available, the timers
+of one that waits. A server that dies between the two leaves an entry or a timer that is dropped
+when it comes (its job never moved), never a job that waits for nothing; and the request or the
+timer that made the change gets no answer, so it comes again. A running job's entry is held as
+its lease: when the hold runs out, the entry comes again to whichever server fetches next, which
+records the attempt as `lease_expired` and claims the job anew.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Callable
 
 from seamq.jobs import job as J
-from seamq.jobs import model
+from seamq.jobs import attempts, model, unique
 from seamq.jobs.activity import Workers
 from seamq.jobs.events import Events
 from seamq.jobs.model import OjsError, conflict, not_found
@@ -41,12 +42,11 @@ class Operations:
     def __init__(self, store: JobStore, queues: Queues, events: Events, *, clock: Callable[[], datetime] =
                  model.utcnow, rng: random.Random | None = None, test_mode: bool = False) -> None:
         self.store, self.queues, self.events, self.clock = store, queues, events, clock
-        self.rng, self.test_mode = rng or random.Random(), test_mode
-        self.workers = Workers()
+        self.rng, self.test_mode, self.workers = rng or random.Random(), test_mode, Workers()
         self.flows: Flows | None = None
         self.check: Callable[[dict], None] = lambda record: None  # the schema registry's, when it runs
-        # The jobs this server handed out, as it stored them: their ack or heartbeat, which usually comes
-        # back here, needs no read. A copy another server moved on since makes the CAS fail; it is then read.
+        # The jobs handed out here, as stored: their ack, which usually comes back here, needs no read
+        # (a copy another server moved on since fails its CAS, and is then read).
         self.mine: dict[str, tuple[J.Job, int]] = {}
 
     # ---- the record -------------------------------------------------------------------------------
@@ -99,12 +99,14 @@ class Operations:
                 held = None  # the copy held here was stale (moved on through another server): read it
 
     async def _store(self, job: J.Job, revision: int, before: J.Job | None = None) -> int:
-        """Write a job's next state by CAS, with its workflow's next move when it ended; then what the
-        state needs: an entry in the ready order when it became available, its clocks, and the end of
-        the hold it ran under."""
+        """Write a job's next state by CAS, with its workflow's next move when it ended. What the new
+        state needs comes first: its entry in the ready order when it became available, its clocks
+        (an entry or a timer whose change was never stored is dropped when it comes). Then the end
+        of the hold it ran under."""
         record, finished = J.to_record(job), job.state in J.FINISHED
+        await self.ready(job, record)
         for attempt in range(TRIES):
-            writes, started, moved = [Write(job.id, record, revision, finished)], [], None
+            writes, started, moved = [self.write(record, revision, finished)], [], None
             if finished and job.workflow_id and self.flows is not None:
                 extra, started, moved = await self.flows.ending(record)
                 writes += extra
@@ -129,7 +131,6 @@ class Operations:
             await self.store.withdraw(job.queue, job.priority, job.id)
         if finished and before is not None and before.state in (J.State.SCHEDULED, J.State.RETRYABLE):  # its count
             await self.store.disarm("scheduled" if before.state == J.State.SCHEDULED else "retry", timer_key(job))
-        await self._ready(job, stored)
         if finished:
             await self.store.finished(job.queue, job.state.value)
         for new, revision in zip(started, revisions[2:]):
@@ -143,9 +144,14 @@ class Operations:
         if len(self.mine) > MINE_KEPT:  # acked through another server: forget the oldest
             del self.mine[next(iter(self.mine))]
 
-    async def _ready(self, job: J.Job, revision: int) -> None:
+    @staticmethod
+    def write(record: dict, revision: int | None = 0, finished: bool = False) -> Write:
+        return Write(record["id"], record, revision, finished)
+
+    async def ready(self, job: J.Job, record: dict | None = None) -> None:
+        """Before a job's new state is stored: its entry when it becomes available, and its clocks."""
         if job.state == J.State.AVAILABLE:
-            await self.store.offer(job.queue, job.priority, job.id, revision, J.to_record(job))
+            await self.store.offer(job.queue, job.priority, record or J.to_record(job))
         for timer in J.timers(job):
             if timer.kind in WAITING_TIMERS:
                 kind = "expire" if timer.kind == "expire" else \
@@ -157,7 +163,7 @@ class Operations:
     async def push(self, body: Any) -> tuple[int, dict]:
         record = model.new_record(body, self.clock())
         self.check(record)
-        existing = await self._unique(record)
+        existing = await unique.apply(self.store, record, self.cancel)
         if existing is not None:
             return 200, model.public(existing)
         await self.create([record])
@@ -176,8 +182,9 @@ class Operations:
 
     async def create(self, records: list[dict], also: list[Write] = ()) -> None:
         """New jobs (and `also`, a workflow or a cron that made them) in one atomic batch."""
+        await asyncio.gather(*(self.ready(J.from_record(record), record) for record in records))
         try:
-            revisions = await self.store.commit([*also, *(Write(r["id"], r, 0) for r in records)])
+            revisions = await self.store.commit([*also, *map(self.write, records)])
         except Conflict:
             for record in records:
                 if await self.store.get(record["id"]) is not None:
@@ -188,7 +195,6 @@ class Operations:
             await self.admitted(record, revision)
 
     async def admitted(self, record: dict, revision: int) -> None:
-        await self._ready(J.from_record(record), revision)
         await self.queues.learn(record)
         await self.events.emit("job.enqueued", record)
 
@@ -200,31 +206,6 @@ class Operations:
             return
         await self.store.finished(record["queue"], record["state"])
         await self.events.emit("job.discarded", record)
-
-    async def _unique(self, record: dict) -> dict | None:
-        """Apply options.unique: None to go on, or the existing job (on_conflict: ignore)."""
-        unique = record.get("unique")
-        if not unique:
-            return None
-        fingerprint = model.fingerprint(record)
-        period = model.parse_duration(unique["period"]) if unique.get("period") else None
-        holder_id = await self.store.lock_unique(fingerprint, record["id"], period)
-        if holder_id is None:
-            return None
-        holder = await self.store.get(holder_id)
-        states = unique.get("states") or [s for s in model.STATES if s not in model.TERMINAL]
-        if holder is None or holder[0]["state"] not in states:
-            await self.store.take_unique(fingerprint, record["id"], period)
-            return None
-        policy = unique.get("on_conflict", "reject")
-        if policy == "ignore":
-            return holder[0]
-        if policy == "replace":
-            await self.cancel(holder_id)
-            await self.store.take_unique(fingerprint, record["id"], period)
-            return None
-        raise OjsError(409, "duplicate", f"a unique job already exists: {holder_id}",
-                       details={"existing_job_id": holder_id})
 
     async def info(self, job_id: str) -> dict:
         return J.public(await self._current(job_id))
@@ -253,12 +234,7 @@ class Operations:
     # ---- workers ----------------------------------------------------------------------------------
 
     async def fetch(self, queues: Any, count: Any = 1, worker_id: Any = None, visibility: Any = None) -> list[dict]:
-        if not isinstance(queues, list) or not queues or not all(isinstance(q, str) for q in queues):
-            raise model.invalid("queues must be a non-empty list of queue names")
-        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= model.MAX_BATCH:
-            raise model.invalid(f"count must be an integer from 1 to {model.MAX_BATCH}")
-        for queue in queues:
-            model.check_queue(queue)
+        model.check_fetch(queues, count)
         self.workers.seen(worker_id, self.clock(), queues)
         worker = worker_id if isinstance(worker_id, str) else None
         hold = model.visibility_ms({}, visibility) / 1000
@@ -274,7 +250,6 @@ class Operations:
                 taken = await self.store.take(queue, allowed - got, hold)
                 if not taken:
                     break
-                # Claimed concurrently: a batch costs one round trip, not `count`.
                 for claimed in await asyncio.gather(*(self._claim(t, worker, visibility, hold) for t in taken)):
                     if claimed is not None:
                         out.append(J.public(claimed))
@@ -283,14 +258,11 @@ class Operations:
         return out
 
     async def _claim(self, taken: Taken, worker_id: str | None, visibility: Any, hold: float) -> J.Job | None:
-        if taken.record is not None and taken.deliveries == 1:  # the common case: claim as offered, no read
-            job, revision = J.from_record(taken.record), taken.revision
-        else:
-            held = await self.store.get(taken.job_id)
-            if held is None:
-                await self.store.settle(taken.hold)
-                return None
-            job, revision = J.from_record(held[0]), held[1]
+        held = await self.store.get(taken.job_id)
+        if held is None:  # offered by a push whose record was never stored (its client had no answer)
+            await self.store.settle(taken.hold)
+            return None
+        job, revision = J.from_record(held[0]), held[1]
         now = self.clock()
         if job.state == J.State.ACTIVE and job.entry == taken.entry:
             if job.lease_until and job.lease_until > now:  # extended while the hold was running out
@@ -304,19 +276,16 @@ class Operations:
             return await self._expire_taken(job, revision, taken)
         lease = timedelta(milliseconds=model.visibility_ms(J.to_record(job), visibility))
         claimed = J.claimed(job, now, worker_id, lease, taken.entry, taken.hold)
+        if claimed.timeout_ms:  # armed first: one that comes before the claim is stored waits for it
+            at = claimed.started_at + timedelta(milliseconds=claimed.timeout_ms)
+            await self.store.arm("timeout", timer_key(claimed), at, {"attempt": claimed.attempt})
         try:
             [stored] = await self.store.commit([Write(job.id, J.to_record(claimed), revision)])
         except Conflict:
-            if taken.deliveries == 1 and taken.record is not None:  # the offered copy was stale: read it
-                return await self._claim(Taken(taken.job_id, taken.revision, taken.entry, taken.hold, 2), worker_id,
-                                         visibility, hold)
             return None  # another server moved it first; this entry comes again and is settled then
         self._keep(claimed, stored)
         if abs(lease.total_seconds() - hold) > 0.001:
             await self.store.hold(taken.hold, lease.total_seconds())
-        if claimed.timeout_ms:
-            at = claimed.started_at + timedelta(milliseconds=claimed.timeout_ms)
-            await self.store.arm("timeout", timer_key(claimed), at, {"attempt": claimed.attempt})
         await self.events.emit("job.started", {"id": claimed.id, "type": claimed.type, "queue": claimed.queue,
                                                "attempt": claimed.attempt})
         return claimed
@@ -365,7 +334,7 @@ class Operations:
         (the SDKs' workers know no other way to stop one job, and none of its other jobs is hurt)."""
         if not isinstance(worker_id, str) or not worker_id:
             raise model.invalid("worker_id is required")
-        ids = model.heartbeat_ids(active_jobs, active_job_ids)
+        ids = attempts.heartbeat_ids(active_jobs, active_job_ids)
         now = self.clock()
         directive = self.workers.beat(worker_id, len(ids), now) or "running"  # asked through the admin API
         extended, cancelled = [], []
@@ -397,13 +366,21 @@ class Operations:
 
     # ---- clocks -----------------------------------------------------------------------------------
 
-    async def fire(self, fired: Fired) -> None:
-        """A job's timer came due (to this server alone): move the job if the timer still applies."""
+    async def fire(self, fired: Fired) -> bool:
+        """A job's timer came due (to this server alone): move the job if the timer still applies.
+        False when the change it was armed for is not stored yet (timers are armed first): it is
+        then handed out again a little later, a few times, and dropped if that change never came."""
         held = await self.store.get(fired.key.rsplit(".", 1)[-1])
-        if held is not None:
-            job, revision = J.from_record(held[0]), held[1]
-            if fired.token.get("attempt") == job.attempt:
-                await self._due(fired.kind, job, revision)
+        attempt = fired.token.get("attempt")
+        if held is None:
+            return fired.kind not in ("scheduled", "expire")  # a push not stored yet, or never
+        job, revision = J.from_record(held[0]), held[1]
+        if (fired.kind == "retry" and job.state == J.State.ACTIVE and job.attempt == attempt) or \
+                (fired.kind == "timeout" and job.state == J.State.AVAILABLE and job.attempt + 1 == attempt):
+            return False  # the failure, or the claim, not stored yet
+        if attempt == job.attempt:
+            await self._due(fired.kind, job, revision)
+        return True
 
     async def _due(self, kind: str, job: J.Job, revision: int) -> None:
         now = self.clock()

@@ -4,8 +4,8 @@ and that one contract suite (tests/test_jobs_store_contract.py) holds both to, a
 Three parts, none of which keeps the whole backlog in a server's memory:
 - records, the truth: a dict per key with a revision; writes are compare-and-set, several at once
   all or none;
-- the ready order: an entry per job that became available, taken by priority then first in, first
-  out, and held while its job runs (the hold is the job's lease: it comes back to be taken again if
+- the ready order: an entry per job that became available (offered before its record is stored),
+  taken by priority then first in, first out, and held while its job runs (the hold is the job's lease: it comes back to be taken again if
   not settled in time, whichever server took it and whether or not that server still runs);
 - timers: (kind, key) fires once at its time; a new one for the same kind and key replaces it.
 
@@ -37,15 +37,14 @@ class Write:
 
 @dataclass(frozen=True)
 class Taken:
-    """A ready entry, held: `job_id` at the `revision` that made it available; `hold` names the hold,
-    for any server to extend or settle (it is kept in the job's record)."""
+    """A ready entry, held: `job_id` as offered; `hold` names the hold, for any server to extend or
+    settle (it is kept in the job's record)."""
 
     job_id: str
-    revision: int
     entry: str  # the entry's own id, the same each time it comes
     hold: str  # this delivery's hold
     deliveries: int  # 1 the first time; more when a hold ran out and it came again
-    record: dict | None = None  # the record as offered, so a claim needs no read (its CAS checks it)
+    record: dict  # the job as offered: what makes its record again if that was never stored
 
 
 @dataclass(frozen=True)
@@ -54,6 +53,7 @@ class Fired:
     key: str
     token: dict
     handle: object
+    deliveries: int = 1  # how many times it was handed out
 
 
 class JobStore(Protocol):
@@ -73,8 +73,9 @@ class JobStore(Protocol):
         (None: deleted). For the few records every server needs at hand: queue flags, limits, schemas,
         crons."""
 
-    async def offer(self, queue: str, priority: int, job_id: str, revision: int, record: dict | None = None) -> None:
-        """`job_id` became available at `revision` (as `record`): an entry for its queue's order."""
+    async def offer(self, queue: str, priority: int, record: dict) -> None:
+        """The job (`record`) becomes available: an entry for its queue's order, offered before the
+        record is stored (a server that dies between the two leaves an entry, never a job without one)."""
 
     async def withdraw(self, queue: str, priority: int, job_id: str) -> None:
         """The job will not run (cancelled or expired while it waited): its entry goes."""
@@ -106,6 +107,9 @@ class JobStore(Protocol):
         """Timers whose time has come, each handed to one server until `done`."""
 
     async def done(self, fired: Fired) -> None: ...
+
+    async def again(self, fired: Fired, seconds: float) -> None:
+        """Hand the timer out again in `seconds` (it came before the change it was armed for was stored)."""
 
     async def armed(self, kind: str, queue: str) -> int:
         """How many timers of `kind` wait for jobs of `queue` (keys `{queue}.{job id}`)."""

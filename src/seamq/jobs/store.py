@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import math
 import uuid
-from dataclasses import dataclass
+from dataclasses import replace
 from datetime import datetime, timezone
 from typing import AsyncIterator
 
@@ -129,8 +129,7 @@ class JobStore:
             markers = [await self._marker(w.key) if w.revision == 0 else 0 for w in writes]
             if not any(markers):
                 raise
-            return await self._publish([Write(w.key, w.record, m or w.revision, w.finished)
-                                        for w, m in zip(writes, markers)])
+            return await self._publish([replace(w, revision=m or w.revision) for w, m in zip(writes, markers)])
 
     async def _publish(self, writes: list[Write]) -> list[int]:
         batch_id = uuid.uuid4().hex if len(writes) > 1 else None
