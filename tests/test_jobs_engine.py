@@ -8,12 +8,12 @@ import pytest
 
 from seamq.jobs.engine import Engine
 from seamq.jobs.model import OjsError
-from seamq.jobs.nats_store import NatsJobStore as JobStore
+from seamq.jobs.nats_store import NatsJobStore
 
 
 @pytest.fixture
 async def engine(nc):
-    store = await JobStore(nc).start()
+    store = await NatsJobStore(nc).start()
     engine = await Engine(store, test_mode=True).start()
     yield engine
     await engine.stop()
@@ -27,11 +27,10 @@ async def test_fifty_concurrent_fetches_claim_one_job_exactly_once(engine):
     assert sum(len(r) == 0 for r in results) == 49
 
 
-async def test_two_engines_on_one_bucket_claim_a_job_once(nc, engine):
-    """The CAS, not the in-process index, makes a claim exclusive: a second engine on the same
-    records (as after a restart, or a second instance) loses the race and answers nothing."""
+async def test_two_engines_on_one_store_claim_a_job_once(nc, engine):
+    """Two servers fetching the same queue at once: one gets the job, the other answers nothing."""
     _, job = await engine.push({"type": "a.b", "args": [], "options": {"queue": "shared"}})
-    other = await Engine(await JobStore(nc).start()).start()
+    other = await Engine(await NatsJobStore(nc).start()).start()
     try:
         first, second = await asyncio.gather(engine.fetch(["shared"]), other.fetch(["shared"]))
     finally:

@@ -23,7 +23,7 @@ async def main():
                 try: return await fn(*a, **k)
                 finally: spent[name] += time.perf_counter() - t0; calls[name] += 1
             return w
-        for name in ("get", "commit", "offer", "take", "settle", "arm", "hold", "emit", "finished"):
+        for name in ("get", "commit", "offer", "take", "settle", "arm", "hold", "finished"):
             setattr(store, name, timed(name, getattr(store, name)))
         engine = await Engine(store).start()
         t = time.perf_counter()
@@ -37,11 +37,16 @@ async def main():
                 jobs = await engine.fetch(["q"], 10, "w")
                 if not jobs:
                     await asyncio.sleep(0.001); continue
-                await asyncio.gather(*(engine.ack(j["id"]) for j in jobs))
+                for j in jobs: await engine.ack(j["id"])
                 done += len(jobs)
+        import os, psutil
+        ns = psutil.Process(s.proc.pid); me = psutil.Process(os.getpid())
+        c0 = (sum(ns.cpu_times()[:2]), sum(me.cpu_times()[:2]))
         t = time.perf_counter()
         await asyncio.gather(*(loop() for _ in range(16)))
         rate = N / (time.perf_counter() - t)
+        c1 = (sum(ns.cpu_times()[:2]), sum(me.cpu_times()[:2]))
+        print(f"  CPU per processed job: nats-server {(c1[0]-c0[0])/N*1e6:.0f} us, engine {(c1[1]-c0[1])/N*1e6:.0f} us")
         for k, v in spent.most_common(): print(f"  {k}: {calls[k]} calls, {v:.2f} s total, {v/calls[k]*1000:.2f} ms each")
         print(f"engine over NATS, in process: enqueue {enq:,.0f}/s, processed {rate:,.0f}/s")
         await engine.stop(); await nc.close()

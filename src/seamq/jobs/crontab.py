@@ -70,7 +70,7 @@ class Crontab:
 
     async def _arm(self, record: dict) -> None:
         at = model.parse_time(record["next_run_at"])
-        await self.store.arm("cron", record["_key"], at, {"attempt": int(at.timestamp() * 1000)})
+        await self.ops.arm("cron", record["_key"], at, {"attempt": int(at.timestamp() * 1000)})
 
     async def fire(self, key: str, due_ms: Any) -> None:
         held = await self.store.get(key)

@@ -8,7 +8,7 @@ parts, each in its module:
   cancel) and its clocks (scheduled, retry, expiry, timeout);
 - seamq.jobs.flows and seamq.jobs.crontab: workflows and cron jobs;
 - seamq.jobs.queues: pause, maintenance, rate limits, counts;
-- seamq.jobs.events: the events and the throughput meter;
+- seamq.jobs.events: this server's events and throughput meter;
 - seamq.jobs.ext: the schema registry and progress.
 
 This module wires them, runs the loops a server needs (fired timers, the
@@ -19,7 +19,11 @@ through the store (they cost a pass over it, and keep nothing).
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import random
+import time
+from dataclasses import replace
 from datetime import datetime
 from typing import Any, Callable
 
@@ -31,26 +35,31 @@ from seamq.jobs.ext import Schemas
 from seamq.jobs.flows import Flows
 from seamq.jobs.model import OjsError, conflict
 from seamq.jobs.operations import Operations
-from seamq.jobs.ports import JobStore
+from seamq.jobs.ports import Fired, JobStore
 from seamq.jobs.queues import Queues
 from seamq.observability import log
+from seamq.stopping import wait_event
 
 __all__ = ["EVENTS_KEPT", "Engine"]
 
 EARLY_TIMER_TRIES = 10  # a timer that came before the change it was armed for: handed out again, a second apart
+SOON = 60.0  # seconds: a timer due within this is also kept here (bounded by the timer rate, not the backlog)
 
 
 class Engine:
     def __init__(self, store: JobStore, *, test_mode: bool = False, rng: random.Random | None = None,
                  clock: Callable[[], datetime] = model.utcnow) -> None:
         self.store, self.clock = store, clock
-        self.events = Events(store, clock)
+        self.events = Events(clock)
         self.queues = Queues(store, clock)
         self.ops = Operations(store, self.queues, self.events, rng=rng, test_mode=test_mode, clock=clock)
         self.flows = self.ops.flows = Flows(self.ops)
         self.crontab = Crontab(self.ops, self.queues)
         self.schemas = Schemas(self)
         self.ops.check = self.schemas.check
+        self.ops.soon = self._soon
+        self._deadlines: list[tuple[float, int, Fired]] = []  # timers due within SOON, armed here
+        self._wake, self._count = asyncio.Event(), itertools.count()
         self.workers, self.meter, self.started_at = self.ops.workers, self.events.meter, clock()
         self._tasks: list[asyncio.Task] = []
 
@@ -59,7 +68,8 @@ class Engine:
         unit test leaves them out and calls `tick` on the clock it moves)."""
         self._tasks = [asyncio.create_task(self.queues.follow())]
         if clocks:
-            self._tasks += [asyncio.create_task(self._timer_loop()), asyncio.create_task(intake.run(self))]
+            self._tasks += [asyncio.create_task(self._timer_loop()), asyncio.create_task(self._deadline_loop()),
+                            asyncio.create_task(intake.run(self))]
         await asyncio.wait_for(self.queues.ready.wait(), 30)  # flags known before the first fetch
         return self
 
@@ -89,14 +99,36 @@ class Engine:
             await self._fire(timer)
         return len(fired)
 
-    async def _fire(self, timer) -> None:
+    def _soon(self, kind: str, key: str, at: datetime, token: dict) -> None:
+        if at.timestamp() - time.time() < SOON:
+            heapq.heappush(self._deadlines, (at.timestamp(), next(self._count), Fired(kind, key, token, None)))
+            self._wake.set()
+
+    async def _deadline_loop(self) -> None:
+        """The timers this server armed that fall due soon, fired on time; the store's copy fires too,
+        and finds nothing left to do (or does it, if this server died first)."""
+        while True:
+            self._wake.clear()
+            due = []
+            while self._deadlines and self._deadlines[0][0] <= time.time():
+                due.append(heapq.heappop(self._deadlines)[2])
+            await asyncio.gather(*(self._fire(timer) for timer in due))
+            wait = self._deadlines[0][0] - time.time() if self._deadlines else SOON
+            await wait_event(self._wake, max(wait, 0))
+
+    async def _fire(self, timer: Fired) -> None:
         try:
             if timer.kind == "cron":
                 await self.crontab.fire(timer.key, timer.token.get("attempt"))
             elif not await self.ops.fire(timer) and timer.deliveries < EARLY_TIMER_TRIES:
-                await self.store.again(timer, 1.0)
+                if timer.handle is None:  # one of this server's: again in a moment
+                    heapq.heappush(self._deadlines, (time.time() + 0.05, next(self._count),
+                                                     replace(timer, deliveries=timer.deliveries + 1)))
+                else:
+                    await self.store.again(timer, 1.0)
                 return
-            await self.store.done(timer)
+            if timer.handle is not None:
+                await self.store.done(timer)
         except Exception as exc:  # one bad timer never stops the clock; it comes again
             log.error("ojs_timer_failed", key=timer.key, kind=timer.kind, error=f"{type(exc).__name__}: {exc}")
 
@@ -104,6 +136,7 @@ class Engine:
         await self.store.wipe()
         self.queues.flags.clear()
         self.ops.mine.clear()
+        self.events.clear()
 
     # ---- a job's life: seamq.jobs.operations ---------------------------------------------------
 
@@ -186,7 +219,7 @@ class Engine:
         return await self.queues.listing()
 
     async def list_events(self, types: list[str], queues: list[str], limit: int, after: int = 0) -> dict:
-        return await self.events.list(types, queues, limit, after)
+        return self.events.list(types, queues, limit, after)
 
     # ---- the admin: listings, retry, delete, dead letters, a worker's jobs -------------------------
 
@@ -199,11 +232,11 @@ class Engine:
     async def retry(self, job_id: str) -> dict:
         """A discarded or cancelled job runs again: available, attempt 0, its errors kept as history.
         A workflow's job may run again; its workflow keeps the outcome it recorded first."""
-        before, again = await self.ops.change(job_id, lambda job: J.retried(job, self.clock()))
+        before, _, record = await self.ops.change(job_id, lambda job: J.retried(job, self.clock()))
         if before.dead_letter:
             await self.store.delete(f"dlq.{job_id}")
-        await self.events.emit("job.enqueued", J.to_record(again))
-        return J.public(again)
+        await self.events.emit("job.enqueued", record)
+        return model.public(record)
 
     async def delete(self, job_id: str) -> dict:
         """A finished job is removed before its retention ends (the admin API's purge and bulk delete)."""

@@ -118,8 +118,7 @@ async def report_progress(engine: "Engine", job_id: Any, body: Any) -> dict:
         return replace(job, extra={**job.extra, "progress": value, "progress_message": message,
                                    "progress_data": data, "progress_updated_at": iso(utcnow())})
 
-    _, moved = await engine.ops.change(job_id, move)
-    record = J.to_record(moved)
+    _, _, record = await engine.ops.change(job_id, move)
     await engine.events.emit("job.progress", record, progress=value, message=message)
     return progress_of(record)
 

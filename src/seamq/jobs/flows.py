@@ -42,9 +42,9 @@ class Flows:
         if moved is None:
             return [], [], None
         for job in started:
-            await self.ops.ready(J.from_record(job), job)
+            await self.ops.ready(J.from_record(job))
         writes = [Write(moved["_key"], moved, held[1], finished=moved["state"] != workflows.RUNNING),
-                  *map(self.ops.write, started)]
+                  *(Write(job["id"], job) for job in started)]
         return writes, started, moved
 
     async def ended(self, moved: dict | None) -> None:

@@ -14,7 +14,6 @@ from datetime import datetime, timedelta, timezone
 from seamq.jobs.ports import Conflict, Fired, Taken, Write
 
 
-EVENTS_KEPT = 10_000
 ACK_WAIT = timedelta(seconds=30)  # a fired timer not `done` by then is handed out again (a server died)
 
 
@@ -38,11 +37,9 @@ class MemoryJobStore:
         # queue -> priority -> entries in the order offered: (seq, job id, revision, deliveries)
         self.ready: dict[str, dict[int, deque[tuple[int, str, int, int]]]] = {}
         self.held: dict[str, tuple[datetime, str, int, tuple[int, str, int, int]]] = {}  # hold -> (until, queue, prio, entry)
-        self.offered: dict[tuple[str, int], dict | None] = {}  # what each entry carries
         self.timers: dict[tuple[str, str], tuple[datetime, dict]] = {}
         self.handed: dict[tuple[str, str], tuple[datetime, dict]] = {}  # fired, not yet done: (when, token)
         self.deliveries: Counter[tuple[str, str]] = Counter()
-        self.log: deque[tuple[int, str, str, bytes]] = deque(maxlen=EVENTS_KEPT)
         self.ended: Counter[tuple[str, str]] = Counter()
         self.locks: dict[str, tuple[str, datetime | None]] = {}  # fingerprint -> (job id, until)
         self.followers: list[tuple[tuple[str, ...], asyncio.Queue]] = []
@@ -55,6 +52,9 @@ class MemoryJobStore:
     async def get(self, key: str) -> tuple[dict, int] | None:
         held = self.records.get(key)
         return (copy.deepcopy(held[0]), held[1]) if held else None
+
+    async def get_many(self, keys: list[str]) -> dict[str, tuple[dict, int]]:
+        return {key: held for key in keys if (held := await self.get(key)) is not None}
 
     async def commit(self, writes: list[Write]) -> list[int]:
         for write in writes:  # every check first: all or none
@@ -94,10 +94,9 @@ class MemoryJobStore:
 
     # ---- the ready order ----------------------------------------------------------------------------
 
-    async def offer(self, queue: str, priority: int, record: dict) -> None:
+    async def offer(self, queue: str, priority: int, job_id: str) -> None:
         seq = next(self.seq)
-        self._queue(queue, priority).append((seq, record["id"], seq, 0))
-        self.offered[(record["id"], seq)] = copy.deepcopy(record)
+        self._queue(queue, priority).append((seq, job_id, seq, 0))
 
     async def withdraw(self, queue: str, priority: int, job_id: str) -> None:
         waiting = self._queue(queue, priority)
@@ -129,8 +128,7 @@ class MemoryJobStore:
                 hold = f"hold.{queue}.{seq}.{deliveries + 1}"
                 entry = (seq, job_id, revision, deliveries + 1)
                 self.held[hold] = (self.clock() + timedelta(seconds=hold_seconds), queue, priority, entry)
-                out.append(Taken(job_id, f"{queue}.{seq}", hold, deliveries + 1,
-                                 copy.deepcopy(self.offered.get((job_id, revision)))))
+                out.append(Taken(job_id, f"{queue}.{seq}", hold, deliveries + 1))
         return out
 
     async def hold(self, hold: str, seconds: float) -> None:
@@ -193,13 +191,7 @@ class MemoryJobStore:
     async def armed(self, kind: str, queue: str) -> int:
         return sum(1 for k, key in [*self.timers, *self.handed] if k == kind and key.rsplit(".", 1)[0] == queue)
 
-    # ---- events and finished jobs --------------------------------------------------------------------
-
-    async def emit(self, queue: str, kind: str, event: bytes) -> None:
-        self.log.append((next(self.seq), queue, kind, event))
-
-    async def events(self, after: int, limit: int) -> list[tuple[int, str, str, bytes]]:
-        return [e for e in self.log if e[0] > after][:limit]
+    # ---- finished jobs --------------------------------------------------------------------
 
     async def finished(self, queue: str, state: str) -> None:
         self.ended[(queue, state)] += 1

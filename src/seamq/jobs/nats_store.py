@@ -1,18 +1,18 @@
 """The job store port on NATS: records and timers as seamq.jobs.store keeps them, the ready order as a
-JetStream work-queue stream held as leases, and the log of events and finished jobs.
+JetStream work-queue stream held as leases, and the log of finished jobs.
 
-- Stream `OJS_READY` (work queue): an entry per available job on `ojs.ready.{queue}.p{priority + 100:03d}.{id}`,
-  one durable pull consumer per queue and priority (`...p{nnn}.*`), shared by every server. An entry
-  is `{"id", "rev", "record"}`. Taking an entry NAKs it at once with a delay: that is the hold, and
-  JetStream delivers it again after the delay unless it is acked first (`+ACK`, from any connection,
-  to the reply subject the job's record keeps). A heartbeat is another NAK with a delay. A job
-  cancelled while it waits has its entry purged by its subject.
+- Stream `OJS_READY` (work queue): an empty entry per available job, on
+  `ojs.ready.{queue}.p{priority + 100:03d}.{id}`, written before the record that makes the job
+  available; one durable pull consumer per queue and priority (`...p{nnn}.*`), shared by every
+  server. Taking an entry NAKs it at once with a delay: that is the hold, and JetStream delivers it
+  again after the delay unless it is acked first (`+ACK`, from any connection, to the reply subject
+  the job's record keeps). A heartbeat is another NAK with a delay. A job cancelled while it waits
+  has its entry purged by its subject.
 - The order between priorities is the store's: a queue's priorities are a record (`prio.{queue}`)
   that every server follows, and a take pulls from the highest first; within a priority,
   JetStream's order is first in, first out, with entries that come again before later ones.
-- Streams `OJS_EVENTS` (the last 10,000 events) and `OJS_DONE` (an empty message per finished job
-  on `ojs.done.{queue}.{state}`, kept for the records' retention): the counts of finished jobs are
-  the subject counts of the latter.
+- Stream `OJS_DONE`: an empty message per finished job on `ojs.done.{queue}.{state}`, kept for the
+  records' retention; the counts of finished jobs are its subject counts.
 """
 
 from __future__ import annotations
@@ -27,14 +27,13 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, RetentionPolic
 from nats.js.errors import BadRequestError
 
 from seamq.jobs import store as v1
-from seamq.jobs.model import decode, encode
+from seamq.jobs.model import decode
 from seamq.jobs.ports import Conflict, Fired, Taken, Write
 from seamq.nats.provision import cluster_size
 from seamq.observability import log
 
-READY, EVENTS, DONE = "OJS_READY", "OJS_EVENTS", "OJS_DONE"
+READY, DONE = "OJS_READY", "OJS_DONE"
 FOLLOWED = ("queue.", "system.", "limit.", "schema.", "cron.", "prio.")  # wiped with delete markers
-EVENTS_KEPT = 10_000
 REPLY_WAIT = 5.0  # seconds for the server's answer to a no_wait pull (it answers at once; this only bounds it)
 
 
@@ -59,8 +58,6 @@ class NatsJobStore:
         await self.v1.start()
         r = self.replicas
         for config in (StreamConfig(name=READY, subjects=["ojs.ready.>"], retention=RetentionPolicy.WORK_QUEUE,
-                                    storage=StorageType.FILE, num_replicas=r),
-                       StreamConfig(name=EVENTS, subjects=["ojs.event"], max_msgs=EVENTS_KEPT,
                                     storage=StorageType.FILE, num_replicas=r),
                        StreamConfig(name=DONE, subjects=["ojs.done.>"], max_age=v1.RECORD_TTL_SECONDS,
                                     storage=StorageType.FILE, num_replicas=r)):
@@ -91,6 +88,31 @@ class NatsJobStore:
 
     async def delete(self, key: str) -> None:
         await self.v1.delete(key)
+
+    async def get_many(self, keys: list[str]) -> dict[str, tuple[dict, int]]:
+        """One batched direct get of the keys' last records (nats-server 2.11+), answered as a stream
+        of messages ended by a status."""
+        if len(keys) < 2:
+            return {k: held for k in keys if (held := await self.get(k)) is not None}
+        inbox, sub = self._inboxes.pop() if self._inboxes else await self._new_inbox()
+        subjects = [f"$KV.{v1.JOBS}.{key}" for key in keys]
+        out: dict[str, tuple[dict, int]] = {}
+        try:
+            await self.nc.publish(f"$JS.API.DIRECT.GET.KV_{v1.JOBS}", json.dumps(
+                {"multi_last": subjects, "batch": len(subjects)}).encode(), reply=inbox)
+            while True:
+                message = await sub.next_msg(timeout=REPLY_WAIT)
+                headers = message.headers or {}
+                if headers.get("Status"):  # 204: the end; 404: none of them
+                    break
+                if message.data and not headers.get("KV-Operation"):
+                    out[headers["Nats-Subject"].removeprefix(f"$KV.{v1.JOBS}.")] = (
+                        decode(message.data), int(headers["Nats-Sequence"]))
+            self._inboxes.append((inbox, sub))
+            return out
+        except Exception:
+            await sub.unsubscribe()
+            raise
 
     async def scan(self, prefix: str) -> list[tuple[dict, int]]:
         return [held async for held in self.v1.all_records(f"{prefix}>" if prefix else "*")]
@@ -123,10 +145,10 @@ class NatsJobStore:
 
     # ---- the ready order ----------------------------------------------------------------------------
 
-    async def offer(self, queue: str, priority: int, record: dict) -> None:
+    async def offer(self, queue: str, priority: int, job_id: str) -> None:
         if priority not in self._priorities.get(queue, ()):
             await self._register(queue, priority)
-        await self.js.publish(_subject(queue, priority, record["id"]), encode(record))
+        await self.js.publish(_subject(queue, priority, job_id), b"")  # the subject names the job
 
     async def withdraw(self, queue: str, priority: int, job_id: str) -> None:
         await self.js.purge_stream(READY, subject=_subject(queue, priority, job_id))
@@ -207,12 +229,12 @@ class NatsJobStore:
             messages = await self._pull_now(durable, count - len(out))
             for m in messages:
                 await self._nak(m.reply, hold_seconds)  # the hold
-                record = decode(m.data)
-                out.append(Taken(record["id"], str(m.metadata.sequence.stream), m.reply, m.metadata.num_delivered,
-                                 record))
+                out.append(Taken(m.subject.rsplit(".", 1)[1], str(m.metadata.sequence.stream), m.reply,
+                                 m.metadata.num_delivered))
         return out
 
     async def queues(self) -> list[str]:
+        await self.nc.flush()
         done = await self.js.stream_info(DONE, subjects_filter="ojs.done.>")
         return sorted({*self._priorities, *(s.removeprefix("ojs.done.").rsplit(".", 1)[0]
                                             for s in done.state.subjects or {})})
@@ -264,29 +286,6 @@ class NatsJobStore:
 
     # ---- events and finished jobs --------------------------------------------------------------------
 
-    async def emit(self, queue: str, kind: str, event: bytes) -> None:
-        await self.nc.publish("ojs.event", event, headers={"Ojs-Queue": queue, "Ojs-Kind": kind})
-
-    async def events(self, after: int, limit: int) -> list[tuple[int, str, str, bytes]]:
-        await self.nc.flush()
-        sub = await self.js.pull_subscribe("ojs.event", stream=EVENTS, config=ConsumerConfig(
-            deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=after + 1, ack_policy=AckPolicy.NONE,
-            inactive_threshold=10, mem_storage=True))
-        out: list[tuple[int, str, str, bytes]] = []
-        info = await sub.consumer_info()
-        try:
-            pending = info.num_pending
-            while pending and len(out) < limit:
-                for m in await sub.fetch(min(limit - len(out), 1000), timeout=5):
-                    pending = m.metadata.num_pending
-                    headers = m.headers or {}
-                    out.append((m.metadata.sequence.stream, headers.get("Ojs-Queue", ""),
-                                headers.get("Ojs-Kind", ""), m.data))
-        finally:
-            await sub.unsubscribe()
-            await self.js.delete_consumer(EVENTS, info.name)
-        return out
-
     async def finished(self, queue: str, state: str) -> None:
         await self.nc.publish(f"ojs.done.{queue}.{state}", b"")
 
@@ -319,5 +318,5 @@ class NatsJobStore:
             await self.v1.jobs.delete(key)  # each server following it hears that it is gone
         await self.v1.wipe()
         self._priorities.clear()
-        for stream in (READY, EVENTS, DONE):
+        for stream in (READY, DONE):
             await self.js.purge_stream(stream)

@@ -32,10 +32,7 @@ if TYPE_CHECKING:
 MINE_KEPT = 100_000  # jobs handed out here, kept for their ack (bounded: most are acked within seconds)
 TRIES = 8  # a job's end racing other ends of its workflow
 WAITING_TIMERS = {"run", "expire"}
-
-
-def timer_key(job: J.Job) -> str:
-    return f"{job.queue}.{job.id}"
+timer_key = "{0.queue}.{0.id}".format  # a job's timers, by queue (their counts are the queue's)
 
 
 class Operations:
@@ -45,6 +42,7 @@ class Operations:
         self.rng, self.test_mode, self.workers = rng or random.Random(), test_mode, Workers()
         self.flows: Flows | None = None
         self.check: Callable[[dict], None] = lambda record: None  # the schema registry's, when it runs
+        self.soon: Callable[[str, str, datetime, dict], None] = lambda *timer: None  # the engine's clock
         # The jobs handed out here, as stored: their ack, which usually comes back here, needs no read
         # (a copy another server moved on since fails its CAS, and is then read).
         self.mine: dict[str, tuple[J.Job, int]] = {}
@@ -83,30 +81,29 @@ class Operations:
             "code": "lease_expired", "type": "LeaseExpired", "message": f"worker {job.worker_id or '?'} sent no "
             "ack, nack or heartbeat within the visibility timeout: the job went back to its queue"})
 
-    async def change(self, job_id: Any, move: Callable[[J.Job], J.Job]) -> tuple[J.Job, J.Job]:
+    async def change(self, job_id: Any, move: Callable[[J.Job], J.Job]) -> tuple[J.Job, J.Job, dict]:
         """Apply `move` to the job as last stored here (else as read) and store it; read and try once
-        more when the copy held here was stale. (before, after)."""
+        more when the copy held here was stale. (before, after, after's record)."""
         held = self.mine.get(job_id) if isinstance(job_id, str) else None
         while True:
             job, revision = held if held is not None else await self.load(job_id)
             try:
                 moved = move(job)
-                await self._store(moved, revision, job)
-                return job, moved
+                return job, moved, (await self._store(moved, revision, job))[1]
             except OjsError as exc:
                 if held is None or exc.status != 409:
                     raise
                 held = None  # the copy held here was stale (moved on through another server): read it
 
-    async def _store(self, job: J.Job, revision: int, before: J.Job | None = None) -> int:
+    async def _store(self, job: J.Job, revision: int, before: J.Job | None = None) -> tuple[int, dict]:
         """Write a job's next state by CAS, with its workflow's next move when it ended. What the new
         state needs comes first: its entry in the ready order when it became available, its clocks
         (an entry or a timer whose change was never stored is dropped when it comes). Then the end
         of the hold it ran under."""
         record, finished = J.to_record(job), job.state in J.FINISHED
-        await self.ready(job, record)
+        await self.ready(job)
         for attempt in range(TRIES):
-            writes, started, moved = [self.write(record, revision, finished)], [], None
+            writes, started, moved = [Write(job.id, record, revision, finished)], [], None
             if finished and job.workflow_id and self.flows is not None:
                 extra, started, moved = await self.flows.ending(record)
                 writes += extra
@@ -137,26 +134,27 @@ class Operations:
             await self.admitted(new, revision)
         if self.flows is not None:
             await self.flows.ended(moved)
-        return stored
+        return stored, record
 
     def _keep(self, job: J.Job, revision: int) -> None:
         self.mine[job.id] = (job, revision)
         if len(self.mine) > MINE_KEPT:  # acked through another server: forget the oldest
             del self.mine[next(iter(self.mine))]
 
-    @staticmethod
-    def write(record: dict, revision: int | None = 0, finished: bool = False) -> Write:
-        return Write(record["id"], record, revision, finished)
+    async def arm(self, kind: str, key: str, at: datetime, token: dict) -> None:
+        """In the store (fires once, to one server, whatever dies); if due soon, also here, on time."""
+        await self.store.arm(kind, key, at, token)
+        self.soon(kind, key, at, token)
 
-    async def ready(self, job: J.Job, record: dict | None = None) -> None:
+    async def ready(self, job: J.Job) -> None:
         """Before a job's new state is stored: its entry when it becomes available, and its clocks."""
         if job.state == J.State.AVAILABLE:
-            await self.store.offer(job.queue, job.priority, record or J.to_record(job))
+            await self.store.offer(job.queue, job.priority, job.id)
         for timer in J.timers(job):
             if timer.kind in WAITING_TIMERS:
                 kind = "expire" if timer.kind == "expire" else \
                     "retry" if job.state == J.State.RETRYABLE else "scheduled"
-                await self.store.arm(kind, timer_key(job), timer.at, {"attempt": timer.attempt})
+                await self.arm(kind, timer_key(job), timer.at, {"attempt": timer.attempt})
 
     # ---- producers --------------------------------------------------------------------------------
 
@@ -182,9 +180,9 @@ class Operations:
 
     async def create(self, records: list[dict], also: list[Write] = ()) -> None:
         """New jobs (and `also`, a workflow or a cron that made them) in one atomic batch."""
-        await asyncio.gather(*(self.ready(J.from_record(record), record) for record in records))
+        await asyncio.gather(*(self.ready(J.from_record(record)) for record in records))
         try:
-            revisions = await self.store.commit([*also, *map(self.write, records)])
+            revisions = await self.store.commit([*also, *(Write(r["id"], r) for r in records)])
         except Conflict:
             for record in records:
                 if await self.store.get(record["id"]) is not None:
@@ -211,10 +209,9 @@ class Operations:
         return J.public(await self._current(job_id))
 
     async def cancel(self, job_id: str) -> dict:
-        _, job = await self.change(job_id, lambda job: J.cancelled(job, self.clock()))
-        record = J.to_record(job)
+        _, job, record = await self.change(job_id, lambda job: J.cancelled(job, self.clock()))
         await self.events.emit("job.cancelled", record)
-        return J.public(job)
+        return model.public(record)
 
     async def cancel_all(self, held: list[tuple[dict, int]], also: list[Write]) -> list[dict]:
         """Jobs not yet ended, cancelled with `also` in one atomic batch (a workflow's cancel);
@@ -250,15 +247,17 @@ class Operations:
                 taken = await self.store.take(queue, allowed - got, hold)
                 if not taken:
                     break
-                for claimed in await asyncio.gather(*(self._claim(t, worker, visibility, hold) for t in taken)):
+                held = await self.store.get_many([t.job_id for t in taken])
+                for claimed in await asyncio.gather(*(self._claim(t, held.get(t.job_id), worker, visibility, hold)
+                                                      for t in taken)):
                     if claimed is not None:
-                        out.append(J.public(claimed))
+                        out.append(model.public(claimed))
                         got += 1
             await self.queues.give_back(queue, allowed - got)
         return out
 
-    async def _claim(self, taken: Taken, worker_id: str | None, visibility: Any, hold: float) -> J.Job | None:
-        held = await self.store.get(taken.job_id)
+    async def _claim(self, taken: Taken, held: tuple[dict, int] | None, worker_id: str | None, visibility: Any,
+                     hold: float) -> dict | None:
         if held is None:  # offered by a push whose record was never stored (its client had no answer)
             await self.store.settle(taken.hold)
             return None
@@ -274,21 +273,21 @@ class Operations:
             return None
         if job.expires and job.expires <= now:
             return await self._expire_taken(job, revision, taken)
-        lease = timedelta(milliseconds=model.visibility_ms(J.to_record(job), visibility))
+        lease = timedelta(milliseconds=model.visibility_ms({"options": job.options}, visibility))
         claimed = J.claimed(job, now, worker_id, lease, taken.entry, taken.hold)
+        record = J.to_record(claimed)
         if claimed.timeout_ms:  # armed first: one that comes before the claim is stored waits for it
             at = claimed.started_at + timedelta(milliseconds=claimed.timeout_ms)
-            await self.store.arm("timeout", timer_key(claimed), at, {"attempt": claimed.attempt})
+            await self.arm("timeout", timer_key(claimed), at, {"attempt": claimed.attempt})
         try:
-            [stored] = await self.store.commit([Write(job.id, J.to_record(claimed), revision)])
+            [stored] = await self.store.commit([Write(job.id, record, revision)])
         except Conflict:
             return None  # another server moved it first; this entry comes again and is settled then
         self._keep(claimed, stored)
         if abs(lease.total_seconds() - hold) > 0.001:
             await self.store.hold(taken.hold, lease.total_seconds())
-        await self.events.emit("job.started", {"id": claimed.id, "type": claimed.type, "queue": claimed.queue,
-                                               "attempt": claimed.attempt})
-        return claimed
+        await self.events.emit("job.started", record)
+        return record
 
     async def _expire_taken(self, job: J.Job, revision: int, taken: Taken) -> None:
         try:
@@ -299,28 +298,26 @@ class Operations:
         await self.store.settle(taken.hold)
 
     async def ack(self, job_id: Any, result: Any = None) -> dict:
-        before, done = await self.change(job_id, lambda job: J.completed(job, self.clock(), result))
-        record = J.to_record(done)
+        before, done, record = await self.change(job_id, lambda job: J.completed(job, self.clock(), result))
         duration = round((done.completed_at - before.started_at).total_seconds() * 1000) if before.started_at else 0
         await self.events.emit("job.completed", record, duration_ms=duration, result=result)
         return {"acknowledged": True, "id": done.id, "job_id": done.id, "state": "completed",
-                "completed_at": record["completed_at"], "job": J.public(done)}
+                "completed_at": record["completed_at"], "job": model.public(record)}
 
     async def nack(self, job_id: Any, error: Any = None, requeue: Any = False) -> dict:
         def move(job: J.Job) -> J.Job:
             now = self.clock()
             return J.released(job, now, error) if requeue is True else J.failed(job, now, error, self.rng)
-        _, failed = await self.change(job_id, move)
-        return await self._failed(failed)
+        _, failed, record = await self.change(job_id, move)
+        return await self._failed(failed, record)
 
-    async def _failed(self, failed: J.Job) -> dict:
-        record = J.to_record(failed)
+    async def _failed(self, failed: J.Job, record: dict) -> dict:
         if failed.state == J.State.RETRYABLE:
             await self.events.emit("job.retrying", record)
         elif failed.state == J.State.DISCARDED:
             await self.events.emit("job.discarded", record)
         answer = {"id": failed.id, "job_id": failed.id, "state": failed.state.value, "attempt": failed.attempt,
-                  "max_attempts": failed.max_attempts, "job": J.public(failed)}
+                  "max_attempts": failed.max_attempts, "job": model.public(record)}
         keys = ("retry_delay_ms", "next_attempt_at") if failed.state == J.State.RETRYABLE else ()
         for key in (*keys, "discarded_at", "completed_at"):
             if record.get(key) is not None:
@@ -347,7 +344,7 @@ class Operations:
                 cancelled.append(job_id)
             if job.state != J.State.ACTIVE:
                 continue
-            lease = timedelta(milliseconds=model.visibility_ms(J.to_record(job), visibility))
+            lease = timedelta(milliseconds=model.visibility_ms({"options": job.options}, visibility))
             longer = J.extended(job, now, lease)
             try:
                 stored = (await self.store.commit([Write(job.id, J.to_record(longer), revision)]))[0]
@@ -394,7 +391,6 @@ class Operations:
             elif kind == "timeout" and job.state == J.State.ACTIVE:
                 error = {"code": "timeout", "type": "timeout", "message": f"exceeded timeout_ms={job.timeout_ms}"}
                 failed = J.failed(job, now, error, self.rng)
-                await self._store(failed, revision, job)
-                await self._failed(failed)
+                await self._failed(failed, (await self._store(failed, revision, job))[1])
         except OjsError:  # another server or request moved it first: the timer no longer applies
             pass

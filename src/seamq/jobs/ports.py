@@ -37,14 +37,13 @@ class Write:
 
 @dataclass(frozen=True)
 class Taken:
-    """A ready entry, held: `job_id` as offered; `hold` names the hold, for any server to extend or
-    settle (it is kept in the job's record)."""
+    """A ready entry, held: `hold` names the hold, for any server to extend or settle (it is kept in
+    the job's record)."""
 
     job_id: str
     entry: str  # the entry's own id, the same each time it comes
     hold: str  # this delivery's hold
     deliveries: int  # 1 the first time; more when a hold ran out and it came again
-    record: dict  # the job as offered: what makes its record again if that was never stored
 
 
 @dataclass(frozen=True)
@@ -58,6 +57,9 @@ class Fired:
 
 class JobStore(Protocol):
     async def get(self, key: str) -> tuple[dict, int] | None: ...
+
+    async def get_many(self, keys: list[str]) -> dict[str, tuple[dict, int]]:
+        """Several records in one read: those that exist, by key."""
 
     async def commit(self, writes: list[Write]) -> list[int]:
         """All the writes or none; the new revisions, in order. Raises Conflict."""
@@ -73,9 +75,9 @@ class JobStore(Protocol):
         (None: deleted). For the few records every server needs at hand: queue flags, limits, schemas,
         crons."""
 
-    async def offer(self, queue: str, priority: int, record: dict) -> None:
-        """The job (`record`) becomes available: an entry for its queue's order, offered before the
-        record is stored (a server that dies between the two leaves an entry, never a job without one)."""
+    async def offer(self, queue: str, priority: int, job_id: str) -> None:
+        """The job becomes available: an entry for its queue's order, offered before the record that
+        says so is stored (a server that dies between the two leaves an entry, never a job without one)."""
 
     async def withdraw(self, queue: str, priority: int, job_id: str) -> None:
         """The job will not run (cancelled or expired while it waited): its entry goes."""
@@ -114,10 +116,7 @@ class JobStore(Protocol):
     async def armed(self, kind: str, queue: str) -> int:
         """How many timers of `kind` wait for jobs of `queue` (keys `{queue}.{job id}`)."""
 
-    # ---- the log of what happened: events and finished jobs ------------------------------------------
-
-    async def emit(self, queue: str, kind: str, event: bytes) -> None:
-        """Keep an event (the most recent ones are kept)."""
+    # ---- the log of finished jobs ----------------------------------------------------------------------
 
     async def finished(self, queue: str, state: str) -> None:
         """Count a job of `queue` that ended in `state` (kept for the retention period)."""

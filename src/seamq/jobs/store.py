@@ -60,6 +60,7 @@ class JobStore:
         self.jobs = await self._bucket(JOBS)
         self.unique = await self._bucket(UNIQUE)
         await self._allow_atomic(f"KV_{JOBS}")
+        self.jobs = await self.js.key_value(JOBS)  # bound again: its gets are direct gets now
         config = StreamConfig(name=TIMERS, subjects=["ojs.sched.>", "ojs.fire.>"], allow_msg_schedules=True,
                               max_msgs_per_subject=1, storage=StorageType.FILE, max_age=30 * 86400,
                               num_replicas=self.replicas)
@@ -97,9 +98,9 @@ class JobStore:
         for it: the stream is updated through the JetStream API with its own config plus the flag."""
         info = await self.js.stream_info(stream)
         config = info.config.as_dict()
-        if config.get("allow_atomic"):
+        if config.get("allow_atomic") and config.get("allow_direct"):
             return
-        config["allow_atomic"] = True
+        config["allow_atomic"] = config["allow_direct"] = True  # direct: several records in one read
         reply = json.loads((await self.nc.request(f"$JS.API.STREAM.UPDATE.{stream}", json.dumps(config).encode(),
                                                   timeout=5)).data)
         if "error" in reply:
