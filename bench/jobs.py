@@ -212,8 +212,8 @@ async def server_scenarios(svc, count: int, waiting: int, result: Result, raw: d
         server.stop()
         started = time.perf_counter()
         server.start()
-        result.add(case=f"server restart with {held:,} jobs waiting (s to answer; reads no job)", jobs_per_s=0,
-                   target="-", vs_raw=f"{time.perf_counter() - started:.1f} s, {peak_rss_mb(server.proc.pid):.0f} MB")
+        result.rows[-1]["vs_raw"] += (f"; restarted with them in {time.perf_counter() - started:.1f} s, "
+                                      f"{peak_rss_mb(server.proc.pid):.0f} MB (it reads no job)")
     finally:
         await http.close()
         server.stop()

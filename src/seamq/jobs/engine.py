@@ -150,7 +150,7 @@ class Engine:
         await self.ops.admit_refused(record)
 
     async def exists(self, job_id: str) -> bool:
-        return await self.store.get(job_id) is not None
+        return bool(model.UUIDV7_PATTERN.fullmatch(job_id)) and await self.store.get(job_id) is not None
 
     async def info(self, job_id: str) -> dict:
         return await self.ops.info(job_id)
@@ -257,7 +257,8 @@ class Engine:
         return sorted(found, key=lambda j: j.get("discarded_at") or "")
 
     async def _dead(self, job_id: str) -> None:
-        held = await self.store.get(job_id) if isinstance(job_id, str) and "." not in job_id else None
+        held = await self.store.get(job_id) if isinstance(job_id, str) and model.UUIDV7_PATTERN.fullmatch(job_id) \
+            else None
         if held is None or not held[0].get("_dlq"):
             raise OjsError(404, "not_found", f"no dead letter {job_id}")
 

@@ -66,7 +66,7 @@ async def take_in(engine, data: bytes) -> str:
         return "not a job"
     if not isinstance(body, dict) or not isinstance(body.get("id"), str):
         return "not a job"
-    if not isinstance(body.get("id"), str) or "." in body["id"] or await engine.exists(body["id"]):
+    if await engine.exists(body["id"]):
         return "duplicate"
     try:
         await engine.push(body)

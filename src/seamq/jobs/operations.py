@@ -52,7 +52,7 @@ class Operations:
     async def load(self, job_id: Any) -> tuple[J.Job, int]:
         if not isinstance(job_id, str) or not job_id:
             raise model.invalid("job_id is required")
-        held = await self.store.get(job_id) if "." not in job_id else None
+        held = await self.store.get(job_id) if model.UUIDV7_PATTERN.fullmatch(job_id) else None
         if held is None:
             raise not_found(job_id)
         return J.from_record(held[0]), held[1]
