@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import re
 import sys
@@ -370,8 +371,12 @@ def substitute(text: str, responses: dict[str, Response], captured: dict[str, An
 
 class Runner:
     def __init__(self, url: str, *, strict: bool = False, reset_url: str | None = None, timeout: float = 30.0,
-                 verbose: bool = False) -> None:
+                 verbose: bool = False, spread: list[str] = ()) -> None:
+        """`spread`: more servers of the same store; each request then goes to the next one in turn,
+        so every step of a case may be answered by another server than the step before."""
         self.url, self.strict, self.reset_url, self.verbose = url.rstrip("/"), strict, reset_url, verbose
+        self.bases = [self.url, *(u.rstrip("/") for u in spread)]
+        self.servers = itertools.cycle(self.bases)
         self.timeout = aiohttp.ClientTimeout(total=timeout)
 
     async def run_all(self, cases: list[Case], on_result=None) -> list[Result]:
@@ -388,8 +393,9 @@ class Runner:
         result = Result(case)
         started = time.monotonic()
         self.captured: dict[str, Any] = {}  # one case at a time (run_all)
-        if self.reset_url:
-            async with session.post(self.reset_url) as response:
+        # Each server is reset (one empties the store; each forgets what it held of it).
+        for reset_url in [self.reset_url.replace(self.url, base, 1) for base in self.bases] if self.reset_url else []:
+            async with session.post(reset_url) as response:
                 await response.read()
                 if response.status >= 400:
                     result.status, result.failures = "error", [f"reset answered {response.status}"]
@@ -455,7 +461,7 @@ class Runner:
             headers["Content-Type"] = CONTENT_TYPE
         started = time.monotonic()
         try:
-            async with session.request(action, self.url + path, data=body, headers=headers) as response:
+            async with session.request(action, next(self.servers) + path, data=body, headers=headers) as response:
                 text = await response.text()
                 status, response_headers = response.status, {k.lower(): v for k, v in response.headers.items()}
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:

@@ -11,14 +11,14 @@ import pytest
 from seamq.jobs.app import build_app
 from seamq.jobs.engine import Engine
 from seamq.jobs.model import utcnow
-from seamq.jobs.store import JobStore
+from seamq.jobs.nats_store import NatsJobStore
 
 DEAD = {"max_attempts": 1, "on_exhaustion": "dead_letter"}
 
 
 @pytest.fixture
 async def engine(nc):
-    engine = await Engine(await JobStore(nc).start()).start()
+    engine = await Engine(await NatsJobStore(nc).start()).start()
     yield engine
     await engine.stop()
 

@@ -8,12 +8,12 @@ import pytest
 
 from seamq.jobs.engine import Engine
 from seamq.jobs.model import OjsError
-from seamq.jobs.store import JobStore
+from seamq.jobs.nats_store import NatsJobStore
 
 
 @pytest.fixture
 async def engine(nc):
-    store = await JobStore(nc).start()
+    store = await NatsJobStore(nc).start()
     engine = await Engine(store, test_mode=True).start()
     yield engine
     await engine.stop()
@@ -27,11 +27,10 @@ async def test_fifty_concurrent_fetches_claim_one_job_exactly_once(engine):
     assert sum(len(r) == 0 for r in results) == 49
 
 
-async def test_two_engines_on_one_bucket_claim_a_job_once(nc, engine):
-    """The CAS, not the in-process index, makes a claim exclusive: a second engine on the same
-    records (as after a restart, or a second instance) loses the race and answers nothing."""
+async def test_two_engines_on_one_store_claim_a_job_once(nc, engine):
+    """Two servers fetching the same queue at once: one gets the job, the other answers nothing."""
     _, job = await engine.push({"type": "a.b", "args": [], "options": {"queue": "shared"}})
-    other = await Engine(await JobStore(nc).start()).start()
+    other = await Engine(await NatsJobStore(nc).start()).start()
     try:
         first, second = await asyncio.gather(engine.fetch(["shared"]), other.fetch(["shared"]))
     finally:
@@ -46,7 +45,7 @@ async def test_wrong_transitions_are_conflicts_and_unknown_ids_not_found(engine)
         await engine.ack(job["id"])
     assert refused.value.status == 409
     with pytest.raises(OjsError) as missing:
-        engine.info("01961111-aaaa-7bbb-8ccc-dddddddddddd")
+        await engine.info("01961111-aaaa-7bbb-8ccc-dddddddddddd")
     assert missing.value.status == 404
 
 
@@ -56,10 +55,10 @@ async def test_a_lease_that_runs_out_is_a_failed_attempt_in_the_history(engine):
     _, job = await engine.push({"type": "a.b", "args": [], "options": {"queue": "lease"}})
     [held] = await engine.fetch(["lease"], worker_id="w-gone", visibility=200)
     for _ in range(200):
-        if engine.info(job["id"])["state"] == "available":
+        if (await engine.info(job["id"]))["state"] == "available":
             break
         await asyncio.sleep(0.05)
-    back = engine.info(job["id"])
+    back = await engine.info(job["id"])
     assert back["state"] == "available" and held["attempt"] == 1
     assert [(e["code"], e["type"], e["attempt"]) for e in back["errors"]] == [("lease_expired", "LeaseExpired", 1)]
     assert "w-gone" in back["errors"][0]["message"]

@@ -8,7 +8,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from seamq.jobs import model
+from seamq.jobs import attempts, model
 from seamq.jobs.model import OjsError, RetryPolicy
 
 NOW = datetime(2026, 11, 23, 12, 0, 0, tzinfo=timezone.utc)
@@ -122,17 +122,7 @@ def test_non_retryable_errors_match_exactly_or_by_prefix():
     ({"code": "x", "message": "m", "details": {"error_class": "SmtpError"}}, "SmtpError"),
 ])
 def test_error_type_is_derived_when_not_given(error, kind):
-    assert model.error_type(error) == kind
-
-
-def test_fail_decides_retryable_discarded_or_requeued():
-    record = {**push(options={"retry": {"max_attempts": 2, "jitter": False}}), "state": "active", "attempt": 1}
-    retry = model.fail(record, {"code": "e", "message": "boom"}, NOW)
-    assert retry.state == "retryable" and retry.retry_delay == 1 and retry.fields["retry_delay_ms"] == 1000
-    assert retry.fields["errors"][0]["attempt"] == 1 and re.match(r".*Z$", retry.fields["errors"][0]["occurred_at"])
-    assert model.fail({**record, "attempt": 2}, {"message": "x"}, NOW).state == "discarded"
-    assert model.fail(record, {"message": "x", "retryable": False}, NOW).state == "discarded"
-    assert model.fail(record, {"message": "x", "retryable": False}, NOW, requeue=True).state == "available"
+    assert attempts.error_type(error) == kind
 
 
 def test_fingerprint_ignores_key_order():

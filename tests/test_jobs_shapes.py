@@ -6,7 +6,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from seamq.jobs import cron, model, schemas, workflows
+from seamq.jobs import attempts, cron, model, schemas, workflows
 from seamq.jobs.ext import progress_value
 from seamq.jobs.model import OjsError
 
@@ -19,13 +19,13 @@ NOW = datetime(2026, 11, 24, 12, 0, tzinfo=timezone.utc)
     (None, None, []), (0, [], []),
 ])
 def test_a_heartbeat_names_its_jobs_as_either_sdk_sends_them(active_jobs, ids, expected):
-    assert model.heartbeat_ids(active_jobs, ids) == expected
+    assert attempts.heartbeat_ids(active_jobs, ids) == expected
 
 
 @pytest.mark.parametrize("active_jobs, ids", [(1, None), (3, ["a"]), ("a", None), ([1], None), ([""], None)])
 def test_a_heartbeat_that_would_extend_nothing_it_means_is_refused(active_jobs, ids):
     with pytest.raises(OjsError) as refused:
-        model.heartbeat_ids(active_jobs, ids)
+        attempts.heartbeat_ids(active_jobs, ids)
     assert refused.value.status == 400
 
 
@@ -36,7 +36,7 @@ def test_a_heartbeat_that_would_extend_nothing_it_means_is_refused(active_jobs, 
     ({"traceback": "\n\n"}, "InternalServerError"),
 ])
 def test_the_error_type_is_read_from_the_trace_the_sdk_workers_send(details, expected):
-    assert model.error_type({"code": "handler_error", "message": "m", "details": details}) == expected
+    assert attempts.error_type({"code": "handler_error", "message": "m", "details": details}) == expected
 
 
 def test_unique_key_is_the_python_sdks_name_for_keys():

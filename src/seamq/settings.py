@@ -129,6 +129,8 @@ class JobsSettings(BaseModel):
     tokens: SecretStr | None = Field(None, description="bearer tokens that may do anything, comma-separated "
                                                        "(several: rotate without downtime); clients send the first")
     read_tokens: SecretStr | None = Field(None, description="bearer tokens that may only read, comma-separated")
+    replicas: int | None = Field(None, ge=1, le=5, description="copies of the job streams and buckets in a NATS "
+                                                             "cluster; default 3 in a cluster of 3 or more, else 1")
 
     @field_validator("tokens", "read_tokens")
     @classmethod

@@ -24,26 +24,27 @@ SCOPE = "server"  # workers and throughput are what this server process saw (sea
 
 
 def admin_routes(engine: Engine) -> list[Route]:
-    def listed(request: Request, records) -> dict:
-        """`records`: a list, or a function of (queue, state) that can select by them cheaply."""
+    async def listed(request: Request, records) -> dict:
+        """`records`: a function of (queue, state) that can select by them cheaply."""
         params = request.query_params
         chosen = Filter.of(params, strict=False)
-        records = records(chosen.queue, chosen.state) if callable(records) else records
+        records = await records(chosen.queue, chosen.state)
         found = admin.sort(chosen.select(records), params.get("sort"), params.get("order"))
         return admin.paged([admin.summary(r) for r in found], params)
 
-    def queue_row(name: str) -> dict:
-        stats = engine.queue_stats(name)
+    async def queue_row(name: str) -> dict:
+        stats = await engine.queue_stats(name)
         counts = {k: v for k, v in stats.items() if k not in ("name", "paused")}
         return {"name": name, "state": "paused" if stats["paused"] else "active", "paused": stats["paused"],
                 "counts": counts, "throughput": engine.meter.per_minute(utcnow(), name)}
 
     async def stats(request: Request) -> Response:
-        queues = [q["name"] for q in engine.queues()]
+        queues = [q["name"] for q in await engine.list_queues()]
         totals = {state: 0 for state in STATES}
         for name in queues:
+            counts = await engine.queue_stats(name)
             for state in STATES:
-                totals[state] += engine.queue_stats(name)[state]
+                totals[state] += counts[state]
         workers = engine.workers.listing(utcnow())[1]
         return answer({"queues": len(queues), "workers": workers["total"], "jobs": totals,
                        "throughput": engine.meter.per_minute(utcnow()), "scope": SCOPE,
@@ -57,12 +58,13 @@ def admin_routes(engine: Engine) -> list[Route]:
                                            check_queue(queue) if queue else None))
 
     async def queues(request: Request) -> Response:
-        return answer(admin.paged([queue_row(q["name"]) for q in engine.queues()], request.query_params))
+        return answer(admin.paged([await queue_row(q["name"]) for q in await engine.list_queues()],
+                                  request.query_params))
 
     async def queue(request: Request) -> Response:
         name = request.path_params["name"]
-        row = queue_row(name)
-        waiting = [r["enqueued_at"] for r in engine.jobs(name, "available") if r.get("enqueued_at")]
+        row = await queue_row(name)
+        waiting = [r["enqueued_at"] for r in await engine.jobs(name, "available") if r.get("enqueued_at")]
         if waiting:
             row["oldest_available_at"] = min(waiting)
         return answer(row)
@@ -85,20 +87,14 @@ def admin_routes(engine: Engine) -> list[Route]:
         if not isinstance(states, list) or not states or not all(s in TERMINAL for s in states):
             raise invalid(f"states must be a list of finished states ({', '.join(sorted(TERMINAL))}); "
                           "waiting and running jobs are cancelled, not purged")
-        until = Filter.of({"until": body.get("older_than")}).until
-        purged = 0
-        for record in engine.jobs(name):
-            ended = record.get("completed_at") or record.get("cancelled_at") or record.get("discarded_at")
-            if record["queue"] == name and record["state"] in states and (until is None or ended < iso(until)):
-                await engine.delete(record["id"])
-                purged += 1
-        return answer({"purged_count": purged, "states": states})
+        found = [r for r in await engine.jobs(name) if r["state"] in states]
+        return answer({"purged_count": await purge_older(found, body, engine.delete), "states": states})
 
     async def jobs(request: Request) -> Response:
-        return answer(listed(request, engine.jobs))
+        return answer(await listed(request, engine.jobs))
 
     async def job(request: Request) -> Response:
-        return answer(admin.detail(engine.record(request.path_params["job_id"])))
+        return answer(admin.detail(await engine.record(request.path_params["job_id"])))
 
     async def retry(request: Request) -> Response:
         return answer({"job": await engine.retry(request.path_params["job_id"])})
@@ -116,7 +112,7 @@ def admin_routes(engine: Engine) -> list[Route]:
             if needs_filter and chosen == Filter() and body.get("all") is not True:
                 raise invalid("a bulk action needs a filter (queue, state, type, since, until), "
                               "or \"all\": true to act on every job it may")
-            matched = [r for r in chosen.select(source(chosen.queue, chosen.state)) if r["state"] in eligible]
+            matched = [r for r in chosen.select(await source(chosen.queue, chosen.state)) if r["state"] in eligible]
             errors = []
             for record in matched:
                 try:
@@ -126,25 +122,19 @@ def admin_routes(engine: Engine) -> list[Route]:
             return answer(admin.bulk_result(action, len(matched), errors))
         return handler
 
-    def dead(queue: str | None = None, state: str | None = None) -> list[dict]:
-        return engine.dead_letters(queue)
+    async def dead(queue: str | None = None, state: str | None = None) -> list[dict]:
+        return await engine.dead_letters(queue)
 
     async def dead_letters(request: Request) -> Response:
-        return answer(listed(request, dead))
+        return answer(await listed(request, dead))
 
     async def dead_letter_stats(request: Request) -> Response:
-        return answer(admin.dead_letter_stats(Filter.of(request.query_params, strict=False).select(dead())))
+        return answer(admin.dead_letter_stats(Filter.of(request.query_params, strict=False).select(await dead())))
 
     async def dead_letter_purge(request: Request) -> Response:
         body = await body_of(request)
         admin.confirmed(body)
-        until = Filter.of({"until": body.get("older_than")}).until
-        purged = 0
-        for record in dead():
-            if until is None or record["discarded_at"] < iso(until):
-                await engine.delete_dead_letter(record["id"])
-                purged += 1
-        return answer({"purged_count": purged})
+        return answer({"purged_count": await purge_older(await dead(), body, engine.delete_dead_letter)})
 
     async def dead_letter_retry(request: Request) -> Response:
         return answer({"job": await engine.retry_dead_letter(request.path_params["job_id"])})
@@ -155,7 +145,7 @@ def admin_routes(engine: Engine) -> list[Route]:
 
     async def workers(request: Request) -> Response:
         rows, summary = engine.workers.listing(utcnow())
-        running = Counter(r.get("worker_id") for r in engine.jobs(state="active"))
+        running = Counter(r.get("worker_id") for r in await engine.jobs(state="active"))
         for row in rows:  # what the records say it holds, not what its last heartbeat said
             row["active_jobs"] = running[row["id"]]
         return answer({**admin.paged(rows, request.query_params), "summary": summary, "scope": SCOPE})
@@ -168,7 +158,7 @@ def admin_routes(engine: Engine) -> list[Route]:
 
     async def worker(request: Request) -> Response:
         found = _worker(request.path_params["worker_id"])
-        active = [admin.summary(r) for r in engine.jobs(state="active") if r.get("worker_id") == found.id]
+        active = [admin.summary(r) for r in await engine.jobs(state="active") if r.get("worker_id") == found.id]
         return answer({**found.public(utcnow()), "jobs": active})
 
     async def quiet(request: Request) -> Response:
@@ -184,6 +174,17 @@ def admin_routes(engine: Engine) -> list[Route]:
         released = await engine.release_worker(found.id)
         del engine.workers.known[found.id]
         return answer({"deregistered": True, "id": found.id, "released_jobs": released})
+
+    async def purge_older(records: list[dict], body: dict, delete) -> int:
+        """Delete the finished `records` that ended before the body's `older_than` (all without one)."""
+        until = Filter.of({"until": body.get("older_than")}).until
+        purged = 0
+        for record in records:
+            ended = record.get("completed_at") or record.get("cancelled_at") or record.get("discarded_at")
+            if until is None or (ended and ended < iso(until)):
+                await delete(record["id"])
+                purged += 1
+        return purged
 
     prefix = "/ojs/v1/admin"
     return [

@@ -42,20 +42,20 @@ def console_routes(engine: Engine) -> list[Route]:
 
     async def workflows(request: Request) -> Response:
         state = request.query_params.get("state")
-        rows = [w for w in engine.workflows() if not state or w["state"] == state]
+        rows = [w for w in await engine.workflows() if not state or w["state"] == state]
         return answer(admin.paged(rows, request.query_params))
 
     async def rate_limits(request: Request) -> Response:
         rows = []
-        for queue, bucket in sorted(engine.index.limits.items()):
-            stats = engine.queue_stats(queue)
-            rows.append({"key": queue, "limit": bucket.rate, "period": "PT1S", "active": stats["active"],
+        for limit in sorted(engine.queues.of("limit."), key=lambda r: r["queue"]):
+            stats = await engine.queue_stats(limit["queue"])
+            rows.append({"key": limit["queue"], "limit": limit["rate"], "period": "PT1S", "active": stats["active"],
                          "waiting": stats["available"]})
         return answer(admin.paged(rows, request.query_params))
 
     async def unique_jobs(request: Request) -> Response:
         rows = [{"key": fingerprint(r), "job_id": r["id"], "type": r["type"], "queue": r["queue"], "state": r["state"]}
-                for r in engine.jobs() if r.get("unique") and r["state"] not in TERMINAL]
+                for r in await engine.jobs() if r.get("unique") and r["state"] not in TERMINAL]
         return answer(admin.paged(rows, request.query_params))
 
     async def middleware(request: Request) -> Response:

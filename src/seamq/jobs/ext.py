@@ -1,21 +1,23 @@
 """The extensions' operations, over the engine's records: the schema registry and job progress.
 
 Kept beside the engine rather than in it: they read and write records through
-the engine's CAS (`_commit`) and index, and add no clock and no transition.
+the store's compare-and-set, and add no clock and no transition. The schemas
+are among the records every server follows (seamq.jobs.queues), so a push
+naming one is checked without a read.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from seamq.jobs import job as J
 from seamq.jobs import schemas
 from seamq.jobs.model import OjsError, conflict, invalid, iso, utcnow
-from seamq.jobs.store import Write
+from seamq.jobs.ports import Conflict, Write
 
 if TYPE_CHECKING:
     from seamq.jobs.engine import Engine
-
-WRITE_TRIES = 5  # a progress report racing heartbeats of the same job: each try reloads the record
 
 
 class Schemas:
@@ -23,11 +25,11 @@ class Schemas:
         self.engine = engine
 
     def _all(self) -> list[dict]:
-        return [r for r, _ in self.engine.index.of_kind("schema")]
+        return self.engine.queues.of("schema.")
 
     async def put(self, record: dict) -> tuple[int, dict]:
         """201 for a new (type, version); 200 for the same schema again; 409 for another schema."""
-        held = self.engine.index.get(record["_key"])
+        held = await self.engine.store.get(record["_key"])
         if held is not None:
             if held[0]["schema"] == record["schema"] and held[0]["uri"] == record["uri"]:
                 return 200, schemas.public(held[0])
@@ -36,8 +38,12 @@ class Schemas:
         taken = self.by_uri(record["uri"], missing_ok=True)
         if taken is not None:
             raise OjsError(409, "duplicate", f"uri {record['uri']} names {taken['type']} version {taken['version']}")
-        if not await self.engine._commit([Write(record)]):
-            raise conflict(f"schema {record['type']} version {record['version']} changed while it was registered")
+        try:
+            await self.engine.store.commit([Write(record["_key"], record, 0)])
+        except Conflict:
+            raise conflict(f"schema {record['type']} version {record['version']} changed while it was "
+                           "registered") from None
+        self.engine.queues.kept(record["_key"], record)
         return 201, schemas.public(record)
 
     def list(self, job_type: str | None = None) -> list[dict]:
@@ -50,10 +56,10 @@ class Schemas:
             if not found:
                 raise OjsError(404, "not_found", f"no schema registered for {job_type}")
             return found[-1]
-        held = self.engine.index.get(schemas.key(job_type, schemas.version_of(version)))
+        held = self.engine.queues.flags.get(schemas.key(job_type, schemas.version_of(version)))
         if held is None:
             raise OjsError(404, "not_found", f"no schema {job_type} version {version}")
-        return schemas.public(held[0])
+        return schemas.public(held)
 
     def by_uri(self, uri: str, *, missing_ok: bool = False) -> dict | None:
         found = next((r for r in self._all() if r["uri"] == uri), None)
@@ -63,7 +69,7 @@ class Schemas:
 
     async def delete(self, record: dict) -> dict:
         await self.engine.store.delete(record["_key"])
-        self.engine.index.drop(record["_key"])
+        self.engine.queues.kept(record["_key"], None)
         return {"deleted": True, **schemas.public(record)}
 
     def check(self, record: dict) -> None:
@@ -105,14 +111,16 @@ def progress_value(body: Any) -> tuple[float, str | None, Any]:
 
 async def report_progress(engine: "Engine", job_id: Any, body: Any) -> dict:
     value, message, data = progress_value(body)
-    for _ in range(WRITE_TRIES):
-        record, revision = engine._active(job_id, "report progress of")
-        moved = {**record, "progress": value, "progress_message": message, "progress_data": data,
-                 "progress_updated_at": iso(utcnow())}
-        if await engine._write(moved, revision):
-            engine._event("job.progress", moved, progress=value, message=message)
-            return progress_of(moved)
-    raise conflict(f"job {job_id} kept changing while its progress was reported; try again")
+
+    def move(job: J.Job) -> J.Job:
+        if job.state != J.State.ACTIVE:
+            raise conflict(f"cannot report progress of job {job.id}: it is {job.state.value}, not active")
+        return replace(job, extra={**job.extra, "progress": value, "progress_message": message,
+                                   "progress_data": data, "progress_updated_at": iso(utcnow())})
+
+    _, _, record = await engine.ops.change(job_id, move)
+    await engine.events.emit("job.progress", record, progress=value, message=message)
+    return progress_of(record)
 
 
 def progress_of(record: dict) -> dict:

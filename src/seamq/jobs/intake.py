@@ -55,7 +55,7 @@ async def run(engine) -> None:
                 continue
             if outcome == "not a job":
                 log.error("jobs_intake_not_a_job", size=len(data), head=data[:200].decode(errors="replace"))
-            await store.done(handle)
+            await store.intake_done(handle)
 
 
 async def take_in(engine, data: bytes) -> str:
@@ -66,7 +66,7 @@ async def take_in(engine, data: bytes) -> str:
         return "not a job"
     if not isinstance(body, dict) or not isinstance(body.get("id"), str):
         return "not a job"
-    if engine.index.revision(body["id"]) is not None:
+    if await engine.exists(body["id"]):
         return "duplicate"
     try:
         await engine.push(body)

@@ -1,9 +1,9 @@
-"""The Open Job Spec job model: envelope validation, states, retry math, error types. No I/O.
+"""The Open Job Spec job model: envelope validation, states, retry policy, records as stored. No I/O.
 
 One job is one record: the public envelope (what `GET /ojs/v1/jobs/{id}` shows)
-plus internal fields whose names start with `_` (FIFO sequence, lease). The
-engine stores records in NATS KV and moves them between states; every rule of
-what a state change does lives here, so it is tested without a server.
+plus internal fields whose names start with `_` (lease, entry, dead letter).
+What a state change does is seamq.jobs.job's; what a failed attempt reports,
+seamq.jobs.attempts'.
 
 Quirks of the conformance suite v0.4.0 absorbed here (shared/ojs/DESIGN-BRIEF.md
 §1.8): job types may contain `-`; ids are lowercase UUIDv7 only; `options` are
@@ -21,7 +21,7 @@ import random
 import re
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -93,8 +93,10 @@ def utcnow() -> datetime:
 
 
 def iso(moment: datetime) -> str:
-    """RFC 3339, UTC, milliseconds, `Z`."""
-    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+    """RFC 3339, UTC, milliseconds, `Z` (isoformat: a third of strftime's time, on every record written)."""
+    if moment.utcoffset():
+        moment = moment.astimezone(timezone.utc)
+    return moment.replace(tzinfo=None).isoformat(timespec="milliseconds") + "Z"
 
 
 def parse_time(text: str) -> datetime:
@@ -218,72 +220,6 @@ class RetryPolicy:
         return False
 
 
-# ---- errors reported by workers -----------------------------------------------------------------
-
-RAISED = re.compile(r"^([A-Za-z_][\w.]*)(?::|$)")  # `ValueError: bad`, `mod.Error`, JS `TypeError: x`
-
-
-def error_type(error: dict) -> str:
-    """`errors[].type`: the client's, else `details.error_class`, else the class the SDKs' workers
-    name only in the trace they send (Python: its last line; JS: the stack's first), else from the
-    message (L1-RTR-014)."""
-    details = error.get("details") if isinstance(error.get("details"), dict) else {}
-    for candidate in (error.get("type"), details.get("error_class")):
-        if isinstance(candidate, str) and candidate:
-            return candidate
-    for trace, line in ((details.get("traceback"), -1), (details.get("stack"), 0)):
-        lines = [t for t in trace.strip().splitlines() if t.strip()] if isinstance(trace, str) else []
-        found = RAISED.match(lines[line].strip()) if lines else None
-        if found:
-            return found.group(1)
-    message = str(error.get("message", "")).lower()
-    if re.search(r"time[ds]? ?out|timed out", message):
-        return "ConnectionTimeout"
-    if "rate limit" in message:
-        return "RateLimitExceeded"
-    code = str(error.get("code", ""))
-    if code and code not in ("handler_error", "error"):
-        return code
-    return "InternalServerError"
-
-
-def error_entry(error: Any, attempt: int, now: datetime) -> dict:
-    """One `errors[]` entry (and the job's `error`) from a nack's error object."""
-    if not isinstance(error, dict):
-        error = {"message": str(error) if error is not None else "failed"}
-    entry = {
-        "code": str(error.get("code") or "handler_error"),
-        "type": error_type(error),
-        "message": str(error.get("message") or "failed"),
-        "retryable": error.get("retryable", True) is not False,
-        "attempt": attempt,
-        "occurred_at": iso(now),
-    }
-    if isinstance(error.get("details"), dict):
-        entry["details"] = error["details"]
-    return entry
-
-
-def heartbeat_ids(active_jobs: Any, active_job_ids: Any) -> list[str]:
-    """The job ids a heartbeat names: `active_jobs` as a list (the spec, the Python SDK), or
-    `active_job_ids` with `active_jobs` as their count (the JS SDK). A count without the ids
-    would extend nothing, so it is refused rather than answered as if it had."""
-    ids = active_job_ids if active_job_ids is not None else active_jobs
-    if ids is None or (isinstance(ids, int) and not isinstance(ids, bool) and ids == 0):
-        return []
-    if isinstance(ids, int) and not isinstance(ids, bool):
-        raise invalid(f"active_jobs is a count ({ids}): name the jobs in active_job_ids (or send active_jobs "
-                      "as their list) so that their leases can be extended")
-    if not isinstance(ids, list) or not all(isinstance(i, str) and i for i in ids):
-        raise invalid("active_jobs (or active_job_ids) must be a list of job ids")
-    if active_job_ids is not None and isinstance(active_jobs, int) and not isinstance(active_jobs, bool) \
-            and active_jobs != len(ids):
-        raise invalid(f"active_jobs says {active_jobs} jobs but active_job_ids names {len(ids)}")
-    if len(ids) > MAX_BATCH:
-        raise invalid(f"a heartbeat names at most {MAX_BATCH} jobs")
-    return list(dict.fromkeys(ids))
-
-
 # ---- the envelope -------------------------------------------------------------------------------
 
 # Set on every job by new_record and kept by every transition, and null more often than not:
@@ -298,8 +234,17 @@ def check_queue(queue: Any, what: str = "queue") -> str:
     return queue
 
 
+def check_fetch(queues: Any, count: Any) -> None:
+    if not isinstance(queues, list) or not queues or not all(isinstance(q, str) for q in queues):
+        raise invalid("queues must be a non-empty list of queue names")
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_BATCH:
+        raise invalid(f"count must be an integer from 1 to {MAX_BATCH}")
+    for queue in queues:
+        check_queue(queue)
+
+
 def encode(record: dict) -> bytes:
-    """A record as stored in KV (and held in the engine's index): compact JSON without a job's
+    """A record as stored in KV: compact JSON without a job's
     usual nulls; decode() gives back exactly the record."""
     if "_kind" not in record:
         record = {k: v for k, v in record.items() if v is not None or k not in NULLABLE}
@@ -444,49 +389,9 @@ def fingerprint(record: dict) -> str:
     return hashlib.sha256(json.dumps(subject, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def policy_of(record: dict) -> RetryPolicy:
-    return RetryPolicy.from_options(record.get("retry"), record.get("max_attempts"))
-
-
 def visibility_ms(record: dict, requested: Any = None) -> int:
     if isinstance(requested, int) and not isinstance(requested, bool) and requested > 0:
         return requested
     options = record.get("options") or {}
     own = options.get("visibility_timeout_ms")
     return own if isinstance(own, int) and own > 0 else DEFAULT_VISIBILITY_MS
-
-
-# ---- transitions ------------------------------------------------------------------------------
-
-@dataclass
-class Outcome:
-    """What a nack (or a timeout) does to an active job."""
-
-    state: str
-    retry_delay: float | None = None  # seconds, when retryable
-    dead_letter: bool = False
-    fields: dict = field(default_factory=dict)
-
-
-def fail(record: dict, error: Any, now: datetime, *, requeue: bool = False,
-         rng: random.Random | None = None) -> Outcome:
-    """An active job's attempt failed: requeued, retryable (with its delay) or discarded."""
-    attempt = record["attempt"]
-    entry = error_entry(error, attempt, now)
-    errors = [*(record.get("errors") or []), entry]
-    last = {k: entry[k] for k in ("code", "type", "message", "retryable", "details") if k in entry}
-    common = {"error": last, "errors": errors, "_lease_until": None, "worker_id": None}
-    if requeue:
-        return Outcome(AVAILABLE, fields={**common, "enqueued_at": iso(now)})
-    policy = policy_of(record)
-    names = [entry["type"], entry["code"]]
-    details = entry.get("details") or {}
-    if isinstance(details.get("error_class"), str):
-        names.append(details["error_class"])
-    hopeless = not entry["retryable"] or policy.matches_non_retryable(names)
-    if hopeless or attempt >= policy.max_attempts:
-        return Outcome(DISCARDED, dead_letter=policy.on_exhaustion == "dead_letter", fields={
-            **common, "completed_at": iso(now), "discarded_at": iso(now)})
-    delay = policy.delay(attempt, rng)
-    return Outcome(RETRYABLE, retry_delay=delay, fields={
-        **common, "retry_delay_ms": round(delay * 1000), "next_attempt_at": iso(now + timedelta(seconds=delay))})

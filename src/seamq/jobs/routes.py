@@ -67,7 +67,7 @@ def core(engine: Engine, conformance_level: int) -> list[Route]:
         return answer({"jobs": jobs, "count": len(jobs)}, 201)
 
     async def info(request: Request) -> Response:
-        return answer({"job": engine.info(request.path_params["job_id"])})
+        return answer({"job": await engine.info(request.path_params["job_id"])})
 
     async def cancel(request: Request) -> Response:
         return answer({"job": await engine.cancel(request.path_params["job_id"])})
@@ -99,12 +99,12 @@ def core(engine: Engine, conformance_level: int) -> list[Route]:
         except ValueError:
             raise invalid("after must be a cursor from an earlier answer") from None
         if "page" in params or "per_page" in params:  # the admin UI pages through what is kept
-            found = engine.list_events(split("types") or split("type"), split("queues"), EVENTS_KEPT)["events"]
+            found = (await engine.list_events(split("types") or split("type"), split("queues"), EVENTS_KEPT))["events"]
             return answer(admin.paged([{**e, "timestamp": e["time"]} for e in reversed(found)], params))
-        return answer(engine.list_events(split("types"), split("queues"), limit_of(params.get("limit")), after))
+        return answer(await engine.list_events(split("types"), split("queues"), limit_of(params.get("limit")), after))
 
     async def dead_letters(request: Request) -> Response:
-        found = engine.dead_letters(request.query_params.get("queue"))
+        found = await engine.dead_letters(request.query_params.get("queue"))
         jobs, pagination = page(found, request)
         return answer({"jobs": jobs, "pagination": pagination})
 
@@ -119,7 +119,7 @@ def core(engine: Engine, conformance_level: int) -> list[Route]:
         return answer({"workflow": workflow, **workflow}, 201)
 
     async def workflow(request: Request) -> Response:
-        found = engine.workflow(request.path_params["workflow_id"])
+        found = await engine.workflow(request.path_params["workflow_id"])
         return answer({"workflow": found, **found})
 
     async def cancel_workflow(request: Request) -> Response:
@@ -139,19 +139,19 @@ def core(engine: Engine, conformance_level: int) -> list[Route]:
         return answer({"cron": deleted, "cron_job": deleted})
 
     async def queues(request: Request) -> Response:
-        found, pagination = page(engine.queues(), request)
+        found, pagination = page(await engine.list_queues(), request)
         return answer({"queues": found, "pagination": pagination})
 
     async def queue_stats(request: Request) -> Response:
-        return answer(queue_answer(engine.queue_stats(request.path_params["name"])))
+        return answer(queue_answer(await engine.queue_stats(request.path_params["name"])))
 
     async def pause(request: Request) -> Response:
         await engine.set_paused(request.path_params["name"], True)
-        return answer(queue_answer(engine.queue_stats(request.path_params["name"])))
+        return answer(queue_answer(await engine.queue_stats(request.path_params["name"])))
 
     async def resume(request: Request) -> Response:
         await engine.set_paused(request.path_params["name"], False)
-        return answer(queue_answer(engine.queue_stats(request.path_params["name"])))
+        return answer(queue_answer(await engine.queue_stats(request.path_params["name"])))
 
     async def health(request: Request) -> Response:
         return answer({"status": "ok", "version": VERSION})

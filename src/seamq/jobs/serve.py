@@ -14,7 +14,7 @@ from seamq.http.listen import listening_socket
 from seamq.jobs.app import build_app
 from seamq.jobs.auth import Tokens
 from seamq.jobs.engine import Engine
-from seamq.jobs.store import JobStore
+from seamq.jobs.nats_store import NatsJobStore
 from seamq.nats.connect import connect
 from seamq.observability import log
 from seamq.settings import Settings
@@ -35,7 +35,7 @@ async def serve(settings: Settings, *, host: str, port: int, test_mode: bool = F
     sock = sock or listening_socket(host, port)  # first: a taken port is said before anything starts
     nc = await connect(settings.nats, name="seamq-jobs")
     try:
-        store = await JobStore(nc).start()
+        store = await NatsJobStore(nc, replicas=settings.jobs.replicas).start()
         engine = await Engine(store, test_mode=test_mode).start()
         try:
             tokens = Tokens.parse(*(t.get_secret_value() if t else None for t in (settings.jobs.tokens,
@@ -43,7 +43,7 @@ async def serve(settings: Settings, *, host: str, port: int, test_mode: bool = F
             app = build_app(engine, test_mode=test_mode, admin_ui=admin_ui, tokens=tokens)
             config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="off")
             if stop is None:
-                # What exists now (modules, the app, the index loaded from KV) lives as long as the process:
+                # What exists now (modules, the app) lives as long as the process:
                 # out of the collector's sight, a full collection stops taking 30-50 ms (measured), which
                 # was the p99 of timer lateness.
                 gc.collect()

@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import math
 import uuid
-from dataclasses import dataclass
+from dataclasses import replace
 from datetime import datetime, timezone
 from typing import AsyncIterator
 
@@ -39,6 +39,7 @@ from nats.js.api import (
 from nats.js.errors import APIError, BadRequestError, KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 
 from seamq.jobs.model import decode, encode
+from seamq.jobs.ports import Conflict, Write
 from seamq.nats.pull import PullSource
 from seamq.model import JOBS_STREAM, JOBS_SUBJECT
 
@@ -48,27 +49,9 @@ DUPLICATE_WINDOW = 3600.0  # seconds: a relay re-publishing a job (killed before
 RECORD_TTL_SECONDS = 7 * 86400  # a finished job is kept this long (KV per-message TTL)
 
 
-class Conflict(Exception):
-    """A CAS lost: someone else changed the record (or created the key) first."""
-
-
-@dataclass(frozen=True)
-class Write:
-    """One record to store: `revision` 0 creates the key (refused if it exists), else a CAS on it.
-    A `finished` record expires after RECORD_TTL_SECONDS."""
-
-    record: dict
-    revision: int = 0
-    finished: bool = False
-
-    @property
-    def key(self) -> str:
-        return self.record.get("_key") or self.record["id"]
-
-
 class JobStore:
-    def __init__(self, nc: Client) -> None:
-        self.nc = nc
+    def __init__(self, nc: Client, *, replicas: int = 1) -> None:
+        self.nc, self.replicas = nc, replicas
         self.js = nc.jetstream()
         self.jobs = self.unique = None
         self._timers_sub = self._intake_sub = None
@@ -77,8 +60,10 @@ class JobStore:
         self.jobs = await self._bucket(JOBS)
         self.unique = await self._bucket(UNIQUE)
         await self._allow_atomic(f"KV_{JOBS}")
+        self.jobs = await self.js.key_value(JOBS)  # bound again: its gets are direct gets now
         config = StreamConfig(name=TIMERS, subjects=["ojs.sched.>", "ojs.fire.>"], allow_msg_schedules=True,
-                              max_msgs_per_subject=1, storage=StorageType.FILE, max_age=30 * 86400)
+                              max_msgs_per_subject=1, storage=StorageType.FILE, max_age=30 * 86400,
+                              num_replicas=self.replicas)
         try:
             await self.js.add_stream(config)
         except BadRequestError:
@@ -90,7 +75,7 @@ class JobStore:
         # would wait for the batch or its timeout, and retries are checked 200 ms after they are due).
         self._timers_sub = await PullSource(self.nc, TIMERS, TIMER_CONSUMER, buffer=200).start()
         intake = StreamConfig(name=JOBS_STREAM, subjects=[JOBS_SUBJECT], retention=RetentionPolicy.WORK_QUEUE,
-                              storage=StorageType.FILE, duplicate_window=DUPLICATE_WINDOW)
+                              storage=StorageType.FILE, duplicate_window=DUPLICATE_WINDOW, num_replicas=self.replicas)
         try:
             await self.js.add_stream(intake)
         except BadRequestError:
@@ -103,7 +88,8 @@ class JobStore:
 
     async def _bucket(self, name: str):
         try:
-            return await self.js.create_key_value(KeyValueConfig(bucket=name, history=1, storage=StorageType.FILE))
+            return await self.js.create_key_value(KeyValueConfig(bucket=name, history=1, storage=StorageType.FILE,
+                                                                 replicas=self.replicas))
         except BadRequestError:  # it exists, with atomic batches allowed by an earlier start
             return await self.js.key_value(name)
 
@@ -112,9 +98,9 @@ class JobStore:
         for it: the stream is updated through the JetStream API with its own config plus the flag."""
         info = await self.js.stream_info(stream)
         config = info.config.as_dict()
-        if config.get("allow_atomic"):
+        if config.get("allow_atomic") and config.get("allow_direct"):
             return
-        config["allow_atomic"] = True
+        config["allow_atomic"] = config["allow_direct"] = True  # direct: several records in one read
         reply = json.loads((await self.nc.request(f"$JS.API.STREAM.UPDATE.{stream}", json.dumps(config).encode(),
                                                   timeout=5)).data)
         if "error" in reply:
@@ -126,13 +112,6 @@ class JobStore:
                 await sub.close()
 
     # ---- records ------------------------------------------------------------------------------
-
-    async def create(self, record: dict) -> int:
-        return (await self.commit([Write(record)]))[0]
-
-    async def update(self, record: dict, revision: int, *, finished: bool = False) -> int:
-        """CAS: the new revision, or Conflict."""
-        return (await self.commit([Write(record, revision, finished)]))[0]
 
     async def commit(self, writes: list[Write]) -> list[int]:
         """Store every write or none (Conflict); the new revisions in order.
@@ -148,15 +127,15 @@ class JobStore:
             return await self._publish(writes)
         except Conflict:
             # A create of a key that was deleted must name the delete marker's revision, not 0.
-            markers = [await self._marker(w.key) if not w.revision else 0 for w in writes]
+            markers = [await self._marker(w.key) if w.revision == 0 else 0 for w in writes]
             if not any(markers):
                 raise
-            return await self._publish([Write(w.record, m or w.revision, w.finished) for w, m in zip(writes, markers)])
+            return await self._publish([replace(w, revision=m or w.revision) for w, m in zip(writes, markers)])
 
     async def _publish(self, writes: list[Write]) -> list[int]:
         batch_id = uuid.uuid4().hex if len(writes) > 1 else None
         for index, write in enumerate(writes, 1):
-            headers = {"Nats-Expected-Last-Subject-Sequence": str(write.revision)}
+            headers = {} if write.revision is None else {"Nats-Expected-Last-Subject-Sequence": str(write.revision)}
             if write.finished:
                 headers["Nats-TTL"] = str(RECORD_TTL_SECONDS)
             if batch_id:
@@ -199,16 +178,17 @@ class JobStore:
     async def delete(self, job_id: str) -> None:
         await self.jobs.purge(job_id)
 
-    async def all_records(self, batch: int = 1000) -> AsyncIterator[tuple[dict, int]]:
-        """Every live record with its revision: one ordered pass over the bucket's last values, pulled
-        a batch at a time (a KV watch is pushed as fast as the server can, and 100k records queued in
-        the client cost far more memory than the engine's whole index)."""
+    async def all_records(self, keys: str = ">", batch: int = 1000) -> AsyncIterator[tuple[dict, int]]:
+        """Every live record under `keys` with its revision: one ordered pass over the bucket's last
+        values, pulled a batch at a time (a KV watch is pushed as fast as the server can, and 100k
+        records queued in the client would cost more memory than the server is allowed)."""
         stream = f"KV_{JOBS}"
-        sub = await self.js.pull_subscribe(f"$KV.{JOBS}.>", stream=stream, config=ConsumerConfig(
+        sub = await self.js.pull_subscribe(f"$KV.{JOBS}.{keys}", stream=stream, config=ConsumerConfig(
             deliver_policy=DeliverPolicy.LAST_PER_SUBJECT, ack_policy=AckPolicy.NONE, inactive_threshold=60,
             mem_storage=True))
+        info = await sub.consumer_info()
         try:
-            pending = (await sub.consumer_info()).num_pending
+            pending = info.num_pending
             while pending:
                 for message in await sub.fetch(batch, timeout=10):
                     pending = message.metadata.num_pending
@@ -216,6 +196,7 @@ class JobStore:
                         yield decode(message.data), message.metadata.sequence.stream
         finally:
             await sub.unsubscribe()
+            await self.js.delete_consumer(stream, info.name)  # else it lingers, and a stream holds 1,000
 
     # ---- unique locks -------------------------------------------------------------------------
 

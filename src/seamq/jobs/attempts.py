@@ -1,0 +1,74 @@
+"""What a worker reports: a failed attempt (the `errors[]` entry it becomes, and the error's type that
+`non_retryable_errors` match) and the jobs a heartbeat names, read from whichever shape the client
+sent. No I/O."""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Any
+
+from seamq.jobs.model import MAX_BATCH, invalid, iso
+
+RAISED = re.compile(r"^([A-Za-z_][\w.]*)(?::|$)")  # `ValueError: bad`, `mod.Error`, JS `TypeError: x`
+
+
+def error_type(error: dict) -> str:
+    """`errors[].type`: the client's, else `details.error_class`, else the class the SDKs' workers
+    name only in the trace they send (Python: its last line; JS: the stack's first), else from the
+    message (L1-RTR-014)."""
+    details = error.get("details") if isinstance(error.get("details"), dict) else {}
+    for candidate in (error.get("type"), details.get("error_class")):
+        if isinstance(candidate, str) and candidate:
+            return candidate
+    for trace, line in ((details.get("traceback"), -1), (details.get("stack"), 0)):
+        lines = [t for t in trace.strip().splitlines() if t.strip()] if isinstance(trace, str) else []
+        found = RAISED.match(lines[line].strip()) if lines else None
+        if found:
+            return found.group(1)
+    message = str(error.get("message", "")).lower()
+    if re.search(r"time[ds]? ?out|timed out", message):
+        return "ConnectionTimeout"
+    if "rate limit" in message:
+        return "RateLimitExceeded"
+    code = str(error.get("code", ""))
+    if code and code not in ("handler_error", "error"):
+        return code
+    return "InternalServerError"
+
+
+def error_entry(error: Any, attempt: int, now: datetime) -> dict:
+    """One `errors[]` entry (and the job's `error`) from a nack's error object."""
+    if not isinstance(error, dict):
+        error = {"message": str(error) if error is not None else "failed"}
+    entry = {
+        "code": str(error.get("code") or "handler_error"),
+        "type": error_type(error),
+        "message": str(error.get("message") or "failed"),
+        "retryable": error.get("retryable", True) is not False,
+        "attempt": attempt,
+        "occurred_at": iso(now),
+    }
+    if isinstance(error.get("details"), dict):
+        entry["details"] = error["details"]
+    return entry
+
+
+def heartbeat_ids(active_jobs: Any, active_job_ids: Any) -> list[str]:
+    """The job ids a heartbeat names: `active_jobs` as a list (the spec, the Python SDK), or
+    `active_job_ids` with `active_jobs` as their count (the JS SDK). A count without the ids
+    would extend nothing, so it is refused rather than answered as if it had."""
+    ids = active_job_ids if active_job_ids is not None else active_jobs
+    if ids is None or (isinstance(ids, int) and not isinstance(ids, bool) and ids == 0):
+        return []
+    if isinstance(ids, int) and not isinstance(ids, bool):
+        raise invalid(f"active_jobs is a count ({ids}): name the jobs in active_job_ids (or send active_jobs "
+                      "as their list) so that their leases can be extended")
+    if not isinstance(ids, list) or not all(isinstance(i, str) and i for i in ids):
+        raise invalid("active_jobs (or active_job_ids) must be a list of job ids")
+    if active_job_ids is not None and isinstance(active_jobs, int) and not isinstance(active_jobs, bool) \
+            and active_jobs != len(ids):
+        raise invalid(f"active_jobs says {active_jobs} jobs but active_job_ids names {len(ids)}")
+    if len(ids) > MAX_BATCH:
+        raise invalid(f"a heartbeat names at most {MAX_BATCH} jobs")
+    return list(dict.fromkeys(ids))

@@ -1,0 +1,102 @@
+"""Cron jobs over the store: registered, enabled or disabled, listed, deleted and fired.
+
+The expressions are seamq.jobs.cron's (no I/O). A cron's next run is a timer
+in the store, which fires once to one server whichever servers run; the fire
+enqueues its job and moves the cron's `next_run_at` in one atomic batch, by
+compare-and-set on the cron's record, so a tick fired twice (a server that died
+before it said done) enqueues one job.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from seamq.jobs import cron, model
+from seamq.jobs.model import OjsError, conflict, iso
+from seamq.jobs.ports import Conflict, Write
+
+if TYPE_CHECKING:
+    from seamq.jobs.operations import Operations
+    from seamq.jobs.queues import Queues
+
+
+class Crontab:
+    def __init__(self, ops: "Operations", queues: "Queues") -> None:
+        self.ops, self.store, self.queues = ops, ops.store, queues
+
+    async def register(self, body: Any) -> dict:
+        record = cron.new(body, self.ops.clock())
+        held = await self.store.get(record["_key"])
+        try:
+            await self.store.commit([Write(record["_key"], record, held[1] if held else 0)])
+        except Conflict:
+            raise conflict(f"cron {record['name']} changed while it was registered") from None
+        self.queues.kept(record["_key"], record)
+        if record["enabled"]:
+            await self._arm(record)
+        return cron.public(record)
+
+    async def _load(self, name: str) -> tuple[dict, int]:
+        held = await self.store.get(cron.key(name))
+        if held is None:
+            raise OjsError(404, "not_found", f"cron {name} not found")
+        return held
+
+    async def set_enabled(self, name: str, enabled: bool) -> dict:
+        held = await self._load(name)
+        record = {**held[0], "enabled": enabled}
+        if enabled:
+            record["next_run_at"] = iso(cron.parse(record["expression"]).next_after(self.ops.clock(), record["timezone"]))
+        try:
+            await self.store.commit([Write(record["_key"], record, held[1])])
+        except Conflict:
+            raise conflict(f"cron {name} changed while it was {'enabled' if enabled else 'disabled'}") from None
+        self.queues.kept(record["_key"], record)
+        if enabled:
+            await self._arm(record)
+        else:
+            await self.store.disarm("cron", record["_key"])
+        return cron.public(record)
+
+    def listing(self) -> list[dict]:
+        return sorted((cron.public(r) for r in self.queues.of("cron.")), key=lambda c: c["name"])
+
+    async def delete(self, name: str) -> dict:
+        record, _ = await self._load(name)
+        await self.store.delete(record["_key"])
+        self.queues.kept(record["_key"], None)
+        await self.store.disarm("cron", record["_key"])
+        return cron.public(record)
+
+    async def _arm(self, record: dict) -> None:
+        at = model.parse_time(record["next_run_at"])
+        await self.ops.arm("cron", record["_key"], at, {"attempt": int(at.timestamp() * 1000)})
+
+    async def fire(self, key: str, due_ms: Any) -> None:
+        held = await self.store.get(key)
+        if held is None or not held[0].get("enabled", True):
+            return
+        record, revision = held
+        due = model.parse_time(record["next_run_at"])
+        if int(due.timestamp() * 1000) != due_ms:
+            return  # a timer for a run that is no longer the next one
+        now = self.ops.clock()
+        following = {**record, "next_run_at": iso(cron.parse(record["expression"]).next_after(
+            max(now, due), record["timezone"]))}
+        last = await self.store.get(record.get("_last_job_id") or "-")
+        if record["overlap_policy"] == "skip" and last is not None and last[0]["state"] not in model.TERMINAL:
+            try:
+                await self.store.commit([Write(key, following, revision)])
+            except Conflict:
+                return  # another server fired it, or it changed
+            await self.ops.events.emit("cron.skipped", last[0])
+        else:
+            job = model.new_record(record["job_template"], now)
+            following["_last_job_id"] = job["id"]
+            try:
+                await self.ops.create([job], also=[Write(key, following, revision)])
+            except OjsError:  # fired already, or the cron changed (deleted, replaced) since this was armed
+                return
+            await self.ops.events.emit("cron.triggered", job)
+        self.queues.kept(key, following)
+        await self._arm(following)

@@ -1,0 +1,96 @@
+"""Workflows over the store: created with their first jobs, moved on as their jobs end, cancelled.
+
+The rules are seamq.jobs.workflows' (no I/O); this reads and writes the records.
+A job's end and its workflow's next move (the record, the next step's job or
+the callbacks) are one atomic batch, each with its compare-and-set: two jobs of
+one group ending at once on two servers cannot both move the workflow from the
+same revision; the one that loses reads the workflow again and tries again.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from seamq.jobs import job as J
+from seamq.jobs import workflows
+from seamq.jobs.model import UUIDV7_PATTERN, OjsError, conflict
+from seamq.jobs.ports import Conflict, Write
+
+if TYPE_CHECKING:
+    from seamq.jobs.operations import Operations
+
+TRIES = 8
+
+
+class Flows:
+    def __init__(self, ops: "Operations") -> None:
+        self.ops, self.store = ops, ops.store
+
+    async def create(self, body: Any) -> dict:
+        workflow, first = workflows.new(body, self.ops.clock())
+        await self.ops.create(first, also=[Write(workflows.key(workflow["id"]), workflow, 0)])
+        await self.ops.events.emit("workflow.started", workflow)
+        return await self._public(workflow)
+
+    async def ending(self, record: dict) -> tuple[list[Write], list[dict], dict | None]:
+        """What a job's end does to its workflow: the writes to commit with it, the jobs they create,
+        and the workflow's new record."""
+        held = await self.store.get(workflows.key(record["workflow_id"]))
+        if held is None:
+            return [], [], None
+        moved, started = workflows.job_ended(held[0], record, self.ops.clock())
+        if moved is None:
+            return [], [], None
+        for job in started:
+            await self.ops.ready(J.from_record(job))
+        writes = [Write(moved["_key"], moved, held[1], finished=moved["state"] != workflows.RUNNING),
+                  *(Write(job["id"], job) for job in started)]
+        return writes, started, moved
+
+    async def ended(self, moved: dict | None) -> None:
+        if moved is not None and moved["state"] != workflows.RUNNING:
+            await self.ops.events.emit(f"workflow.{moved['state']}", moved)
+
+    async def get(self, workflow_id: str) -> dict:
+        return await self._public((await self._load(workflow_id))[0])
+
+    async def listing(self) -> list[dict]:
+        found = [await self._public(r) for r, _ in await self.store.scan("wf.")]
+        return sorted(found, key=lambda w: w["created_at"], reverse=True)
+
+    async def _public(self, workflow: dict) -> dict:
+        states = {}
+        for job_id in workflows.job_ids_of(workflow):
+            held = await self.store.get(job_id)
+            if held is not None:
+                states[job_id] = held[0]["state"]
+        return workflows.public(workflow, states)
+
+    async def _load(self, workflow_id: str) -> tuple[dict, int]:
+        held = await self.store.get(workflows.key(workflow_id)) \
+            if isinstance(workflow_id, str) and UUIDV7_PATTERN.fullmatch(workflow_id) else None
+        if held is None:
+            raise OjsError(404, "not_found", f"workflow {workflow_id} not found")
+        return held
+
+    async def cancel(self, workflow_id: str) -> dict:
+        """The workflow and each of its jobs not yet ended, in one atomic batch; later steps never start."""
+        for _ in range(TRIES):
+            workflow, revision = await self._load(workflow_id)
+            stopped = workflows.cancelled(workflow, self.ops.clock())
+            jobs = []
+            for job_id in workflows.job_ids_of(workflow):
+                held = await self.store.get(job_id)
+                if held is not None:
+                    jobs.append(held)
+            try:
+                cancelled = await self.ops.cancel_all(jobs, also=[Write(stopped["_key"], stopped, revision)])
+                break
+            except Conflict:
+                continue  # a job of it moved meanwhile: read them all again
+        else:
+            raise conflict(f"workflow {workflow_id} kept changing while it was cancelled; try again")
+        for record in cancelled:
+            await self.ops.events.emit("job.cancelled", record)
+        await self.ops.events.emit("workflow.cancelled", stopped)
+        return await self._public(stopped)

@@ -1,0 +1,246 @@
+"""A job as the engine reasons about it: a typed, immutable record whose every state change is one
+named function (River's `JobRow` and its `JobSetState...` constructors are the example), with times
+as datetimes inside and ISO strings only at the edge (`from_record`, `to_record`).
+
+No I/O: the engine loads a record, asks one of these for the next one, and stores it with a
+compare-and-set. A transition checks the state it starts from and refuses any other with 409, so a
+rule about which move is allowed from where is stated here once. `timers` says which clocks a job
+needs in its state, for the engine to arm.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field, fields, replace
+from datetime import datetime, timedelta
+from enum import Enum
+from typing import Any
+
+from seamq.jobs.attempts import error_entry
+from seamq.jobs.model import RetryPolicy, conflict, iso, parse_time
+
+RECORD_TTL = timedelta(days=7)  # a finished job is kept this long (the store's per-message TTL)
+
+
+class State(str, Enum):
+    SCHEDULED = "scheduled"
+    AVAILABLE = "available"
+    ACTIVE = "active"
+    RETRYABLE = "retryable"
+    COMPLETED = "completed"
+    DISCARDED = "discarded"
+    CANCELLED = "cancelled"
+
+
+WAITING = frozenset({State.SCHEDULED, State.AVAILABLE, State.RETRYABLE})
+FINISHED = frozenset({State.COMPLETED, State.DISCARDED, State.CANCELLED})
+TIMES = ("created_at", "enqueued_at", "scheduled_at", "started_at", "completed_at", "cancelled_at", "discarded_at",
+         "next_attempt_at", "lease_until")
+INTERNAL = {"lease_until": "_lease_until", "dead_letter": "_dlq", "entry": "_entry", "hold": "_hold"}  # never shown
+ALWAYS = ("enqueued_at", "scheduled_at", "expires_at", "timeout_ms", "tags", "retry", "unique", "options")
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    id: str
+    type: str
+    queue: str
+    args: list
+    state: State
+    created_at: datetime
+    priority: int = 0
+    attempt: int = 0
+    max_attempts: int = 3
+    enqueued_at: datetime | None = None
+    scheduled_at: datetime | None = None
+    started_at: datetime | None = None
+    completed_at: datetime | None = None
+    cancelled_at: datetime | None = None
+    discarded_at: datetime | None = None
+    next_attempt_at: datetime | None = None
+    lease_until: datetime | None = None
+    expires_at: str | None = None  # as the client sent it (echoed exactly); `expires` reads it
+    timeout_ms: int | None = None
+    tags: list | None = None
+    retry: dict | None = None
+    unique: dict | None = None
+    options: dict | None = None
+    meta: dict | None = None
+    worker_id: str | None = None
+    result: Any = None
+    error: dict | None = None
+    errors: tuple[dict, ...] = ()
+    retry_delay_ms: int | None = None
+    dead_letter: bool = False
+    workflow_id: str | None = None
+    workflow_index: int | None = None
+    entry: str | None = None  # the ready entry (and its hold) that this attempt runs under
+    hold: str | None = None
+    parent_results: list | None = None
+    extra: dict = field(default_factory=dict)  # what else the client sent (specversion, schema, ...)
+
+    @property
+    def expires(self) -> datetime | None:
+        return parse_time(self.expires_at) if self.expires_at else None
+
+    @property
+    def ended_at(self) -> datetime | None:
+        return self.completed_at or self.discarded_at or self.cancelled_at
+
+    @property
+    def policy(self) -> RetryPolicy:
+        return RetryPolicy.from_options(self.retry, self.max_attempts)
+
+
+_FIELDS = {f.name for f in fields(Job)} - {"extra"}
+_STORED = {INTERNAL.get(name, name): name for name in _FIELDS}
+_ORDER = tuple(dict.fromkeys(("id", "type", "queue", "args", "priority", "state", "attempt", "max_attempts", *ALWAYS,
+                              *sorted(_FIELDS))))
+_KINDS = {**{name: "time" for name in TIMES}, "state": "state", "errors": "errors", "dead_letter": "flag"}
+_SPEC = tuple((name, INTERNAL.get(name, name), _KINDS.get(name), name in ALWAYS) for name in _ORDER)
+
+
+def from_record(record: dict) -> Job:
+    """The stored dict (ISO strings, `_lease_until`, `_dlq`) as a Job."""
+    known, extra = {}, {}
+    for key, value in record.items():
+        name = _STORED.get(key)
+        if name is None:
+            extra[key] = value
+        elif name in TIMES:
+            known[name] = parse_time(value) if value else None
+        else:
+            known[name] = value
+    known["state"] = State(known["state"])
+    known["errors"] = tuple(known.get("errors") or ())
+    known["dead_letter"] = bool(known.get("dead_letter"))
+    return Job(**known, extra=extra)
+
+
+def to_record(job: Job) -> dict:
+    """The dict to store: the client's other fields, then every field (ISO strings for times)."""
+    record = dict(job.extra)
+    for name, key, kind, always in _SPEC:
+        value = getattr(job, name)
+        if value is None or (kind in ("flag", "errors") and not value):
+            if always:
+                record[key] = None
+            continue
+        record[key] = iso(value) if kind == "time" else value.value if kind == "state" else \
+            list(value) if kind == "errors" else value
+    return record
+
+
+def public(job: Job) -> dict:
+    """What a client sees: no internal field, no null."""
+    return {k: v for k, v in to_record(job).items() if not k.startswith("_") and v is not None}
+
+
+# ---- transitions: one function per move, each refusing the states it does not start from -----------
+
+def _from(job: Job, allowed: frozenset[State] | set[State], what: str) -> None:
+    if job.state not in allowed:
+        raise conflict(f"cannot {what} job {job.id}: it is {job.state.value}")
+
+
+def claimed(job: Job, now: datetime, worker_id: str | None, lease: timedelta, entry: str | None = None,
+            hold: str | None = None) -> Job:
+    _from(job, {State.AVAILABLE}, "claim")
+    return replace(job, state=State.ACTIVE, attempt=job.attempt + 1, started_at=now, worker_id=worker_id,
+                   lease_until=now + lease, entry=entry, hold=hold)
+
+
+def extended(job: Job, now: datetime, lease: timedelta) -> Job:
+    _from(job, {State.ACTIVE}, "extend the lease of")
+    return replace(job, lease_until=now + lease)
+
+
+def completed(job: Job, now: datetime, result: Any) -> Job:
+    _from(job, {State.ACTIVE}, "acknowledge")
+    return replace(job, state=State.COMPLETED, completed_at=now, result=result, error=None, lease_until=None,
+                   entry=None, hold=None)
+
+
+def failed(job: Job, now: datetime, error: Any, rng: random.Random | None = None) -> Job:
+    """An attempt failed (nack, timeout): retryable after the policy's delay, or discarded (and kept
+    as a dead letter with `on_exhaustion: dead_letter`) when hopeless or out of attempts."""
+    _from(job, {State.ACTIVE}, "fail")
+    entry = error_entry(error, job.attempt, now)
+    common = dict(error=_last(entry), errors=(*job.errors, entry), lease_until=None, worker_id=None, entry=None,
+                  hold=None)
+    policy = job.policy
+    names = [entry["type"], entry["code"]]
+    if isinstance((entry.get("details") or {}).get("error_class"), str):
+        names.append(entry["details"]["error_class"])
+    if not entry["retryable"] or policy.matches_non_retryable(names) or job.attempt >= policy.max_attempts:
+        return replace(job, **common, state=State.DISCARDED, completed_at=now, discarded_at=now,
+                       dead_letter=policy.on_exhaustion == "dead_letter")
+    delay = policy.delay(job.attempt, rng)
+    return replace(job, **common, state=State.RETRYABLE, retry_delay_ms=round(delay * 1000),
+                   next_attempt_at=now + timedelta(seconds=delay))
+
+
+def released(job: Job, now: datetime, error: Any) -> Job:
+    """An attempt ended without a verdict (a nack with `requeue`, a lease that ran out, a worker
+    stopped or deregistered): back in the queue now, the attempt kept in its history."""
+    _from(job, {State.ACTIVE}, "release")
+    entry = error_entry(error, job.attempt, now)
+    return replace(job, state=State.AVAILABLE, enqueued_at=now, error=_last(entry), errors=(*job.errors, entry),
+                   lease_until=None, worker_id=None, entry=None, hold=None)
+
+
+def cancelled(job: Job, now: datetime) -> Job:
+    if job.state in FINISHED:
+        raise conflict(f"job {job.id} is {job.state.value}: it can no longer be cancelled")
+    return replace(job, state=State.CANCELLED, cancelled_at=now, lease_until=None, entry=None, hold=None)
+
+
+def expired(job: Job, now: datetime) -> Job:
+    _from(job, WAITING, "expire")
+    return replace(job, state=State.DISCARDED, discarded_at=now)
+
+
+def due(job: Job, now: datetime) -> Job:
+    """A scheduled job's time, or a retry's, has come."""
+    _from(job, {State.SCHEDULED, State.RETRYABLE}, "make available")
+    return replace(job, state=State.AVAILABLE, enqueued_at=now)
+
+
+def retried(job: Job, now: datetime) -> Job:
+    """An operator runs a discarded or cancelled job again: attempt 0, its errors kept as history."""
+    if job.state not in (State.DISCARDED, State.CANCELLED):
+        raise conflict(f"job {job.id} is {job.state.value}: only discarded or cancelled jobs can be retried")
+    return replace(job, state=State.AVAILABLE, attempt=0, enqueued_at=now, dead_letter=False, error=None,
+                   completed_at=None, discarded_at=None, cancelled_at=None)
+
+
+def _last(entry: dict) -> dict:
+    return {k: entry[k] for k in ("code", "type", "message", "retryable", "details") if k in entry}
+
+
+# ---- clocks ----------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Timer:
+    kind: str  # run (scheduled or retry due), expire, lease, timeout, forget
+    at: datetime
+    attempt: int  # the attempt it was armed for: a timer of an earlier one changes nothing
+
+
+def timers(job: Job) -> list[Timer]:
+    """The clocks a job needs in its state."""
+    out = []
+    if job.state == State.SCHEDULED and job.scheduled_at:
+        out.append(Timer("run", job.scheduled_at, job.attempt))
+    if job.state == State.RETRYABLE and job.next_attempt_at:
+        out.append(Timer("run", job.next_attempt_at, job.attempt))
+    if job.state in WAITING and job.expires_at:
+        out.append(Timer("expire", job.expires, job.attempt))
+    if job.state == State.ACTIVE:
+        if job.lease_until:
+            out.append(Timer("lease", job.lease_until, job.attempt))
+        if job.timeout_ms and job.started_at:
+            out.append(Timer("timeout", job.started_at + timedelta(milliseconds=job.timeout_ms), job.attempt))
+    if job.state in FINISHED and job.ended_at:
+        out.append(Timer("forget", job.ended_at + RECORD_TTL, job.attempt))
+    return out

@@ -1,0 +1,217 @@
+"""The job store in memory: the engine's rules tested in a unit tier without NATS, on a clock the test
+moves (`advance`), so a lease or a retry due in an hour takes no time. It keeps the port's promises
+(tests/test_jobs_store_contract.py), not NATS' performance.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import itertools
+from collections import Counter, deque
+from datetime import datetime, timedelta, timezone
+
+from seamq.jobs.ports import Conflict, Fired, Taken, Write
+
+
+ACK_WAIT = timedelta(seconds=30)  # a fired timer not `done` by then is handed out again (a server died)
+
+
+class Clock:
+    def __init__(self, start: datetime | None = None) -> None:
+        self.now = start or datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+class MemoryJobStore:
+    def __init__(self, clock: Clock | None = None) -> None:
+        self.clock = clock or Clock()
+        self.records: dict[str, tuple[dict, int]] = {}
+        self.revision = 0
+        self.seq = itertools.count(1)
+        # queue -> priority -> entries in the order offered: (seq, job id, revision, deliveries)
+        self.ready: dict[str, dict[int, deque[tuple[int, str, int, int]]]] = {}
+        self.held: dict[str, tuple[datetime, str, int, tuple[int, str, int, int]]] = {}  # hold -> (until, queue, prio, entry)
+        self.timers: dict[tuple[str, str], tuple[datetime, dict]] = {}
+        self.handed: dict[tuple[str, str], tuple[datetime, dict]] = {}  # fired, not yet done: (when, token)
+        self.deliveries: Counter[tuple[str, str]] = Counter()
+        self.ended: Counter[tuple[str, str]] = Counter()
+        self.locks: dict[str, tuple[str, datetime | None]] = {}  # fingerprint -> (job id, until)
+        self.followers: list[tuple[tuple[str, ...], asyncio.Queue]] = []
+
+    async def close(self) -> None:
+        """Nothing to let go of."""
+
+    # ---- records ------------------------------------------------------------------------------------
+
+    async def get(self, key: str) -> tuple[dict, int] | None:
+        held = self.records.get(key)
+        return (copy.deepcopy(held[0]), held[1]) if held else None
+
+    async def get_many(self, keys: list[str]) -> dict[str, tuple[dict, int]]:
+        return {key: held for key in keys if (held := await self.get(key)) is not None}
+
+    async def commit(self, writes: list[Write]) -> list[int]:
+        for write in writes:  # every check first: all or none
+            current = self.records.get(write.key)
+            if write.revision is not None and (current[1] if current else 0) != write.revision:
+                raise Conflict(write.key)
+        out = []
+        for write in writes:
+            self.revision += 1
+            self.records[write.key] = (copy.deepcopy(write.record), self.revision)
+            self._tell(write.key, write.record)
+            out.append(self.revision)
+        return out
+
+    async def delete(self, key: str) -> None:
+        if self.records.pop(key, None) is not None:
+            self._tell(key, None)
+
+    async def scan(self, prefix: str) -> list[tuple[dict, int]]:
+        return [(copy.deepcopy(record), revision) for key, (record, revision) in list(self.records.items())
+                if (key.startswith(prefix) if prefix else "." not in key)]
+
+    async def follow(self, prefixes: list[str]):
+        changes: asyncio.Queue = asyncio.Queue()
+        self.followers.append((tuple(prefixes), changes))
+        for key, (record, _) in list(self.records.items()):
+            if key.startswith(tuple(prefixes)):
+                yield key, copy.deepcopy(record)
+        yield "", None
+        while True:
+            yield await changes.get()
+
+    def _tell(self, key: str, record: dict | None) -> None:
+        for prefixes, changes in self.followers:
+            if key.startswith(prefixes):
+                changes.put_nowait((key, copy.deepcopy(record)))
+
+    # ---- the ready order ----------------------------------------------------------------------------
+
+    async def offer(self, queue: str, priority: int, job_id: str) -> None:
+        seq = next(self.seq)
+        self._queue(queue, priority).append((seq, job_id, seq, 0))
+
+    async def withdraw(self, queue: str, priority: int, job_id: str) -> None:
+        waiting = self._queue(queue, priority)
+        self.ready[queue][priority] = deque(e for e in waiting if e[1] != job_id)
+        for hold, (_, held_queue, _, entry) in list(self.held.items()):
+            if held_queue == queue and entry[1] == job_id:
+                del self.held[hold]
+
+    def _queue(self, queue: str, priority: int) -> deque:
+        return self.ready.setdefault(queue, {}).setdefault(priority, deque())
+
+    def _expire_holds(self) -> None:
+        """Holds that ran out: their entries come back, before later ones (as JetStream redelivers)."""
+        now = self.clock()
+        for hold, (until, queue, priority, entry) in list(self.held.items()):
+            if until <= now:
+                del self.held[hold]
+                waiting = self._queue(queue, priority)
+                waiting.append(entry)
+                self.ready[queue][priority] = deque(sorted(waiting))
+
+    async def take(self, queue: str, count: int, hold_seconds: float) -> list[Taken]:
+        self._expire_holds()
+        out = []
+        for priority in sorted(self.ready.get(queue, {}), reverse=True):
+            waiting = self.ready[queue][priority]
+            while waiting and len(out) < count:
+                seq, job_id, revision, deliveries = waiting.popleft()
+                hold = f"hold.{queue}.{seq}.{deliveries + 1}"
+                entry = (seq, job_id, revision, deliveries + 1)
+                self.held[hold] = (self.clock() + timedelta(seconds=hold_seconds), queue, priority, entry)
+                out.append(Taken(job_id, f"{queue}.{seq}", hold, deliveries + 1))
+        return out
+
+    async def hold(self, hold: str, seconds: float) -> None:
+        found = self.held.get(hold)
+        if found is not None:
+            self.held[hold] = (self.clock() + timedelta(seconds=seconds), *found[1:])
+
+    async def settle(self, hold: str) -> None:
+        self.held.pop(hold, None)
+
+    async def waiting(self, queue: str) -> dict[int, int]:
+        counts = {p: len(entries) for p, entries in self.ready.get(queue, {}).items() if entries}
+        for _, held_queue, priority, _ in self.held.values():
+            if held_queue == queue:
+                counts[priority] = counts.get(priority, 0) + 1
+        return counts
+
+    async def queues(self) -> list[str]:
+        return sorted({*self.ready, *(queue for queue, _ in self.ended)})
+
+    async def ready_counts(self, queue: str) -> tuple[int, int]:
+        self._expire_holds()
+        waiting = sum(len(entries) for entries in self.ready.get(queue, {}).values())
+        return waiting, sum(1 for held in self.held.values() if held[1] == queue)
+
+    # ---- timers -------------------------------------------------------------------------------------
+
+    async def arm(self, kind: str, key: str, at: datetime, token: dict) -> None:
+        self.deliveries.pop((kind, key), None)
+        self.timers[(kind, key)] = (at, dict(token))
+
+    async def disarm(self, kind: str, key: str) -> None:
+        self.timers.pop((kind, key), None)
+
+    async def fired(self, batch: int = 100, timeout: float = 0.0) -> list[Fired]:
+        now = self.clock()
+        for (kind, key), (handed_at, token) in list(self.handed.items()):
+            if handed_at + ACK_WAIT <= now:  # handed to a server that never said done
+                self.timers.setdefault((kind, key), (handed_at, token))
+                del self.handed[(kind, key)]
+        due = sorted((at, kind, key) for (kind, key), (at, _) in self.timers.items() if at <= now)[:batch]
+        out = []
+        for _, kind, key in due:
+            _, token = self.timers.pop((kind, key))
+            self.handed[(kind, key)] = (now, token)
+            self.deliveries[(kind, key)] += 1
+            out.append(Fired(kind, key, token, (kind, key), self.deliveries[(kind, key)]))
+        if not out and timeout:
+            await asyncio.sleep(0)
+        return out
+
+    async def done(self, fired: Fired) -> None:
+        self.handed.pop(fired.handle, None)
+        self.deliveries.pop(fired.handle, None)
+
+    async def again(self, fired: Fired, seconds: float) -> None:
+        if self.handed.pop(fired.handle, None) is not None:
+            self.timers.setdefault(fired.handle, (self.clock() + timedelta(seconds=seconds), fired.token))
+
+    async def armed(self, kind: str, queue: str) -> int:
+        return sum(1 for k, key in [*self.timers, *self.handed] if k == kind and key.rsplit(".", 1)[0] == queue)
+
+    # ---- finished jobs --------------------------------------------------------------------
+
+    async def finished(self, queue: str, state: str) -> None:
+        self.ended[(queue, state)] += 1
+
+    async def tally(self, queue: str) -> dict[str, int]:
+        return {state: n for (q, state), n in self.ended.items() if q == queue}
+
+    # ---- unique locks --------------------------------------------------------------------------------
+
+    async def lock_unique(self, fingerprint: str, job_id: str, period: float | None) -> str | None:
+        held = self.locks.get(fingerprint)
+        if held is not None and (held[1] is None or held[1] > self.clock()):
+            return held[0]
+        await self.take_unique(fingerprint, job_id, period)
+        return None
+
+    async def take_unique(self, fingerprint: str, job_id: str, period: float | None) -> None:
+        self.locks[fingerprint] = (job_id, self.clock() + timedelta(seconds=period) if period else None)
+
+    async def wipe(self) -> None:
+        followers = self.followers
+        self.__init__(self.clock)
+        self.followers = followers

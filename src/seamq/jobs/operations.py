@@ -1,0 +1,396 @@
+"""A job's life over the store port (push, fetch, ack, nack, heartbeat, cancel) and its clocks, for
+servers that keep no index: any number of them serve the same queues. Each state change is a
+transition of seamq.jobs.job, stored by compare-and-set.
+
+What a new state needs is written before it: the entry of a job that becomes available, the timers
+of one that waits. A server that dies between the two leaves an entry or a timer that is dropped
+when it comes (its job never moved), never a job that waits for nothing; and the request or the
+timer that made the change gets no answer, so it comes again. A running job's entry is held as
+its lease: when the hold runs out, the entry comes again to whichever server fetches next, which
+records the attempt as `lease_expired` and claims the job anew.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Callable
+
+from seamq.jobs import job as J
+from seamq.jobs import attempts, model, unique
+from seamq.jobs.activity import Workers
+from seamq.jobs.events import Events
+from seamq.jobs.model import OjsError, conflict, not_found
+from seamq.jobs.ports import Conflict, Fired, JobStore, Taken, Write
+from seamq.jobs.queues import Queues
+from seamq.observability import log
+
+if TYPE_CHECKING:
+    from seamq.jobs.flows import Flows
+
+MINE_KEPT = 100_000  # jobs handed out here, kept for their ack (bounded: most are acked within seconds)
+TRIES = 8  # a job's end racing other ends of its workflow
+WAITING_TIMERS = {"run", "expire"}
+timer_key = "{0.queue}.{0.id}".format  # a job's timers, by queue (their counts are the queue's)
+
+
+class Operations:
+    def __init__(self, store: JobStore, queues: Queues, events: Events, *, clock: Callable[[], datetime] =
+                 model.utcnow, rng: random.Random | None = None, test_mode: bool = False) -> None:
+        self.store, self.queues, self.events, self.clock = store, queues, events, clock
+        self.rng, self.test_mode, self.workers = rng or random.Random(), test_mode, Workers()
+        self.flows: Flows | None = None
+        self.check: Callable[[dict], None] = lambda record: None  # the schema registry's, when it runs
+        self.soon: Callable[[str, str, datetime, dict], None] = lambda *timer: None  # the engine's clock
+        # The jobs handed out here, as stored: their ack, which usually comes back here, needs no read
+        # (a copy another server moved on since fails its CAS, and is then read).
+        self.mine: dict[str, tuple[J.Job, int]] = {}
+
+    # ---- the record -------------------------------------------------------------------------------
+
+    async def load(self, job_id: Any) -> tuple[J.Job, int]:
+        if not isinstance(job_id, str) or not job_id:
+            raise model.invalid("job_id is required")
+        held = await self.store.get(job_id) if model.UUIDV7_PATTERN.fullmatch(job_id) else None
+        if held is None:
+            raise not_found(job_id)
+        return J.from_record(held[0]), held[1]
+
+    async def record(self, job_id: Any) -> dict:
+        """A job's whole record (internal fields too), for the extensions that read beside the envelope."""
+        return J.to_record(await self._current(job_id))
+
+    async def _current(self, job_id: Any) -> J.Job:
+        """The job as it is now: one whose lease ran out goes back to its queue as it is read (else it
+        would wait for the next fetch of its queue to meet its entry, as the rescuers of River and Oban
+        wait for their next round)."""
+        job, revision = await self.load(job_id)
+        if job.state == J.State.ACTIVE and job.lease_until and job.lease_until <= self.clock():
+            released = self._lease_expired(job)
+            try:
+                await self._store(released, revision, job)
+                return released
+            except OjsError:
+                return (await self.load(job_id))[0]
+        return job
+
+    def _lease_expired(self, job: J.Job) -> J.Job:
+        log.warning("job_lease_expired", job_id=job.id, worker_id=job.worker_id or "?", attempt=job.attempt)
+        return J.released(job, self.clock(), {
+            "code": "lease_expired", "type": "LeaseExpired", "message": f"worker {job.worker_id or '?'} sent no "
+            "ack, nack or heartbeat within the visibility timeout: the job went back to its queue"})
+
+    async def change(self, job_id: Any, move: Callable[[J.Job], J.Job]) -> tuple[J.Job, J.Job, dict]:
+        """Apply `move` to the job as last stored here (else as read) and store it; read and try once
+        more when the copy held here was stale. (before, after, after's record)."""
+        held = self.mine.get(job_id) if isinstance(job_id, str) else None
+        while True:
+            job, revision = held if held is not None else await self.load(job_id)
+            try:
+                moved = move(job)
+                return job, moved, (await self._store(moved, revision, job))[1]
+            except OjsError as exc:
+                if held is None or exc.status != 409:
+                    raise
+                held = None  # the copy held here was stale (moved on through another server): read it
+
+    async def _store(self, job: J.Job, revision: int, before: J.Job | None = None) -> tuple[int, dict]:
+        """Write a job's next state by CAS, with its workflow's next move when it ended. What the new
+        state needs comes first: its entry in the ready order when it became available, its clocks
+        (an entry or a timer whose change was never stored is dropped when it comes). Then the end
+        of the hold it ran under."""
+        record, finished = J.to_record(job), job.state in J.FINISHED
+        await self.ready(job)
+        for attempt in range(TRIES):
+            writes, started, moved = [Write(job.id, record, revision, finished)], [], None
+            if finished and job.workflow_id and self.flows is not None:
+                extra, started, moved = await self.flows.ending(record)
+                writes += extra
+            if job.dead_letter and job.state == J.State.DISCARDED:
+                writes.append(Write(f"dlq.{job.id}", {"_key": f"dlq.{job.id}", "id": job.id}, None, True))
+            try:
+                revisions = await self.store.commit(writes)
+                break
+            except Conflict:
+                current = await self.store.get(job.id) if len(writes) > 1 and attempt < TRIES - 1 else None
+                if current is None or current[1] != revision:
+                    raise conflict(f"job {job.id} changed meanwhile; read it again") from None
+                # the job is as it was: its workflow moved on meanwhile (another of its jobs ended)
+        stored = revisions[0]
+        if job.state == J.State.ACTIVE:
+            self._keep(job, stored)
+        else:
+            self.mine.pop(job.id, None)
+        if before is not None and before.hold and before.hold != job.hold:
+            await self.store.settle(before.hold)
+        if finished and before is not None and before.state == J.State.AVAILABLE:
+            await self.store.withdraw(job.queue, job.priority, job.id)
+        if finished and before is not None and before.state in (J.State.SCHEDULED, J.State.RETRYABLE):  # its count
+            await self.store.disarm("scheduled" if before.state == J.State.SCHEDULED else "retry", timer_key(job))
+        if finished:
+            await self.store.finished(job.queue, job.state.value)
+        for new, revision in zip(started, revisions[2:]):
+            await self.admitted(new, revision)
+        if self.flows is not None:
+            await self.flows.ended(moved)
+        return stored, record
+
+    def _keep(self, job: J.Job, revision: int) -> None:
+        self.mine[job.id] = (job, revision)
+        if len(self.mine) > MINE_KEPT:  # acked through another server: forget the oldest
+            del self.mine[next(iter(self.mine))]
+
+    async def arm(self, kind: str, key: str, at: datetime, token: dict) -> None:
+        """In the store (fires once, to one server, whatever dies); if due soon, also here, on time."""
+        await self.store.arm(kind, key, at, token)
+        self.soon(kind, key, at, token)
+
+    async def ready(self, job: J.Job) -> None:
+        """Before a job's new state is stored: its entry when it becomes available, and its clocks."""
+        if job.state == J.State.AVAILABLE:
+            await self.store.offer(job.queue, job.priority, job.id)
+        for timer in J.timers(job):
+            if timer.kind in WAITING_TIMERS:
+                kind = "expire" if timer.kind == "expire" else \
+                    "retry" if job.state == J.State.RETRYABLE else "scheduled"
+                await self.arm(kind, timer_key(job), timer.at, {"attempt": timer.attempt})
+
+    # ---- producers --------------------------------------------------------------------------------
+
+    async def push(self, body: Any) -> tuple[int, dict]:
+        record = model.new_record(body, self.clock())
+        self.check(record)
+        existing = await unique.apply(self.store, record, self.cancel)
+        if existing is not None:
+            return 200, model.public(existing)
+        await self.create([record])
+        return 201, model.public(record)
+
+    async def push_batch(self, body: Any) -> list[dict]:
+        """All or nothing: every item is validated, then all are stored in one atomic batch."""
+        records = model.new_records(body, self.clock())
+        for index, record in enumerate(records):
+            try:
+                self.check(record)
+            except OjsError as exc:
+                raise OjsError(exc.status, exc.code, f"jobs[{index}]: {exc.message}", details=exc.details) from None
+        await self.create(records)
+        return [model.public(r) for r in records]
+
+    async def create(self, records: list[dict], also: list[Write] = ()) -> None:
+        """New jobs (and `also`, a workflow or a cron that made them) in one atomic batch."""
+        await asyncio.gather(*(self.ready(J.from_record(record)) for record in records))
+        try:
+            revisions = await self.store.commit([*also, *(Write(r["id"], r) for r in records)])
+        except Conflict:
+            for record in records:
+                if await self.store.get(record["id"]) is not None:
+                    raise OjsError(409, "duplicate", f"a job with id {record['id']} already exists",
+                                   details={"existing_job_id": record["id"]}) from None
+            raise conflict("changed while jobs were created; nothing was created") from None
+        for record, revision in zip(records, revisions[len(also):]):
+            await self.admitted(record, revision)
+
+    async def admitted(self, record: dict, revision: int) -> None:
+        await self.queues.learn(record)
+        await self.events.emit("job.enqueued", record)
+
+    async def admit_refused(self, record: dict) -> None:
+        """A relayed job the server refused (seamq.jobs.intake), kept as discarded."""
+        try:
+            await self.store.commit([Write(record["id"], record, 0, finished=True)])
+        except Conflict:
+            return
+        await self.store.finished(record["queue"], record["state"])
+        await self.events.emit("job.discarded", record)
+
+    async def info(self, job_id: str) -> dict:
+        return J.public(await self._current(job_id))
+
+    async def cancel(self, job_id: str) -> dict:
+        _, job, record = await self.change(job_id, lambda job: J.cancelled(job, self.clock()))
+        await self.events.emit("job.cancelled", record)
+        return model.public(record)
+
+    async def cancel_all(self, held: list[tuple[dict, int]], also: list[Write]) -> list[dict]:
+        """Jobs not yet ended, cancelled with `also` in one atomic batch (a workflow's cancel);
+        Conflict when one of them moved meanwhile."""
+        now, jobs = self.clock(), [(J.from_record(r), rev) for r, rev in held]
+        jobs = [(job, J.cancelled(job, now), rev) for job, rev in jobs if job.state not in J.FINISHED]
+        await self.store.commit([*also, *(Write(new.id, J.to_record(new), rev, True) for _, new, rev in jobs)])
+        for before, new, _ in jobs:
+            self.mine.pop(new.id, None)
+            if before.hold:
+                await self.store.settle(before.hold)
+            if before.state == J.State.AVAILABLE:
+                await self.store.withdraw(new.queue, new.priority, new.id)
+            await self.store.finished(new.queue, new.state.value)
+        return [J.to_record(new) for _, new, _ in jobs]
+
+    # ---- workers ----------------------------------------------------------------------------------
+
+    async def fetch(self, queues: Any, count: Any = 1, worker_id: Any = None, visibility: Any = None) -> list[dict]:
+        model.check_fetch(queues, count)
+        self.workers.seen(worker_id, self.clock(), queues)
+        worker = worker_id if isinstance(worker_id, str) else None
+        hold = model.visibility_ms({}, visibility) / 1000
+        out: list[dict] = []
+        for queue in queues:
+            if len(out) >= count:
+                break
+            if self.queues.paused(queue):
+                continue
+            allowed = await self.queues.take_tokens(queue, count - len(out))
+            got = 0
+            while got < allowed:
+                taken = await self.store.take(queue, allowed - got, hold)
+                if not taken:
+                    break
+                held = await self.store.get_many([t.job_id for t in taken])
+                for claimed in await asyncio.gather(*(self._claim(t, held.get(t.job_id), worker, visibility, hold)
+                                                      for t in taken)):
+                    if claimed is not None:
+                        out.append(model.public(claimed))
+                        got += 1
+            await self.queues.give_back(queue, allowed - got)
+        return out
+
+    async def _claim(self, taken: Taken, held: tuple[dict, int] | None, worker_id: str | None, visibility: Any,
+                     hold: float) -> dict | None:
+        if held is None:  # offered by a push whose record was never stored (its client had no answer)
+            await self.store.settle(taken.hold)
+            return None
+        job, revision = J.from_record(held[0]), held[1]
+        now = self.clock()
+        if job.state == J.State.ACTIVE and job.entry == taken.entry:
+            if job.lease_until and job.lease_until > now:  # extended while the hold was running out
+                await self.store.hold(taken.hold, (job.lease_until - now).total_seconds())
+                return None
+            job = self._lease_expired(job)
+        elif job.state != J.State.AVAILABLE:  # it moved on since this entry was offered
+            await self.store.settle(taken.hold)
+            return None
+        if job.expires and job.expires <= now:
+            return await self._expire_taken(job, revision, taken)
+        lease = timedelta(milliseconds=model.visibility_ms({"options": job.options}, visibility))
+        claimed = J.claimed(job, now, worker_id, lease, taken.entry, taken.hold)
+        record = J.to_record(claimed)
+        if claimed.timeout_ms:  # armed first: one that comes before the claim is stored waits for it
+            at = claimed.started_at + timedelta(milliseconds=claimed.timeout_ms)
+            await self.arm("timeout", timer_key(claimed), at, {"attempt": claimed.attempt})
+        try:
+            [stored] = await self.store.commit([Write(job.id, record, revision)])
+        except Conflict:
+            return None  # another server moved it first; this entry comes again and is settled then
+        self._keep(claimed, stored)
+        if abs(lease.total_seconds() - hold) > 0.001:
+            await self.store.hold(taken.hold, lease.total_seconds())
+        await self.events.emit("job.started", record)
+        return record
+
+    async def _expire_taken(self, job: J.Job, revision: int, taken: Taken) -> None:
+        try:
+            await self._store(J.expired(job, self.clock()), revision, job)
+            await self.events.emit("job.expired", J.to_record(job))
+        except OjsError:
+            pass
+        await self.store.settle(taken.hold)
+
+    async def ack(self, job_id: Any, result: Any = None) -> dict:
+        before, done, record = await self.change(job_id, lambda job: J.completed(job, self.clock(), result))
+        duration = round((done.completed_at - before.started_at).total_seconds() * 1000) if before.started_at else 0
+        await self.events.emit("job.completed", record, duration_ms=duration, result=result)
+        return {"acknowledged": True, "id": done.id, "job_id": done.id, "state": "completed",
+                "completed_at": record["completed_at"], "job": model.public(record)}
+
+    async def nack(self, job_id: Any, error: Any = None, requeue: Any = False) -> dict:
+        def move(job: J.Job) -> J.Job:
+            now = self.clock()
+            return J.released(job, now, error) if requeue is True else J.failed(job, now, error, self.rng)
+        _, failed, record = await self.change(job_id, move)
+        return await self._failed(failed, record)
+
+    async def _failed(self, failed: J.Job, record: dict) -> dict:
+        if failed.state == J.State.RETRYABLE:
+            await self.events.emit("job.retrying", record)
+        elif failed.state == J.State.DISCARDED:
+            await self.events.emit("job.discarded", record)
+        answer = {"id": failed.id, "job_id": failed.id, "state": failed.state.value, "attempt": failed.attempt,
+                  "max_attempts": failed.max_attempts, "job": model.public(record)}
+        keys = ("retry_delay_ms", "next_attempt_at") if failed.state == J.State.RETRYABLE else ()
+        for key in (*keys, "discarded_at", "completed_at"):
+            if record.get(key) is not None:
+                answer[key] = record[key]
+        return answer
+
+    async def heartbeat(self, worker_id: Any, active_jobs: Any, visibility: Any = None,
+                        active_job_ids: Any = None) -> dict:
+        """Extend the leases of the jobs the worker names. `jobs_cancelled` names those cancelled
+        meanwhile; `state: terminate` asks the worker to stop when every job it named was cancelled
+        (the SDKs' workers know no other way to stop one job, and none of its other jobs is hurt)."""
+        if not isinstance(worker_id, str) or not worker_id:
+            raise model.invalid("worker_id is required")
+        ids = attempts.heartbeat_ids(active_jobs, active_job_ids)
+        now = self.clock()
+        directive = self.workers.beat(worker_id, len(ids), now) or "running"  # asked through the admin API
+        extended, cancelled = [], []
+        for job_id in ids:
+            try:
+                job, revision = await self.load(job_id)
+            except OjsError:
+                continue
+            if job.state == J.State.CANCELLED:
+                cancelled.append(job_id)
+            if job.state != J.State.ACTIVE:
+                continue
+            lease = timedelta(milliseconds=model.visibility_ms({"options": job.options}, visibility))
+            longer = J.extended(job, now, lease)
+            try:
+                stored = (await self.store.commit([Write(job.id, J.to_record(longer), revision)]))[0]
+            except Conflict:
+                continue
+            self._keep(longer, stored)
+            await self.store.hold(job.hold, lease.total_seconds())
+            extended.append(job_id)
+            hook = ((job.options or {}).get("metadata") or {}).get("test_directive")
+            if self.test_mode and hook in ("quiet", "terminate"):
+                directive = hook
+        if cancelled and len(cancelled) == len(ids):
+            directive = "terminate"
+        return {"state": directive, "jobs_extended": extended, "jobs_cancelled": cancelled,
+                "server_time": model.iso(now)}
+
+    # ---- clocks -----------------------------------------------------------------------------------
+
+    async def fire(self, fired: Fired) -> bool:
+        """A job's timer came due (to this server alone): move the job if the timer still applies.
+        False when the change it was armed for is not stored yet (timers are armed first): it is
+        then handed out again a little later, a few times, and dropped if that change never came."""
+        held = await self.store.get(fired.key.rsplit(".", 1)[-1])
+        attempt = fired.token.get("attempt")
+        if held is None:
+            return fired.kind not in ("scheduled", "expire")  # a push not stored yet, or never
+        job, revision = J.from_record(held[0]), held[1]
+        if (fired.kind == "retry" and job.state == J.State.ACTIVE and job.attempt == attempt) or \
+                (fired.kind == "timeout" and job.state == J.State.AVAILABLE and job.attempt + 1 == attempt):
+            return False  # the failure, or the claim, not stored yet
+        if attempt == job.attempt:
+            await self._due(fired.kind, job, revision)
+        return True
+
+    async def _due(self, kind: str, job: J.Job, revision: int) -> None:
+        now = self.clock()
+        try:
+            if kind in ("scheduled", "retry") and job.state in (J.State.SCHEDULED, J.State.RETRYABLE):
+                await self._store(J.due(job, now), revision, job)
+            elif kind == "expire" and job.state in J.WAITING:
+                expired = J.expired(job, now)
+                await self._store(expired, revision, job)
+                await self.events.emit("job.expired", J.to_record(expired))
+            elif kind == "timeout" and job.state == J.State.ACTIVE:
+                error = {"code": "timeout", "type": "timeout", "message": f"exceeded timeout_ms={job.timeout_ms}"}
+                failed = J.failed(job, now, error, self.rng)
+                await self._failed(failed, (await self._store(failed, revision, job))[1])
+        except OjsError:  # another server or request moved it first: the timer no longer applies
+            pass

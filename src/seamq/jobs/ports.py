@@ -1,0 +1,141 @@
+"""The job store as the engine sees it: a port that a NATS store and an in-memory store both implement,
+and that one contract suite (tests/test_jobs_store_contract.py) holds both to, as River's drivers.
+
+Three parts, none of which keeps the whole backlog in a server's memory:
+- records, the truth: a dict per key with a revision; writes are compare-and-set, several at once
+  all or none;
+- the ready order: an entry per job that became available (offered before its record is stored),
+  taken by priority then first in, first out, and held while its job runs (the hold is the job's lease: it comes back to be taken again if
+  not settled in time, whichever server took it and whether or not that server still runs);
+- timers: (kind, key) fires once at its time; a new one for the same kind and key replaces it.
+
+An entry or a timer may be stale (its job moved on since): the engine checks each against the
+record, by revision or attempt, and drops what no longer applies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import AsyncIterator, Protocol
+
+
+class Conflict(Exception):
+    """A compare-and-set lost: someone else changed the record (or created the key) first."""
+
+
+@dataclass(frozen=True)
+class Write:
+    """One record to store: `revision` 0 creates the key (refused if it exists), None writes it
+    whatever is there, else a CAS on it. A `finished` record is kept for the retention period only."""
+
+    key: str
+    record: dict
+    revision: int | None = 0
+    finished: bool = False
+
+
+@dataclass(frozen=True)
+class Taken:
+    """A ready entry, held: `hold` names the hold, for any server to extend or settle (it is kept in
+    the job's record)."""
+
+    job_id: str
+    entry: str  # the entry's own id, the same each time it comes
+    hold: str  # this delivery's hold
+    deliveries: int  # 1 the first time; more when a hold ran out and it came again
+
+
+@dataclass(frozen=True)
+class Fired:
+    kind: str
+    key: str
+    token: dict
+    handle: object
+    deliveries: int = 1  # how many times it was handed out
+
+
+class JobStore(Protocol):
+    async def get(self, key: str) -> tuple[dict, int] | None: ...
+
+    async def get_many(self, keys: list[str]) -> dict[str, tuple[dict, int]]:
+        """Several records in one read: those that exist, by key."""
+
+    async def commit(self, writes: list[Write]) -> list[int]:
+        """All the writes or none; the new revisions, in order. Raises Conflict."""
+
+    async def delete(self, key: str) -> None: ...
+
+    async def scan(self, prefix: str) -> list[tuple[dict, int]]:
+        """Every record whose key starts with `prefix` (a dotted one such as `cron.`; "" for the jobs,
+        whose keys have no dot): a pass over the store, for listings, never kept."""
+
+    def follow(self, prefixes: list[str]) -> "AsyncIterator[tuple[str, dict | None]]":
+        """Every record under `prefixes` as it is now, then ("", None), then each change as it happens
+        (None: deleted). For the few records every server needs at hand: queue flags, limits, schemas,
+        crons."""
+
+    async def offer(self, queue: str, priority: int, job_id: str) -> None:
+        """The job becomes available: an entry for its queue's order, offered before the record that
+        says so is stored (a server that dies between the two leaves an entry, never a job without one)."""
+
+    async def withdraw(self, queue: str, priority: int, job_id: str) -> None:
+        """The job will not run (cancelled or expired while it waited): its entry goes."""
+
+    async def take(self, queue: str, count: int, hold_seconds: float) -> list[Taken]:
+        """Up to `count` entries of `queue`, highest priority first, then in the order offered; each
+        held for `hold_seconds`, then offered again unless settled."""
+
+    async def hold(self, hold: str, seconds: float) -> None:
+        """Extend a hold (a heartbeat): it now ends `seconds` from now."""
+
+    async def settle(self, hold: str) -> None:
+        """The entry is done with (its job finished, failed or moved on): it never comes again."""
+
+    async def waiting(self, queue: str) -> dict[int, int]:
+        """Entries not yet settled (held ones too), by priority."""
+
+    async def queues(self) -> list[str]:
+        """The queues that hold entries or finished jobs."""
+
+    async def ready_counts(self, queue: str) -> tuple[int, int]:
+        """(entries waiting to be taken, entries held) of `queue`."""
+
+    async def arm(self, kind: str, key: str, at: datetime, token: dict) -> None: ...
+
+    async def disarm(self, kind: str, key: str) -> None: ...
+
+    async def fired(self, batch: int, timeout: float) -> list[Fired]:
+        """Timers whose time has come, each handed to one server until `done`."""
+
+    async def done(self, fired: Fired) -> None: ...
+
+    async def again(self, fired: Fired, seconds: float) -> None:
+        """Hand the timer out again in `seconds` (it came before the change it was armed for was stored)."""
+
+    async def armed(self, kind: str, queue: str) -> int:
+        """How many timers of `kind` wait for jobs of `queue` (keys `{queue}.{job id}`)."""
+
+    # ---- the log of finished jobs ----------------------------------------------------------------------
+
+    async def finished(self, queue: str, state: str) -> None:
+        """Count a job of `queue` that ended in `state` (kept for the retention period)."""
+
+    async def events(self, after: int, limit: int) -> list[tuple[int, str, str, bytes]]:
+        """(cursor, queue, kind, event) after `after`, oldest first."""
+
+    async def tally(self, queue: str) -> dict[str, int]:
+        """Jobs of `queue` that finished within the retention period, by state."""
+
+    # ---- unique locks --------------------------------------------------------------------------------
+
+    async def lock_unique(self, fingerprint: str, job_id: str, period: float | None) -> str | None:
+        """Take the lock for `job_id`: None, or the job id that holds it."""
+
+    async def take_unique(self, fingerprint: str, job_id: str, period: float | None) -> None:
+        """Give the lock to `job_id` whoever holds it."""
+
+    async def wipe(self) -> None:
+        """Empty the store (test mode's reset)."""
+
+    async def close(self) -> None: ...

@@ -1,0 +1,168 @@
+"""Queues: their pause flags, maintenance mode, rate limits and counts, for servers that share a store.
+
+The flags and limits are a handful of records every server needs on each fetch:
+each server follows them (seamq.jobs.ports.JobStore.follow), so a pause made
+through any server holds on every other one as soon as the change reaches it
+(milliseconds), without a read per fetch. A rate limit is a token bucket kept
+in the store and taken by compare-and-set, so it holds across servers.
+
+Counts are read from where the jobs are, not from an index: waiting and held
+entries of the ready order (available, active), armed timers (scheduled,
+retryable) and the log of finished jobs (completed, discarded, cancelled,
+within the retention period). A job cancelled while available is counted
+available until a fetch of its queue meets its entry and drops it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Callable
+
+from seamq.jobs import model
+from seamq.jobs.model import conflict, iso
+from seamq.jobs.ports import Conflict, JobStore, Write
+from seamq.observability import log
+
+MAINTENANCE = "system.maintenance"
+FOLLOWED = ["queue.", "system.", "limit.", "schema.", "cron."]
+TRIES = 5  # compare-and-set of a rate bucket racing other servers
+
+
+def queue_key(queue: str) -> str:
+    return f"queue.{queue}"
+
+
+class Queues:
+    def __init__(self, store: JobStore, clock: Callable = model.utcnow) -> None:
+        self.store, self.clock = store, clock
+        self.flags: dict[str, dict] = {}  # the followed records, by key
+        self.ready = asyncio.Event()
+
+    async def follow(self) -> None:
+        """Keep `flags` as the store has them, until cancelled (restarted if the store's watch ends)."""
+        while True:
+            try:
+                async for key, record in self.store.follow(FOLLOWED):
+                    if not key:  # what was there has all come
+                        self.ready.set()
+                    elif record is None:
+                        self.flags.pop(key, None)
+                    else:
+                        self.flags[key] = record
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # NATS away: the client reconnects; follow again from the start
+                log.warning("ojs_follow_failed", error=f"{type(exc).__name__}: {exc}")
+            await asyncio.sleep(0.5)
+
+    def kept(self, key: str, record: dict | None) -> None:
+        """A followed record this server wrote: known here at once, before its change comes back."""
+        if record is None:
+            self.flags.pop(key, None)
+        else:
+            self.flags[key] = record
+
+    def of(self, prefix: str) -> list[dict]:
+        return [r for k, r in list(self.flags.items()) if k.startswith(prefix)]
+
+    # ---- pause, maintenance -----------------------------------------------------------------------
+
+    def paused(self, queue: str) -> bool:
+        return bool((self.flags.get(queue_key(queue)) or {}).get("paused")) or \
+            bool((self.flags.get(MAINTENANCE) or {}).get("enabled"))
+
+    async def _put(self, key: str, record: dict, what: str) -> None:
+        held = await self.store.get(key)
+        try:
+            await self.store.commit([Write(key, record, held[1] if held else 0)])
+        except Conflict:
+            raise conflict(f"{what} changed meanwhile; read it again") from None
+        self.kept(key, record)
+
+    async def set_paused(self, queue: str, paused: bool) -> dict:
+        key = queue_key(model.check_queue(queue))
+        await self._put(key, {"_key": key, "_kind": "queue", "name": queue, "paused": paused}, f"queue {queue}")
+        return {"name": queue, "paused": paused}
+
+    def maintenance(self) -> dict:
+        held = self.flags.get(MAINTENANCE)
+        return {k: v for k, v in held.items() if not k.startswith("_")} if held else {"enabled": False}
+
+    async def set_maintenance(self, enabled: bool, reason: str | None, ends_at: str | None) -> dict:
+        """No fetch gets a job, from any queue, until it ends; jobs are still accepted, and scheduled
+        ones become available on time, to run when it ends."""
+        record = {"_key": MAINTENANCE, "_kind": "system", "enabled": enabled, "reason": reason,
+                  "started_at": iso(self.clock()) if enabled else None, "ends_at": ends_at if enabled else None}
+        await self._put(MAINTENANCE, record, "maintenance mode")
+        return self.maintenance()
+
+    # ---- rate limits ------------------------------------------------------------------------------
+
+    async def learn(self, record: dict) -> None:
+        """A job that names `options.rate_limit` sets its queue's rate (the latest one named wins)."""
+        limit = (record.get("options") or {}).get("rate_limit")
+        if not isinstance(limit, dict):
+            return
+        key, rate = f"limit.{record['queue']}", float(limit["max_per_second"])
+        if (self.flags.get(key) or {}).get("rate") != rate:
+            await self.store.commit([Write(key, {"_key": key, "_kind": "limit", "queue": record["queue"],
+                                                 "rate": rate}, None)])
+            self.kept(key, {"_key": key, "rate": rate})
+
+    def limited(self, queue: str) -> float | None:
+        return (self.flags.get(f"limit.{queue}") or {}).get("rate")
+
+    async def take_tokens(self, queue: str, wanted: int) -> int:
+        """Up to `wanted` of the queue's tokens: its bucket starts full, holds max(1, rate) and fills
+        at `rate` per second; what is granted is spent whether or not the queue had as many jobs."""
+        rate = self.limited(queue)
+        if rate is None:
+            return wanted
+        key, capacity = f"tokens.{queue}", max(1.0, rate)
+        for _ in range(TRIES):
+            now = self.clock().timestamp()
+            held = await self.store.get(key)
+            tokens = capacity if held is None else min(capacity, held[0]["tokens"] + (now - held[0]["at"]) * rate)
+            granted = min(wanted, int(tokens))
+            try:
+                await self.store.commit([Write(key, {"_key": key, "_kind": "tokens", "tokens": tokens - granted,
+                                                     "at": now}, held[1] if held else 0)])
+                return granted
+            except Conflict:
+                continue
+        return 0
+
+    async def give_back(self, queue: str, unused: int) -> None:
+        """Tokens granted for jobs the queue did not have are not spent."""
+        if unused <= 0 or self.limited(queue) is None:
+            return
+        key = f"tokens.{queue}"
+        for _ in range(TRIES):
+            held = await self.store.get(key)
+            if held is None:
+                return
+            try:
+                await self.store.commit([Write(key, {**held[0], "tokens": held[0]["tokens"] + unused}, held[1])])
+                return
+            except Conflict:
+                continue
+
+    # ---- counts -----------------------------------------------------------------------------------
+
+    async def stats(self, queue: Any) -> dict:
+        queue = model.check_queue(queue)
+        available, active = await self.store.ready_counts(queue)
+        finished = await self.store.tally(queue)
+        counts = {"scheduled": await self.store.armed("scheduled", queue),
+                  "available": available, "active": active,
+                  "retryable": await self.store.armed("retry", queue),
+                  **{state: finished.get(state, 0) for state in ("completed", "discarded", "cancelled")}}
+        return {"name": queue, **{state: counts[state] for state in model.STATES}, "paused": self.paused(queue)}
+
+    async def names(self) -> list[str]:
+        """Every queue that holds or held a job (within the retention period), was paused, and `default`."""
+        return sorted({model.DEFAULT_QUEUE, *await self.store.queues(), *(r["name"] for r in self.of("queue."))})
+
+    async def listing(self) -> list[dict]:
+        return [{"name": name, "status": "paused" if self.paused(name) else "active", "paused": self.paused(name)}
+                for name in await self.names()]

@@ -1,0 +1,112 @@
+"""The typed job record and its transitions (seamq.jobs.job), without a server: every move from
+every state, the retry rules, the clocks a job needs, and the stored form round-tripping."""
+
+from __future__ import annotations
+
+import random
+from datetime import timedelta
+
+import pytest
+
+from seamq.jobs import job as J
+from seamq.jobs import model
+from seamq.jobs.model import OjsError, parse_time
+
+NOW = parse_time("2026-11-24T12:00:00.000Z")
+LEASE = timedelta(seconds=30)
+
+
+def new(**options) -> J.Job:
+    body = {"type": "mail.send", "args": ["ada"], "specversion": "1.0", "meta": {"trace": "t"}, "options": options}
+    return J.from_record(model.new_record(body, NOW))
+
+
+def active(**options) -> J.Job:
+    return J.claimed(new(**options), NOW, "w1", LEASE)
+
+
+@pytest.mark.parametrize("options", [{}, {"queue": "q", "priority": 5}, {"scheduled_at": "2026-11-25T00:00:00Z"},
+                                     {"expires_at": "+PT1H", "unique": {"keys": ["type"]}, "tags": ["a"]},
+                                     {"retry": {"max_attempts": 1, "on_exhaustion": "dead_letter"}, "timeout_ms": 5}])
+def test_a_stored_record_round_trips_exactly(options):
+    record = model.new_record({"type": "mail.send", "args": [1], "specversion": "1.0", "options": options}, NOW)
+    assert J.to_record(J.from_record(record)) == record
+    moved = J.to_record(J.claimed(J.from_record(record), NOW, "w", LEASE)) if record["state"] == "available" else record
+    assert J.to_record(J.from_record(moved)) == moved and J.from_record(moved).extra == {"specversion": "1.0"}
+
+
+MOVES = {
+    "claimed": (lambda j: J.claimed(j, NOW, "w", LEASE), {J.State.AVAILABLE}),
+    "extended": (lambda j: J.extended(j, NOW, LEASE), {J.State.ACTIVE}),
+    "completed": (lambda j: J.completed(j, NOW, {"ok": 1}), {J.State.ACTIVE}),
+    "failed": (lambda j: J.failed(j, NOW, {"message": "x"}), {J.State.ACTIVE}),
+    "released": (lambda j: J.released(j, NOW, {"code": "lease_expired"}), {J.State.ACTIVE}),
+    "cancelled": (lambda j: J.cancelled(j, NOW), J.WAITING | {J.State.ACTIVE}),
+    "expired": (lambda j: J.expired(j, NOW), J.WAITING),
+    "due": (lambda j: J.due(j, NOW), {J.State.SCHEDULED, J.State.RETRYABLE}),
+    "retried": (lambda j: J.retried(j, NOW), {J.State.DISCARDED, J.State.CANCELLED}),
+}
+
+
+@pytest.mark.parametrize("move", MOVES)
+def test_each_move_starts_only_from_its_states(move):
+    do, allowed = MOVES[move]
+    for state in J.State:
+        job = J.Job(id="j", type="t", queue="q", args=[], state=state, created_at=NOW, attempt=1)
+        if state in allowed:
+            assert do(job).id == "j"
+        else:
+            with pytest.raises(OjsError) as refused:
+                do(job)
+            assert refused.value.status == 409 and state.value in refused.value.message
+
+
+def test_a_result_of_false_or_zero_is_kept():
+    for result in (False, 0, "", []):
+        assert J.to_record(J.completed(active(), NOW, result))["result"] == result
+
+
+def test_a_claim_then_an_ack():
+    claimed = active()
+    assert (claimed.state, claimed.attempt, claimed.worker_id, claimed.lease_until) == (
+        J.State.ACTIVE, 1, "w1", NOW + LEASE)
+    done = J.completed(claimed, NOW + timedelta(seconds=1), {"sent": True})
+    assert done.state == J.State.COMPLETED and done.result == {"sent": True} and done.lease_until is None
+    assert J.public(done)["completed_at"] == "2026-11-24T12:00:01.000Z" and "_lease_until" not in J.public(claimed)
+
+
+def test_failures_retry_by_the_policy_then_discard_and_keep_every_attempt():
+    retry = {"max_attempts": 2, "initial_interval": "PT2S", "jitter": False, "non_retryable_errors": ["Fatal"]}
+    first = J.failed(active(retry=retry), NOW, {"type": "Timeout", "message": "slow"})
+    assert first.state == J.State.RETRYABLE and first.retry_delay_ms == 2000
+    assert first.next_attempt_at == NOW + timedelta(seconds=2) and first.worker_id is None
+    second = J.claimed(J.due(first, NOW + timedelta(seconds=2)), NOW, "w2", LEASE)
+    last = J.failed(second, NOW, {"type": "Timeout", "message": "slow again"})
+    assert last.state == J.State.DISCARDED and not last.dead_letter
+    assert [(e["attempt"], e["message"]) for e in last.errors] == [(1, "slow"), (2, "slow again")]
+    hopeless = J.failed(active(retry=retry), NOW, {"type": "Fatal", "message": "no"})
+    assert hopeless.state == J.State.DISCARDED and hopeless.attempt == 1
+    dead = J.failed(active(retry={"max_attempts": 1, "on_exhaustion": "dead_letter"}), NOW, "boom")
+    assert dead.dead_letter and J.to_record(dead)["_dlq"] is True
+    again = J.retried(dead, NOW)
+    assert (again.state, again.attempt, again.dead_letter, len(again.errors)) == (J.State.AVAILABLE, 0, False, 1)
+
+
+def test_a_release_puts_it_back_with_the_attempt_in_its_history():
+    back = J.released(active(), NOW, {"code": "lease_expired", "type": "LeaseExpired", "message": "gone"})
+    assert back.state == J.State.AVAILABLE and back.attempt == 1 and back.enqueued_at == NOW
+    assert [(e["code"], e["attempt"]) for e in back.errors] == [("lease_expired", 1)]
+
+
+def test_each_state_needs_its_clocks():
+    scheduled = new(scheduled_at="2026-11-25T00:00:00Z", expires_at="2026-11-26T00:00:00Z")
+    assert [(t.kind, t.at) for t in J.timers(scheduled)] == [
+        ("run", parse_time("2026-11-25T00:00:00Z")), ("expire", parse_time("2026-11-26T00:00:00Z"))]
+    running = active(timeout_ms=1500)
+    assert [(t.kind, t.at, t.attempt) for t in J.timers(running)] == [
+        ("lease", NOW + LEASE, 1), ("timeout", NOW + timedelta(milliseconds=1500), 1)]
+    retrying = J.failed(active(retry={"initial_interval": "PT1S", "jitter": False}), NOW, "x")
+    assert [t.kind for t in J.timers(retrying)] == ["run"]
+    done = J.completed(active(), NOW, None)
+    assert [(t.kind, t.at) for t in J.timers(done)] == [("forget", NOW + J.RECORD_TTL)]
+    assert J.timers(new()) == []

@@ -1,0 +1,172 @@
+"""The job store port (seamq.jobs.ports): what every store must do, checked against each one, as
+River's drivers pass one shared suite: the in-memory store on a clock the test moves, and the NATS
+store on a real nats-server, where time is slept (`u` seconds a unit: timers may fire 250 ms late)."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+import pytest
+
+from seamq.jobs.memory_store import MemoryJobStore
+from seamq.jobs.ports import Conflict, Write
+
+
+@pytest.fixture(params=["memory", "nats"])
+async def store(request):
+    if request.param == "memory":
+        found = MemoryJobStore()
+        found.unit = 1.0
+        yield found
+        return
+    import nats
+
+    from seamq.jobs.nats_store import NatsJobStore
+
+    nc = await nats.connect(request.getfixturevalue("nats_server").url)
+    found = await NatsJobStore(nc).start()
+    found.unit = 0.5
+    yield found
+    await found.close()
+    await nc.close()
+
+
+async def later(store, units: float) -> None:
+    if isinstance(store, MemoryJobStore):
+        store.clock.advance(units * store.unit)
+    else:
+        await asyncio.sleep(units * store.unit)
+
+
+async def offer(store, queue: str, priority: int, job_id: str) -> None:
+    await store.offer(queue, priority, job_id)
+
+
+def now(store):
+    from seamq.jobs.model import utcnow
+
+    return store.clock() if isinstance(store, MemoryJobStore) else utcnow()
+
+
+async def test_writes_are_compare_and_set_and_a_batch_is_all_or_none(store):
+    [first] = await store.commit([Write("a", {"id": "a", "n": 1})])
+    with pytest.raises(Conflict):
+        await store.commit([Write("a", {"id": "a", "n": 2})])  # creating a key that exists
+    [second] = await store.commit([Write("a", {"id": "a", "n": 2}, first)])
+    with pytest.raises(Conflict):
+        await store.commit([Write("a", {"id": "a", "n": 3}, first)])  # a revision someone else moved past
+    with pytest.raises(Conflict):
+        await store.commit([Write("b", {"id": "b", "n": 1}), Write("a", {"id": "a", "n": 4}, first)])
+    record, revision = await store.get("a")
+    assert await store.get("b") is None and revision == second
+    assert {k: v for k, v in record.items() if v is not None} == {"id": "a", "n": 2}  # a job's usual nulls aside
+    await store.delete("a")
+    assert await store.get("a") is None
+
+
+async def test_several_records_in_one_read(store):
+    revisions = await store.commit([Write(k, {"id": k, "_kind": "t", "n": n}) for n, k in enumerate(("m1", "m2", "m3"))])
+    await store.delete("m2")
+    found = await store.get_many(["m1", "m2", "m3", "nope"])
+    assert {k: (r["n"], rev) for k, (r, rev) in found.items()} == {"m1": (0, revisions[0]), "m3": (2, revisions[2])}
+
+
+async def test_entries_come_by_priority_then_first_in_first_out(store):
+    for n, priority in enumerate([0, 5, 0, 5, -3]):
+        await offer(store, "q", priority, f"j{n}")
+    await offer(store, "other", 9, "x")
+    assert await store.waiting("q") == {0: 2, 5: 2, -3: 1}
+    taken = await store.take("q", 10, 30 * store.unit)
+    assert [t.job_id for t in taken] == ["j1", "j3", "j0", "j2", "j4"]
+    assert {t.deliveries for t in taken} == {1}
+    assert await store.take("q", 10, 30 * store.unit) == []  # all held
+    for t in taken:
+        await store.settle(t.hold)
+    await later(store, 0.2)
+    assert await store.waiting("q") == {}
+
+
+async def test_a_held_entry_comes_again_when_its_hold_runs_out_unless_extended_or_settled(store):
+    u = store.unit
+    for n in range(3):
+        await offer(store, "q", 0, f"j{n}")
+    a, b, c = await store.take("q", 3, 10 * u)
+    await later(store, 6)
+    await store.hold(b.hold, 10 * u)  # a heartbeat
+    await store.settle(c.hold)  # its job finished
+    assert await store.take("q", 3, 10 * u) == []  # all three still held
+    await later(store, 5)  # a's hold ran out; b's runs 5 more units
+    [again] = await store.take("q", 3, 10 * u)
+    assert (again.job_id, again.entry, again.deliveries) == ("j0", a.entry, 2) and again.hold != a.hold
+    await later(store, 6)
+    assert [t.job_id for t in await store.take("q", 3, 10 * u)] == ["j1"]
+
+
+async def test_entries_that_come_again_go_before_later_ones(store):
+    await offer(store, "q", 0, "early")
+    [held] = await store.take("q", 1, 5 * store.unit)
+    await offer(store, "q", 0, "late")
+    await later(store, 6)
+    assert [t.job_id for t in await store.take("q", 2, 5 * store.unit)] == ["early", "late"]
+
+
+async def test_a_withdrawn_entry_is_never_taken_and_no_longer_counted(store):
+    for n in range(3):
+        await offer(store, "w", 0, f"j{n}")
+    [held] = await store.take("w", 1, 5 * store.unit)
+    await store.withdraw("w", 0, "j1")  # waiting
+    await store.withdraw("w", 0, "j0")  # held: its job was cancelled while it ran
+    assert await store.ready_counts("w") == (1, 0)
+    await later(store, 6)
+    assert [t.job_id for t in await store.take("w", 3, 5 * store.unit)] == ["j2"]
+
+
+async def test_counts_of_finished_jobs_and_armed_timers_by_queue(store):
+    for state in ("completed", "completed", "discarded"):
+        await store.finished("a.b", state)
+    await store.finished("a", "cancelled")
+    assert await store.tally("a.b") == {"completed": 2, "discarded": 1} and await store.tally("a") == {"cancelled": 1}
+    at = now(store) + timedelta(hours=1)
+    for key in ("a.b.j1", "a.b.j2", "a.j3"):
+        await store.arm("retry", key, at, {})
+    assert (await store.armed("retry", "a.b"), await store.armed("retry", "a"), await store.armed("expire", "a")) \
+        == (2, 1, 0)
+    assert set(await store.queues()) >= {"a", "a.b"}
+
+
+async def test_followers_see_what_is_there_then_each_change(store):
+    await store.commit([Write("flag.x", {"_key": "flag.x", "_kind": "flag", "on": True}, None)])
+    seen = store.follow(["flag."])
+    assert await anext(seen) == ("flag.x", {"_key": "flag.x", "_kind": "flag", "on": True}) and await anext(seen) == ("", None)
+    await store.commit([Write("flag.y", {"_key": "flag.y", "_kind": "flag", "on": False}, None), Write("other", {"id": "other"}, None)])
+    assert await asyncio.wait_for(anext(seen), 5) == ("flag.y", {"_key": "flag.y", "_kind": "flag", "on": False})
+    await store.delete("flag.x")
+    assert await asyncio.wait_for(anext(seen), 5) == ("flag.x", None)
+    await seen.aclose()
+
+
+async def test_timers_fire_once_at_their_time_and_a_new_one_replaces_the_old(store):
+    u, start = store.unit, now(store)
+    await store.arm("run", "j1", start + timedelta(seconds=10 * u), {"attempt": 1})
+    await store.arm("run", "j1", start + timedelta(seconds=20 * u), {"attempt": 2})  # replaces
+    await store.arm("expire", "j1", start + timedelta(seconds=15 * u), {})
+    await store.arm("run", "j2", start + timedelta(seconds=5 * u), {})
+    await store.disarm("run", "j2")
+    await later(store, 17)
+    [expire] = await store.fired(10, 0.5)
+    assert (expire.kind, expire.key) == ("expire", "j1")
+    await store.done(expire)
+    await later(store, 5)
+    [run] = await store.fired(10, 0.5)
+    assert run.token == {"attempt": 2}
+    assert await store.fired(10, 0.2) == []  # handed out: not again while its server works on it
+    if isinstance(store, MemoryJobStore):  # NATS: the timers consumer's ack wait (30 s) re-hands it
+        await later(store, 31)
+        [again] = await store.fired(10, 0)
+        assert again.key == "j1" and again.kind == "run"
+        await store.done(again)
+    else:
+        await store.done(run)
+    await later(store, 3)
+    assert await store.fired(10, 0.2) == []
