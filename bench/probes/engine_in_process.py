@@ -1,6 +1,6 @@
-"""Probe (branch engine-v2): the engine over the NATS store, in process, no HTTP; with time spent per store call.
+"""Probe: the job engine over the NATS store, in process, no HTTP; time spent per store call and CPU per job.
 
-    PYTHONPATH=src python bench/probes/engine_v2.py 5000
+    PYTHONPATH=src python bench/probes/engine_in_process.py 5000
 """
 import asyncio, sys, tempfile, time
 from pathlib import Path
