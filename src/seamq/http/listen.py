@@ -15,8 +15,20 @@ from seamq.model import ErrorCode, SeamqError
 
 def listening_socket(host: str, port: int) -> socket.socket:
     try:
-        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-        return socket.create_server((host, port), family=family, backlog=2048)
+        family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        # Named TCP (not the default protocol 0), so that asyncio turns Nagle off on each connection it
+        # accepts: with protocol 0 it does not, and every answer written as headers then body waited
+        # for the client's delayed ACK, 40 ms (measured: /ojs/v1/health took 44 ms, not 0.3).
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.bind(address)
+            sock.listen(2048)
+        except OSError:
+            sock.close()
+            raise
+        return sock
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
             raise SeamqError(ErrorCode.PORT_IN_USE, f"{host}:{port} is in use by another process: stop it, or "
