@@ -94,7 +94,9 @@ class NatsJobStore:
         of messages ended by a status."""
         if len(keys) < 2:
             return {k: held for k in keys if (held := await self.get(k)) is not None}
-        inbox, sub = self._inboxes.pop() if self._inboxes else await self._new_inbox()
+        # An inbox of its own, never the pulls' pooled ones: a late answer to one would be taken by the
+        # other for what it asked (a pull reading a record as an entry failed its fetch, found so).
+        inbox, sub = await self._new_inbox()
         subjects = [f"$KV.{v1.JOBS}.{key}" for key in keys]
         out: dict[str, tuple[dict, int]] = {}
         try:
@@ -108,11 +110,9 @@ class NatsJobStore:
                 if message.data and not headers.get("KV-Operation"):
                     out[headers["Nats-Subject"].removeprefix(f"$KV.{v1.JOBS}.")] = (
                         decode(message.data), int(headers["Nats-Sequence"]))
-            self._inboxes.append((inbox, sub))
             return out
-        except Exception:
+        finally:
             await sub.unsubscribe()
-            raise
 
     async def scan(self, prefix: str) -> list[tuple[dict, int]]:
         return [held async for held in self.v1.all_records(f"{prefix}>" if prefix else "*")]
@@ -201,7 +201,8 @@ class NatsJobStore:
                 message = await sub.next_msg(timeout=REPLY_WAIT)
                 if message.headers and message.headers.get("Status"):  # 404 no messages, 408 done
                     break
-                out.append(message)
+                if message.reply and message.reply.startswith("$JS.ACK."):  # else a stray, not an entry
+                    out.append(message)
             self._inboxes.append((inbox, sub))  # a stray status later only ends a later pull early
             return out
         except Exception:

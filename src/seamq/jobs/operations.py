@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 MINE_KEPT = 100_000  # jobs handed out here, kept for their ack (bounded: most are acked within seconds)
 TRIES = 8  # a job's end racing other ends of its workflow
 WAITING_TIMERS = {"run", "expire"}
+EARLY_ENTRY_TRIES = 12  # an entry taken before its record was stored comes again, for about 40 s
 timer_key = "{0.queue}.{0.id}".format  # a job's timers, by queue (their counts are the queue's)
 
 
@@ -258,18 +259,18 @@ class Operations:
 
     async def _claim(self, taken: Taken, held: tuple[dict, int] | None, worker_id: str | None, visibility: Any,
                      hold: float) -> dict | None:
-        if held is None:  # offered by a push whose record was never stored (its client had no answer)
-            await self.store.settle(taken.hold)
-            return None
-        job, revision = J.from_record(held[0]), held[1]
+        job, revision = (J.from_record(held[0]), held[1]) if held else (None, 0)
         now = self.clock()
-        if job.state == J.State.ACTIVE and job.entry == taken.entry:
+        if job is not None and job.state == J.State.ACTIVE and job.entry == taken.entry:
             if job.lease_until and job.lease_until > now:  # extended while the hold was running out
                 await self.store.hold(taken.hold, (job.lease_until - now).total_seconds())
                 return None
             job = self._lease_expired(job)
-        elif job.state != J.State.AVAILABLE:  # it moved on since this entry was offered
-            await self.store.settle(taken.hold)
+        elif job is None or job.state != J.State.AVAILABLE:
+            # Entries are offered before the record that says so: the change may be on its way (it comes
+            # again shortly), or it never came or moved on long since (then the entry is dropped).
+            await (self.store.hold(taken.hold, min(0.05 * 2 ** taken.deliveries, 5.0))
+                   if taken.deliveries < EARLY_ENTRY_TRIES else self.store.settle(taken.hold))
             return None
         if job.expires and job.expires <= now:
             return await self._expire_taken(job, revision, taken)
@@ -281,8 +282,9 @@ class Operations:
             await self.arm("timeout", timer_key(claimed), at, {"attempt": claimed.attempt})
         try:
             [stored] = await self.store.commit([Write(job.id, record, revision)])
-        except Conflict:
-            return None  # another server moved it first; this entry comes again and is settled then
+        except Conflict:  # claimed through another entry of it, or moved on, since it was read
+            await self.store.settle(taken.hold)
+            return None
         self._keep(claimed, stored)
         if abs(lease.total_seconds() - hold) > 0.001:
             await self.store.hold(taken.hold, lease.total_seconds())
