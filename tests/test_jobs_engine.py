@@ -20,8 +20,8 @@ async def engine(nc):
 
 
 async def test_fifty_concurrent_fetches_claim_one_job_exactly_once(engine):
-    _, job = await engine.push({"type": "a.b", "args": [], "options": {"queue": "one"}})
-    results = await asyncio.gather(*(engine.fetch(["one"], worker_id=f"w{i}") for i in range(50)))
+    _, job = await engine.ops.push({"type": "a.b", "args": [], "options": {"queue": "one"}})
+    results = await asyncio.gather(*(engine.ops.fetch(["one"], worker_id=f"w{i}") for i in range(50)))
     winners = [r for r in results if r]
     assert len(winners) == 1 and winners[0][0]["id"] == job["id"] and winners[0][0]["attempt"] == 1
     assert sum(len(r) == 0 for r in results) == 49
@@ -29,10 +29,10 @@ async def test_fifty_concurrent_fetches_claim_one_job_exactly_once(engine):
 
 async def test_two_engines_on_one_store_claim_a_job_once(nc, engine):
     """Two servers fetching the same queue at once: one gets the job, the other answers nothing."""
-    _, job = await engine.push({"type": "a.b", "args": [], "options": {"queue": "shared"}})
+    _, job = await engine.ops.push({"type": "a.b", "args": [], "options": {"queue": "shared"}})
     other = await Engine(await NatsJobStore(nc).start()).start()
     try:
-        first, second = await asyncio.gather(engine.fetch(["shared"]), other.fetch(["shared"]))
+        first, second = await asyncio.gather(engine.ops.fetch(["shared"]), other.ops.fetch(["shared"]))
     finally:
         await other.stop()
     assert sorted([len(first), len(second)]) == [0, 1]
@@ -40,28 +40,58 @@ async def test_two_engines_on_one_store_claim_a_job_once(nc, engine):
 
 
 async def test_wrong_transitions_are_conflicts_and_unknown_ids_not_found(engine):
-    _, job = await engine.push({"type": "a.b", "args": []})
+    _, job = await engine.ops.push({"type": "a.b", "args": []})
     with pytest.raises(OjsError) as refused:
-        await engine.ack(job["id"])
+        await engine.ops.ack(job["id"])
     assert refused.value.status == 409
     with pytest.raises(OjsError) as missing:
-        await engine.info("01961111-aaaa-7bbb-8ccc-dddddddddddd")
+        await engine.ops.info("01961111-aaaa-7bbb-8ccc-dddddddddddd")
     assert missing.value.status == 404
 
 
 async def test_a_lease_that_runs_out_is_a_failed_attempt_in_the_history(engine):
     """No ack, nack or heartbeat within the visibility timeout: the job goes back to its queue, and the
     attempt that ended without a verdict is kept in its errors (every failed attempt is visible)."""
-    _, job = await engine.push({"type": "a.b", "args": [], "options": {"queue": "lease"}})
-    [held] = await engine.fetch(["lease"], worker_id="w-gone", visibility=200)
+    _, job = await engine.ops.push({"type": "a.b", "args": [], "options": {"queue": "lease"}})
+    [held] = await engine.ops.fetch(["lease"], worker_id="w-gone", visibility=200)
     for _ in range(200):
-        if (await engine.info(job["id"]))["state"] == "available":
+        if (await engine.ops.info(job["id"]))["state"] == "available":
             break
         await asyncio.sleep(0.05)
-    back = await engine.info(job["id"])
+    back = await engine.ops.info(job["id"])
     assert back["state"] == "available" and held["attempt"] == 1
     assert [(e["code"], e["type"], e["attempt"]) for e in back["errors"]] == [("lease_expired", "LeaseExpired", 1)]
     assert "w-gone" in back["errors"][0]["message"]
-    [again] = await engine.fetch(["lease"], worker_id="w-2")
+    [again] = await engine.ops.fetch(["lease"], worker_id="w-2")
     assert again["attempt"] == 2
-    assert (await engine.ack(again["id"]))["state"] == "completed"
+    assert (await engine.ops.ack(again["id"]))["state"] == "completed"
+
+
+async def test_a_flag_changed_after_nats_restarted_reaches_every_server(nats_server):
+    """Each server follows the flags through KV watches; nats-server restarting cuts them. A pause
+    set afterwards through one server must reach the other (a watch that died quietly would leave
+    it fetching from a paused queue for good)."""
+    import nats
+
+    clients = [await nats.connect(nats_server.url, max_reconnect_attempts=-1, reconnect_time_wait=0.2)
+               for _ in range(2)]
+    one, two = [await Engine(await NatsJobStore(nc).start()).start(clocks=False) for nc in clients]
+    try:
+        nats_server.kill()
+        nats_server.start()
+        deadline = asyncio.get_running_loop().time() + 60
+        while True:  # the write waits for NATS to be back with its stream
+            try:
+                await one.set_paused("q", True)
+                break
+            except Exception:
+                assert asyncio.get_running_loop().time() < deadline, "NATS never came back"
+                await asyncio.sleep(0.2)
+        while not two.queues.paused("q"):
+            assert asyncio.get_running_loop().time() < deadline, "the pause never reached the other server"
+            await asyncio.sleep(0.1)
+    finally:
+        for engine in (one, two):
+            await engine.stop()
+        for nc in clients:
+            await nc.close()

@@ -43,48 +43,48 @@ def job(job_type: str = "t.run", queue: str = "q", **options) -> dict:
 
 
 async def push(engine: Engine, body: dict) -> dict:
-    return (await engine.push(body))[1]
+    return (await engine.ops.push(body))[1]
 
 
 async def test_fetch_takes_by_priority_then_in_order_and_each_job_once_across_two_servers(servers):
     one, other = servers
     ids = [(await push(one, job(priority=p)))["id"] for p in (0, 5, 0, 5)]
-    got = await one.fetch(["q"], 2, "w1") + await other.fetch(["q"], 5, "w2")
+    got = await one.ops.fetch(["q"], 2, "w1") + await other.ops.fetch(["q"], 5, "w2")
     assert [j["id"] for j in got] == [ids[1], ids[3], ids[0], ids[2]]
-    assert [j["attempt"] for j in got] == [1, 1, 1, 1] and await one.fetch(["q"], 5, "w3") == []
+    assert [j["attempt"] for j in got] == [1, 1, 1, 1] and await one.ops.fetch(["q"], 5, "w3") == []
     with pytest.raises(OjsError) as duplicate:
-        await one.push({**job(), "id": ids[0]})
+        await one.ops.push({**job(), "id": ids[0]})
     assert duplicate.value.status == 409 and duplicate.value.code == "duplicate"
 
 
 async def test_an_ack_ends_the_job_and_its_entry_never_comes_again(engine, clock):
     pushed = await push(engine, job())
-    [got] = await engine.fetch(["q"], 1, "w", 1000)
-    done = await engine.ack(got["id"], {"ok": True})
+    [got] = await engine.ops.fetch(["q"], 1, "w", 1000)
+    done = await engine.ops.ack(got["id"], {"ok": True})
     assert done["state"] == "completed" and done["job"]["result"] == {"ok": True}
     clock.advance(5)
-    assert await engine.fetch(["q"], 1, "w") == []
+    assert await engine.ops.fetch(["q"], 1, "w") == []
     with pytest.raises(OjsError) as again:
-        await engine.ack(pushed["id"])
+        await engine.ops.ack(pushed["id"])
     assert again.value.status == 409
-    stats = await engine.queue_stats("q")
+    stats = await engine.queues.stats("q")
     assert (stats["available"], stats["active"], stats["completed"]) == (0, 0, 1)
 
 
 async def test_a_failure_retries_after_its_backoff_then_is_dead_lettered(engine, clock):
     retry = {"max_attempts": 2, "initial_interval": "PT10S", "jitter": False, "on_exhaustion": "dead_letter"}
     pushed = await push(engine, job(retry=retry))
-    [got] = await engine.fetch(["q"], 1, "w")
-    failed = await engine.nack(got["id"], {"type": "Timeout", "message": "slow"})
+    [got] = await engine.ops.fetch(["q"], 1, "w")
+    failed = await engine.ops.nack(got["id"], {"type": "Timeout", "message": "slow"})
     assert failed["state"] == "retryable" and failed["retry_delay_ms"] == 10_000
-    assert (await engine.queue_stats("q"))["retryable"] == 1
+    assert (await engine.queues.stats("q"))["retryable"] == 1
     clock.advance(9)
-    assert await engine.tick() == 0 and await engine.fetch(["q"], 1, "w") == []
+    assert await engine.tick() == 0 and await engine.ops.fetch(["q"], 1, "w") == []
     clock.advance(1)
     assert await engine.tick() == 1
-    [again] = await engine.fetch(["q"], 1, "w")
+    [again] = await engine.ops.fetch(["q"], 1, "w")
     assert again["attempt"] == 2
-    last = await engine.nack(again["id"], {"type": "Timeout", "message": "slower"})
+    last = await engine.ops.nack(again["id"], {"type": "Timeout", "message": "slower"})
     assert last["state"] == "discarded" and [e["attempt"] for e in last["job"]["errors"]] == [1, 2]
     assert [d["id"] for d in await engine.dead_letters(None)] == [pushed["id"]]
     assert (await engine.retry_dead_letter(pushed["id"]))["state"] == "available"
@@ -94,30 +94,30 @@ async def test_a_failure_retries_after_its_backoff_then_is_dead_lettered(engine,
 async def test_a_lease_that_runs_out_comes_back_to_another_worker_with_the_attempt_in_the_history(servers, clock):
     one, other = servers
     await push(one, job())
-    [got] = await one.fetch(["q"], 1, "w-gone", 1000)
+    [got] = await one.ops.fetch(["q"], 1, "w-gone", 1000)
     clock.advance(0.5)
-    assert await other.fetch(["q"], 1, "w2", 1000) == []
+    assert await other.ops.fetch(["q"], 1, "w2", 1000) == []
     clock.advance(1)
-    [again] = await other.fetch(["q"], 1, "w2", 1000)
+    [again] = await other.ops.fetch(["q"], 1, "w2", 1000)
     assert again["id"] == got["id"] and again["attempt"] == 2 and again["worker_id"] == "w2"
     assert [(e["code"], e["attempt"]) for e in again["errors"]] == [("lease_expired", 1)]
-    assert (await one.ack(again["id"]))["state"] == "completed"  # acked at a server whose copy was stale
+    assert (await one.ops.ack(again["id"]))["state"] == "completed"  # acked at a server whose copy was stale
 
 
 async def test_heartbeats_keep_the_lease_and_name_a_cancelled_job(engine, clock):
     first, second = [(await push(engine, job()))["id"] for _ in range(2)]
-    await engine.fetch(["q"], 2, "w", 1000)
+    await engine.ops.fetch(["q"], 2, "w", 1000)
     for _ in range(5):
         clock.advance(0.8)
-        answer = await engine.heartbeat("w", [first, second], 1000)
+        answer = await engine.ops.heartbeat("w", [first, second], 1000)
         assert answer["jobs_extended"] == [first, second]
-    assert await engine.fetch(["q"], 2, "thief", 1000) == []
-    await engine.cancel(second)
-    answer = await engine.heartbeat("w", [first, second], 1000)
+    assert await engine.ops.fetch(["q"], 2, "thief", 1000) == []
+    await engine.ops.cancel(second)
+    answer = await engine.ops.heartbeat("w", [first, second], 1000)
     assert (answer["jobs_extended"], answer["jobs_cancelled"], answer["state"]) == ([first], [second], "running")
-    assert (await engine.heartbeat("w", [second]))["state"] == "terminate"  # every job it named was cancelled
+    assert (await engine.ops.heartbeat("w", [second]))["state"] == "terminate"  # every job it named was cancelled
     clock.advance(10)  # the first's lease (no more heartbeats) ran out; the cancelled one's entry is gone
-    [back] = await engine.fetch(["q"], 2, "w2")
+    [back] = await engine.ops.fetch(["q"], 2, "w2")
     assert back["id"] == first
 
 
@@ -125,44 +125,44 @@ async def test_scheduled_jobs_wait_for_their_time_and_expired_ones_never_run(eng
     later = (clock() + timedelta(seconds=60)).isoformat().replace("+00:00", "Z")
     scheduled = await push(engine, job(scheduled_at=later))
     gone = await push(engine, job(queue="e", expires_at="+PT30S"))
-    assert scheduled["state"] == "scheduled" and await engine.fetch(["q"], 1, "w") == []
-    assert (await engine.queue_stats("q"))["scheduled"] == 1
+    assert scheduled["state"] == "scheduled" and await engine.ops.fetch(["q"], 1, "w") == []
+    assert (await engine.queues.stats("q"))["scheduled"] == 1
     clock.advance(31)
     await engine.tick()
-    assert (await engine.info(gone["id"]))["state"] == "discarded" and await engine.fetch(["e"], 1, "w") == []
+    assert (await engine.ops.info(gone["id"]))["state"] == "discarded" and await engine.ops.fetch(["e"], 1, "w") == []
     clock.advance(30)
     await engine.tick()
-    [now] = await engine.fetch(["q"], 1, "w")
-    assert now["id"] == scheduled["id"] and (await engine.queue_stats("q"))["scheduled"] == 0
+    [now] = await engine.ops.fetch(["q"], 1, "w")
+    assert now["id"] == scheduled["id"] and (await engine.queues.stats("q"))["scheduled"] == 0
 
 
 async def test_a_job_over_its_timeout_fails_once_even_if_the_timer_comes_twice(engine, store, clock):
     await push(engine, job(timeout_ms=2000, retry={"max_attempts": 1}))
-    [got] = await engine.fetch(["q"], 1, "w")
+    [got] = await engine.ops.fetch(["q"], 1, "w")
     clock.advance(2)
     [timer] = await store.fired(10, 0)
     await engine.ops.fire(timer)
     await engine.ops.fire(timer)  # handed out twice (a server died before it said done)
-    failed = await engine.info(got["id"])
+    failed = await engine.ops.info(got["id"])
     assert failed["state"] == "discarded" and [e["code"] for e in failed["errors"]] == ["timeout"]
 
 
 async def test_a_requeue_releases_the_job_at_once_without_using_up_attempts(engine):
     await push(engine, job(retry={"max_attempts": 1}))
-    [got] = await engine.fetch(["q"], 1, "w")
-    released = await engine.nack(got["id"], {"code": "worker_stopped", "message": "stopping"}, requeue=True)
+    [got] = await engine.ops.fetch(["q"], 1, "w")
+    released = await engine.ops.nack(got["id"], {"code": "worker_stopped", "message": "stopping"}, requeue=True)
     assert released["state"] == "available"
-    [again] = await engine.fetch(["q"], 1, "w2")
-    assert again["attempt"] == 2 and (await engine.ack(again["id"]))["state"] == "completed"
+    [again] = await engine.ops.fetch(["q"], 1, "w2")
+    assert again["attempt"] == 2 and (await engine.ops.ack(again["id"]))["state"] == "completed"
 
 
 async def test_an_ack_to_a_server_whose_copy_is_stale_is_refused_if_the_job_moved_on(servers):
     one, other = servers
     pushed = await push(one, job())
-    await one.fetch(["q"], 1, "w")  # this server keeps its copy of the running job
-    await other.cancel(pushed["id"])  # another server cancels it
+    await one.ops.fetch(["q"], 1, "w")  # this server keeps its copy of the running job
+    await other.ops.cancel(pushed["id"])  # another server cancels it
     with pytest.raises(OjsError) as refused:
-        await one.ack(pushed["id"])
+        await one.ops.ack(pushed["id"])
     assert refused.value.status == 409 and "cancelled" in refused.value.message
 
 
@@ -171,10 +171,10 @@ async def test_a_pause_made_through_one_server_holds_on_the_other(servers):
     await push(one, job())
     await one.set_paused("q", True)
     await asyncio.sleep(0)  # the change reaches the other server's followed flags
-    assert other.queues.paused("q") and await other.fetch(["q"], 1, "w") == []
+    assert other.queues.paused("q") and await other.ops.fetch(["q"], 1, "w") == []
     await other.set_paused("q", False)
     await asyncio.sleep(0)
-    assert len(await one.fetch(["q"], 1, "w")) == 1
+    assert len(await one.ops.fetch(["q"], 1, "w")) == 1
 
 
 async def test_a_rate_limit_holds_across_servers(servers, clock):
@@ -182,9 +182,9 @@ async def test_a_rate_limit_holds_across_servers(servers, clock):
     for _ in range(3):
         await push(one, job(queue="rl", rate_limit={"max_per_second": 1}))
     await asyncio.sleep(0)
-    assert len(await one.fetch(["rl"], 3, "w")) == 1 and await other.fetch(["rl"], 3, "w") == []
+    assert len(await one.ops.fetch(["rl"], 3, "w")) == 1 and await other.ops.fetch(["rl"], 3, "w") == []
     clock.advance(1)
-    assert len(await other.fetch(["rl"], 3, "w")) == 1
+    assert len(await other.ops.fetch(["rl"], 3, "w")) == 1
 
 
 async def test_unique_jobs_hold_across_servers(servers):
@@ -192,55 +192,55 @@ async def test_unique_jobs_hold_across_servers(servers):
     body = job(unique={"keys": ["type", "args"], "on_conflict": "reject"})
     first = await push(one, body)
     with pytest.raises(OjsError) as refused:
-        await other.push(body)
+        await other.ops.push(body)
     assert refused.value.details["existing_job_id"] == first["id"]
 
 
 async def test_a_chain_runs_its_steps_in_order_and_passes_results_on(servers):
     one, other = servers
-    created = await one.create_workflow({"type": "chain", "name": "c", "steps": [
+    created = await one.flows.create({"type": "chain", "name": "c", "steps": [
         {"type": "s.one", "args": [], "options": {"queue": "wf"}},
         {"type": "s.two", "args": [], "options": {"queue": "wf"}}]})
-    [first] = await one.fetch(["wf"], 5, "w")
-    await other.ack(first["id"], {"n": 1})
-    [second] = await other.fetch(["wf"], 5, "w")
+    [first] = await one.ops.fetch(["wf"], 5, "w")
+    await other.ops.ack(first["id"], {"n": 1})
+    [second] = await other.ops.fetch(["wf"], 5, "w")
     assert second["type"] == "s.two" and second["parent_results"] == [{"n": 1}]
-    await one.ack(second["id"])
-    assert (await other.workflow(created["id"]))["state"] == "completed"
+    await one.ops.ack(second["id"])
+    assert (await other.flows.get(created["id"]))["state"] == "completed"
 
 
 async def test_a_group_whose_jobs_end_on_two_servers_at_once_completes_once(servers):
     one, other = servers
-    created = await one.create_workflow({"type": "batch", "name": "g", "jobs": [
+    created = await one.flows.create({"type": "batch", "name": "g", "jobs": [
         {"type": "g.a", "args": [], "options": {"queue": "g"}}, {"type": "g.b", "args": [], "options": {"queue": "g"}}],
         "callbacks": {"on_complete": {"type": "g.done", "args": [], "options": {"queue": "g"}}}})
-    a, b = await one.fetch(["g"], 2, "w")
-    await asyncio.gather(one.ack(a["id"]), other.ack(b["id"]))
-    [callback] = await one.fetch(["g"], 5, "w")
-    assert callback["type"] == "g.done" and await one.fetch(["g"], 5, "w") == []
-    assert (await one.workflow(created["id"]))["state"] == "completed"
+    a, b = await one.ops.fetch(["g"], 2, "w")
+    await asyncio.gather(one.ops.ack(a["id"]), other.ops.ack(b["id"]))
+    [callback] = await one.ops.fetch(["g"], 5, "w")
+    assert callback["type"] == "g.done" and await one.ops.fetch(["g"], 5, "w") == []
+    assert (await one.flows.get(created["id"]))["state"] == "completed"
 
 
 async def test_a_cron_tick_fired_twice_enqueues_one_job(servers, store, clock):
     one, other = servers
-    await one.register_cron({"name": "every", "expression": "* * * * *", "job_template": job(queue="cr")})
+    await one.crontab.register({"name": "every", "expression": "* * * * *", "job_template": job(queue="cr")})
     clock.advance(61)
     [timer] = await store.fired(10, 0)
     await one.crontab.fire(timer.key, timer.token["attempt"])
     await other.crontab.fire(timer.key, timer.token["attempt"])
-    assert len(await one.fetch(["cr"], 5, "w")) == 1
-    assert [c["name"] for c in other.crons()] == ["every"]
+    assert len(await one.ops.fetch(["cr"], 5, "w")) == 1
+    assert [c["name"] for c in other.crontab.listing()] == ["every"]
 
 
 async def test_a_job_whose_lease_ran_out_is_back_in_its_queue_when_read(servers, clock):
     one, other = servers
     pushed = await push(one, job())
-    await one.fetch(["q"], 1, "w-gone", 1000)
+    await one.ops.fetch(["q"], 1, "w-gone", 1000)
     clock.advance(2)
-    seen = await other.info(pushed["id"])
+    seen = await other.ops.info(pushed["id"])
     assert seen["state"] == "available" and [e["code"] for e in seen["errors"]] == ["lease_expired"]
-    [again] = await one.fetch(["q"], 5, "w2")
-    assert again["attempt"] == 2 and await other.fetch(["q"], 5, "w3") == []
+    [again] = await one.ops.fetch(["q"], 5, "w2")
+    assert again["attempt"] == 2 and await other.ops.fetch(["q"], 5, "w3") == []
 
 
 async def test_an_entry_taken_before_its_record_is_stored_comes_again_rather_than_being_dropped(engine, store, clock):
@@ -250,12 +250,12 @@ async def test_an_entry_taken_before_its_record_is_stored_comes_again_rather_tha
     later = (clock() + timedelta(seconds=60)).isoformat().replace("+00:00", "Z")
     pushed = await push(engine, job(scheduled_at=later))
     await store.offer("q", 0, pushed["id"])  # what `due` writes first, its record not stored yet
-    assert await engine.fetch(["q"], 5, "w") == []
+    assert await engine.ops.fetch(["q"], 5, "w") == []
     clock.advance(60)
     await engine.tick()  # now stored (with an entry of its own)
-    got = await engine.fetch(["q"], 5, "w")
+    got = await engine.ops.fetch(["q"], 5, "w")
     for _ in range(14):  # the early entry comes again, finds it claimed, and is dropped in the end
         clock.advance(5)
-        got += await engine.fetch(["q"], 5, "w")
+        got += await engine.ops.fetch(["q"], 5, "w")
     assert [j["id"] for j in got] == [pushed["id"]]
     assert await store.ready_counts("q") == (0, 1)  # only the running job's own entry is held

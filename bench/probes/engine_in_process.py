@@ -28,16 +28,16 @@ async def main():
         engine = await Engine(store).start()
         t = time.perf_counter()
         for start in range(0, N, 200):
-            await asyncio.gather(*(engine.push({"type": "t", "args": [i], "options": {"queue": "q"}}) for i in range(start, min(N, start + 200))))
+            await asyncio.gather(*(engine.ops.push({"type": "t", "args": [i], "options": {"queue": "q"}}) for i in range(start, min(N, start + 200))))
         enq = N / (time.perf_counter() - t)
         done = 0
         async def loop():
             nonlocal done
             while done < N:
-                jobs = await engine.fetch(["q"], 10, "w")
+                jobs = await engine.ops.fetch(["q"], 10, "w")
                 if not jobs:
                     await asyncio.sleep(0.001); continue
-                for j in jobs: await engine.ack(j["id"])
+                for j in jobs: await engine.ops.ack(j["id"])
                 done += len(jobs)
         import os, psutil
         ns = psutil.Process(s.proc.pid); me = psutil.Process(os.getpid())

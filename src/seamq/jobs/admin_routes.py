@@ -33,16 +33,16 @@ def admin_routes(engine: Engine) -> list[Route]:
         return admin.paged([admin.summary(r) for r in found], params)
 
     async def queue_row(name: str) -> dict:
-        stats = await engine.queue_stats(name)
+        stats = await engine.queues.stats(name)
         counts = {k: v for k, v in stats.items() if k not in ("name", "paused")}
         return {"name": name, "state": "paused" if stats["paused"] else "active", "paused": stats["paused"],
                 "counts": counts, "throughput": engine.meter.per_minute(utcnow(), name)}
 
     async def stats(request: Request) -> Response:
-        queues = [q["name"] for q in await engine.list_queues()]
+        queues = [q["name"] for q in await engine.queues.listing()]
         totals = {state: 0 for state in STATES}
         for name in queues:
-            counts = await engine.queue_stats(name)
+            counts = await engine.queues.stats(name)
             for state in STATES:
                 totals[state] += counts[state]
         workers = engine.workers.listing(utcnow())[1]
@@ -58,7 +58,7 @@ def admin_routes(engine: Engine) -> list[Route]:
                                            check_queue(queue) if queue else None))
 
     async def queues(request: Request) -> Response:
-        return answer(admin.paged([await queue_row(q["name"]) for q in await engine.list_queues()],
+        return answer(admin.paged([await queue_row(q["name"]) for q in await engine.queues.listing()],
                                   request.query_params))
 
     async def queue(request: Request) -> Response:
@@ -94,13 +94,13 @@ def admin_routes(engine: Engine) -> list[Route]:
         return answer(await listed(request, engine.jobs))
 
     async def job(request: Request) -> Response:
-        return answer(admin.detail(await engine.record(request.path_params["job_id"])))
+        return answer(admin.detail(await engine.ops.record(request.path_params["job_id"])))
 
     async def retry(request: Request) -> Response:
         return answer({"job": await engine.retry(request.path_params["job_id"])})
 
     async def cancel(request: Request) -> Response:
-        return answer({"job": await engine.cancel(request.path_params["job_id"])})
+        return answer({"job": await engine.ops.cancel(request.path_params["job_id"])})
 
     def bulk(action: str, eligible: tuple[str, ...], run, source=engine.jobs, needs_filter=True):
         """Over every job, an empty filter must be said twice (`"all": true`); over the dead letters
@@ -199,7 +199,7 @@ def admin_routes(engine: Engine) -> list[Route]:
         Route(f"{prefix}/jobs", jobs, methods=["GET"]),
         Route(f"{prefix}/jobs/bulk/retry", bulk("retry", ("discarded", "cancelled"), engine.retry), methods=["POST"]),
         Route(f"{prefix}/jobs/bulk/cancel", bulk("cancel", ("scheduled", "available", "active", "retryable"),
-                                                 engine.cancel), methods=["POST"]),
+                                                 engine.ops.cancel), methods=["POST"]),
         Route(f"{prefix}/jobs/bulk/delete", bulk("delete", tuple(TERMINAL), engine.delete), methods=["POST"]),
         Route(f"{prefix}/jobs/{{job_id}}", job, methods=["GET"]),
         Route(f"{prefix}/jobs/{{job_id}}/retry", retry, methods=["POST"]),

@@ -20,12 +20,12 @@ from seamq.jobs.model import TERMINAL, OjsError, fingerprint, invalid
 
 def console_routes(engine: Engine) -> list[Route]:
     async def crons(request: Request) -> Response:
-        rows = [{**c, "id": c["name"], "schedule": c["expression"]} for c in engine.crons()]
+        rows = [{**c, "id": c["name"], "schedule": c["expression"]} for c in engine.crontab.listing()]
         return answer(admin.paged(rows, request.query_params))
 
     async def cron(request: Request) -> Response:
         name = request.path_params["name"]
-        found = next((c for c in engine.crons() if c["name"] == name), None)
+        found = next((c for c in engine.crontab.listing() if c["name"] == name), None)
         if found is None:
             raise OjsError(404, "not_found", f"cron {name} not found")
         return answer({**found, "id": found["name"], "schedule": found["expression"]})
@@ -34,21 +34,21 @@ def console_routes(engine: Engine) -> list[Route]:
         body = await body_of(request)
         if not isinstance(body.get("enabled"), bool) or set(body) - {"enabled"}:
             raise invalid("send {\"enabled\": true} or {\"enabled\": false}; nothing else of a cron can be changed here")
-        return answer(await engine.set_cron_enabled(request.path_params["name"], body["enabled"]))
+        return answer(await engine.crontab.set_enabled(request.path_params["name"], body["enabled"]))
 
     async def delete_cron(request: Request) -> Response:
-        await engine.delete_cron(request.path_params["name"])
+        await engine.crontab.delete(request.path_params["name"])
         return Response(status_code=204)
 
     async def workflows(request: Request) -> Response:
         state = request.query_params.get("state")
-        rows = [w for w in await engine.workflows() if not state or w["state"] == state]
+        rows = [w for w in await engine.flows.listing() if not state or w["state"] == state]
         return answer(admin.paged(rows, request.query_params))
 
     async def rate_limits(request: Request) -> Response:
         rows = []
         for limit in sorted(engine.queues.of("limit."), key=lambda r: r["queue"]):
-            stats = await engine.queue_stats(limit["queue"])
+            stats = await engine.queues.stats(limit["queue"])
             rows.append({"key": limit["queue"], "limit": limit["rate"], "period": "PT1S", "active": stats["active"],
                          "waiting": stats["available"]})
         return answer(admin.paged(rows, request.query_params))
@@ -62,7 +62,7 @@ def console_routes(engine: Engine) -> list[Route]:
         return answer({"enqueue": [], "execution": []})  # seamq runs no server-side middleware
 
     async def maintenance(request: Request) -> Response:
-        return answer(engine.maintenance())
+        return answer(engine.queues.maintenance())
 
     async def set_maintenance(request: Request) -> Response:
         body = await body_of(request)
@@ -71,7 +71,7 @@ def console_routes(engine: Engine) -> list[Route]:
         reason, ends = body.get("reason"), body.get("ends_at") or body.get("estimated_end")
         if reason is not None and not isinstance(reason, str) or ends is not None and not isinstance(ends, str):
             raise invalid("reason and ends_at must be strings")
-        return answer(await engine.set_maintenance(body["enabled"], reason, ends))
+        return answer(await engine.queues.set_maintenance(body["enabled"], reason, ends))
 
     return [
         Route("/ojs/v1/crons", crons, methods=["GET"]),

@@ -37,12 +37,14 @@ from seamq.jobs.model import OjsError, conflict
 from seamq.jobs.operations import Operations
 from seamq.jobs.ports import Fired, JobStore
 from seamq.jobs.queues import Queues
+from seamq.model import ErrorCode, SeamqError
 from seamq.observability import log
 from seamq.stopping import wait_event
 
 __all__ = ["EVENTS_KEPT", "Engine"]
 
 EARLY_TIMER_TRIES = 10  # a timer that came before the change it was armed for: handed out again, a second apart
+FLAGS_WAIT = 30.0  # seconds for the followed flags at start
 SOON = 60.0  # seconds: a timer due within this is also kept here (bounded by the timer rate, not the backlog)
 
 
@@ -70,7 +72,12 @@ class Engine:
         if clocks:
             self._tasks += [asyncio.create_task(self._timer_loop()), asyncio.create_task(self._deadline_loop()),
                             asyncio.create_task(intake.run(self))]
-        await asyncio.wait_for(self.queues.ready.wait(), 30)  # flags known before the first fetch
+        try:  # the flags known before the first fetch
+            await asyncio.wait_for(self.queues.ready.wait(), FLAGS_WAIT)
+        except asyncio.TimeoutError:
+            await self.stop()
+            raise SeamqError(ErrorCode.BROKER_UNAVAILABLE, f"the job server could not read its queue flags from NATS "
+                             f"(KV OJS_JOBS) within {FLAGS_WAIT:.0f} s; is JetStream up and reachable?") from None
         return self
 
     async def stop(self) -> None:
@@ -138,88 +145,13 @@ class Engine:
         self.ops.mine.clear()
         self.events.clear()
 
-    # ---- a job's life: seamq.jobs.operations ---------------------------------------------------
-
-    async def push(self, body: Any) -> tuple[int, dict]:
-        return await self.ops.push(body)
-
-    async def push_batch(self, body: Any) -> list[dict]:
-        return await self.ops.push_batch(body)
-
-    async def admit_refused(self, record: dict) -> None:
-        await self.ops.admit_refused(record)
-
-    async def exists(self, job_id: str) -> bool:
-        return bool(model.UUIDV7_PATTERN.fullmatch(job_id)) and await self.store.get(job_id) is not None
-
-    async def info(self, job_id: str) -> dict:
-        return await self.ops.info(job_id)
-
-    async def record(self, job_id: str) -> dict:
-        return await self.ops.record(job_id)
-
-    async def cancel(self, job_id: str) -> dict:
-        return await self.ops.cancel(job_id)
-
-    async def fetch(self, queues: Any, count: Any = 1, worker_id: Any = None, visibility: Any = None) -> list[dict]:
-        return await self.ops.fetch(queues, count, worker_id, visibility)
-
-    async def ack(self, job_id: Any, result: Any = None) -> dict:
-        return await self.ops.ack(job_id, result)
-
-    async def nack(self, job_id: Any, error: Any = None, requeue: Any = False) -> dict:
-        return await self.ops.nack(job_id, error, requeue)
-
-    async def heartbeat(self, worker_id: Any, active_jobs: Any, visibility: Any = None,
-                        active_job_ids: Any = None) -> dict:
-        return await self.ops.heartbeat(worker_id, active_jobs, visibility, active_job_ids)
-
-    # ---- workflows, cron, queues, events ---------------------------------------------------------
-
-    async def create_workflow(self, body: Any) -> dict:
-        return await self.flows.create(body)
-
-    async def workflow(self, workflow_id: str) -> dict:
-        return await self.flows.get(workflow_id)
-
-    async def workflows(self) -> list[dict]:
-        return await self.flows.listing()
-
-    async def cancel_workflow(self, workflow_id: str) -> dict:
-        return await self.flows.cancel(workflow_id)
-
-    async def register_cron(self, body: Any) -> dict:
-        return await self.crontab.register(body)
-
-    async def set_cron_enabled(self, name: str, enabled: bool) -> dict:
-        return await self.crontab.set_enabled(name, enabled)
-
-    def crons(self) -> list[dict]:
-        return self.crontab.listing()
-
-    async def delete_cron(self, name: str) -> dict:
-        return await self.crontab.delete(name)
+    # ---- what joins two parts; the routes call the parts themselves for the rest -------------------
 
     async def set_paused(self, queue: str, paused: bool) -> dict:
         answer = await self.queues.set_paused(queue, paused)
         await self.events.emit("queue.paused" if paused else "queue.resumed",
                                {"id": queue, "type": "", "queue": queue, "attempt": 0})
         return answer
-
-    def maintenance(self) -> dict:
-        return self.queues.maintenance()
-
-    async def set_maintenance(self, enabled: bool, reason: str | None, ends_at: str | None) -> dict:
-        return await self.queues.set_maintenance(enabled, reason, ends_at)
-
-    async def queue_stats(self, queue: str) -> dict:
-        return await self.queues.stats(queue)
-
-    async def list_queues(self) -> list[dict]:
-        return await self.queues.listing()
-
-    async def list_events(self, types: list[str], queues: list[str], limit: int, after: int = 0) -> dict:
-        return self.events.list(types, queues, limit, after)
 
     # ---- the admin: listings, retry, delete, dead letters, a worker's jobs -------------------------
 
@@ -249,16 +181,13 @@ class Engine:
         return {"deleted": True, "job_id": job_id}
 
     async def dead_letters(self, queue: str | None) -> list[dict]:
-        found = []
-        for marker, _ in await self.store.scan("dlq."):
-            held = await self.store.get(marker["id"])
-            if held is not None and held[0].get("_dlq") and (queue is None or held[0]["queue"] == queue):
-                found.append(model.public(held[0]))
+        held = await self.store.get_many([marker["id"] for marker, _ in await self.store.scan("dlq.")])
+        found = [model.public(record) for record, _ in held.values()
+                 if record.get("_dlq") and (queue is None or record["queue"] == queue)]
         return sorted(found, key=lambda j: j.get("discarded_at") or "")
 
     async def _dead(self, job_id: str) -> None:
-        held = await self.store.get(job_id) if isinstance(job_id, str) and model.UUIDV7_PATTERN.fullmatch(job_id) \
-            else None
+        held = await self.store.get(job_id) if model.is_job_id(job_id) else None
         if held is None or not held[0].get("_dlq"):
             raise OjsError(404, "not_found", f"no dead letter {job_id}")
 

@@ -27,7 +27,7 @@ def extensions(engine: Engine) -> list[Route]:
         return answer(await ext.report_progress(engine, body.get("job_id"), body))
 
     async def progress(request: Request) -> Response:
-        return answer(ext.progress_of(await engine.record(request.path_params["job_id"])))
+        return answer(ext.progress_of(await engine.ops.record(request.path_params["job_id"])))
 
     async def list_schemas(request: Request) -> Response:
         found, pagination = page(registry.list(), request, default=50)

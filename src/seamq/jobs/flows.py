@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from seamq.jobs import job as J
 from seamq.jobs import workflows
-from seamq.jobs.model import UUIDV7_PATTERN, OjsError, conflict
+from seamq.jobs.model import OjsError, conflict, is_job_id
 from seamq.jobs.ports import Conflict, Write
 
 if TYPE_CHECKING:
@@ -68,7 +68,7 @@ class Flows:
 
     async def _load(self, workflow_id: str) -> tuple[dict, int]:
         held = await self.store.get(workflows.key(workflow_id)) \
-            if isinstance(workflow_id, str) and UUIDV7_PATTERN.fullmatch(workflow_id) else None
+            if is_job_id(workflow_id) else None
         if held is None:
             raise OjsError(404, "not_found", f"workflow {workflow_id} not found")
         return held

@@ -66,10 +66,10 @@ async def take_in(engine, data: bytes) -> str:
         return "not a job"
     if not isinstance(body, dict) or not isinstance(body.get("id"), str):
         return "not a job"
-    if await engine.exists(body["id"]):
+    if await engine.ops.exists(body["id"]):
         return "duplicate"
     try:
-        await engine.push(body)
+        await engine.ops.push(body)
         return "created"
     except OjsError as exc:
         if exc.code == "duplicate":
@@ -80,6 +80,6 @@ async def take_in(engine, data: bytes) -> str:
             record = refused(body, exc)
         except OjsError:
             return "not a job"
-        await engine.admit_refused(record)
+        await engine.ops.admit_refused(record)
         log.warning("jobs_intake_refused", job_id=body["id"], code=exc.code, error=exc.message)
         return "refused"

@@ -227,6 +227,11 @@ class Timer:
     attempt: int  # the attempt it was armed for: a timer of an earlier one changes nothing
 
 
+def timer_key(job: Job) -> str:
+    """A job's timers are keyed by queue, then id: a queue's counts are those of its keys."""
+    return f"{job.queue}.{job.id}"
+
+
 def timers(job: Job) -> list[Timer]:
     """The clocks a job needs in its state."""
     out = []

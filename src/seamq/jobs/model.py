@@ -33,6 +33,11 @@ STATES = (SCHEDULED, AVAILABLE, ACTIVE, RETRYABLE, COMPLETED, DISCARDED, CANCELL
 TYPE_PATTERN = re.compile(r"^[a-z][a-z0-9_-]*(\.[a-z][a-z0-9_-]*)*$")  # `-` allowed: 19 cases use it
 QUEUE_PATTERN = re.compile(r"^[a-z0-9][a-z0-9\-.]*$")
 UUIDV7_PATTERN = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
+
+
+def is_job_id(value: Any) -> bool:
+    """An id this server could have given (a job's or a workflow's): anything else names nothing, unread."""
+    return isinstance(value, str) and UUIDV7_PATTERN.fullmatch(value) is not None
 DURATION_PATTERN = re.compile(
     r"^P(?:(?P<d>\d+(?:\.\d+)?)D)?(?:T(?:(?P<h>\d+(?:\.\d+)?)H)?(?:(?P<m>\d+(?:\.\d+)?)M)?(?:(?P<s>\d+(?:\.\d+)?)S)?)?$")
 
@@ -284,7 +289,7 @@ def new_record(body: Any, now: datetime) -> dict:
     if len(json.dumps(args)) > MAX_ARGS_BYTES:
         raise invalid(f"args larger than {MAX_ARGS_BYTES} bytes")
     job_id = body.get("id")
-    if job_id is not None and (not isinstance(job_id, str) or not UUIDV7_PATTERN.fullmatch(job_id)):
+    if job_id is not None and not is_job_id(job_id):
         raise invalid("id must be a lowercase UUIDv7")
     meta = body.get("meta")
     if meta is not None and not isinstance(meta, dict):

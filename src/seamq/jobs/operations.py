@@ -33,7 +33,6 @@ MINE_KEPT = 100_000  # jobs handed out here, kept for their ack (bounded: most a
 TRIES = 8  # a job's end racing other ends of its workflow
 WAITING_TIMERS = {"run", "expire"}
 EARLY_ENTRY_TRIES = 12  # an entry taken before its record was stored comes again, for about 40 s
-timer_key = "{0.queue}.{0.id}".format  # a job's timers, by queue (their counts are the queue's)
 
 
 class Operations:
@@ -53,10 +52,13 @@ class Operations:
     async def load(self, job_id: Any) -> tuple[J.Job, int]:
         if not isinstance(job_id, str) or not job_id:
             raise model.invalid("job_id is required")
-        held = await self.store.get(job_id) if model.UUIDV7_PATTERN.fullmatch(job_id) else None
+        held = await self.store.get(job_id) if model.is_job_id(job_id) else None
         if held is None:
             raise not_found(job_id)
         return J.from_record(held[0]), held[1]
+
+    async def exists(self, job_id: Any) -> bool:
+        return model.is_job_id(job_id) and await self.store.get(job_id) is not None
 
     async def record(self, job_id: Any) -> dict:
         """A job's whole record (internal fields too), for the extensions that read beside the envelope."""
@@ -128,7 +130,7 @@ class Operations:
         if finished and before is not None and before.state == J.State.AVAILABLE:
             await self.store.withdraw(job.queue, job.priority, job.id)
         if finished and before is not None and before.state in (J.State.SCHEDULED, J.State.RETRYABLE):  # its count
-            await self.store.disarm("scheduled" if before.state == J.State.SCHEDULED else "retry", timer_key(job))
+            await self.store.disarm("scheduled" if before.state == J.State.SCHEDULED else "retry", J.timer_key(job))
         if finished:
             await self.store.finished(job.queue, job.state.value)
         for new, revision in zip(started, revisions[2:]):
@@ -155,7 +157,7 @@ class Operations:
             if timer.kind in WAITING_TIMERS:
                 kind = "expire" if timer.kind == "expire" else \
                     "retry" if job.state == J.State.RETRYABLE else "scheduled"
-                await self.arm(kind, timer_key(job), timer.at, {"attempt": timer.attempt})
+                await self.arm(kind, J.timer_key(job), timer.at, {"attempt": timer.attempt})
 
     # ---- producers --------------------------------------------------------------------------------
 
@@ -279,7 +281,7 @@ class Operations:
         record = J.to_record(claimed)
         if claimed.timeout_ms:  # armed first: one that comes before the claim is stored waits for it
             at = claimed.started_at + timedelta(milliseconds=claimed.timeout_ms)
-            await self.arm("timeout", timer_key(claimed), at, {"attempt": claimed.attempt})
+            await self.arm("timeout", J.timer_key(claimed), at, {"attempt": claimed.attempt})
         try:
             [stored] = await self.store.commit([Write(job.id, record, revision)])
         except Conflict:  # claimed through another entry of it, or moved on, since it was read

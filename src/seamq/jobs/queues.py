@@ -41,11 +41,18 @@ class Queues:
     async def follow(self) -> None:
         """Keep `flags` as the store has them, until cancelled (restarted if the store's watch ends)."""
         while True:
+            seen: set[str] | None = set()  # the records there at the start of this pass, until all came
             try:
                 async for key, record in self.store.follow(FOLLOWED):
-                    if not key:  # what was there has all come
+                    if not key:  # what was there has all come: what was not was deleted while unheard
+                        for gone in set(self.flags) - seen:
+                            self.flags.pop(gone, None)
+                        seen = None
                         self.ready.set()
-                    elif record is None:
+                        continue
+                    if seen is not None:
+                        seen.add(key)
+                    if record is None:
                         self.flags.pop(key, None)
                     else:
                         self.flags[key] = record

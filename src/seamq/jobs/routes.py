@@ -59,36 +59,36 @@ def queue_answer(stats: dict) -> dict:
 
 def core(engine: Engine, conformance_level: int) -> list[Route]:
     async def push(request: Request) -> Response:
-        status, job = await engine.push(await body_of(request))
+        status, job = await engine.ops.push(await body_of(request))
         return answer({"job": job}, status)
 
     async def push_batch(request: Request) -> Response:
-        jobs = await engine.push_batch(await body_of(request))
+        jobs = await engine.ops.push_batch(await body_of(request))
         return answer({"jobs": jobs, "count": len(jobs)}, 201)
 
     async def info(request: Request) -> Response:
-        return answer({"job": await engine.info(request.path_params["job_id"])})
+        return answer({"job": await engine.ops.info(request.path_params["job_id"])})
 
     async def cancel(request: Request) -> Response:
-        return answer({"job": await engine.cancel(request.path_params["job_id"])})
+        return answer({"job": await engine.ops.cancel(request.path_params["job_id"])})
 
     async def fetch(request: Request) -> Response:
         body = await body_of(request)
-        jobs = await engine.fetch(body.get("queues"), body.get("count", 1), body.get("worker_id"),
+        jobs = await engine.ops.fetch(body.get("queues"), body.get("count", 1), body.get("worker_id"),
                                   body.get("visibility_timeout_ms"))
         return answer({"jobs": jobs})
 
     async def ack(request: Request) -> Response:
         body = await body_of(request)
-        return answer(await engine.ack(body.get("job_id"), body.get("result")))
+        return answer(await engine.ops.ack(body.get("job_id"), body.get("result")))
 
     async def nack(request: Request) -> Response:
         body = await body_of(request)
-        return answer(await engine.nack(body.get("job_id"), body.get("error"), body.get("requeue", False)))
+        return answer(await engine.ops.nack(body.get("job_id"), body.get("error"), body.get("requeue", False)))
 
     async def heartbeat(request: Request) -> Response:
         body = await body_of(request)
-        return answer(await engine.heartbeat(body.get("worker_id"), body.get("active_jobs"),
+        return answer(await engine.ops.heartbeat(body.get("worker_id"), body.get("active_jobs"),
                                              body.get("visibility_timeout_ms"), body.get("active_job_ids")))
 
     async def events(request: Request) -> Response:
@@ -99,9 +99,9 @@ def core(engine: Engine, conformance_level: int) -> list[Route]:
         except ValueError:
             raise invalid("after must be a cursor from an earlier answer") from None
         if "page" in params or "per_page" in params:  # the admin UI pages through what is kept
-            found = (await engine.list_events(split("types") or split("type"), split("queues"), EVENTS_KEPT))["events"]
+            found = engine.events.list(split("types") or split("type"), split("queues"), EVENTS_KEPT)["events"]
             return answer(admin.paged([{**e, "timestamp": e["time"]} for e in reversed(found)], params))
-        return answer(await engine.list_events(split("types"), split("queues"), limit_of(params.get("limit")), after))
+        return answer(engine.events.list(split("types"), split("queues"), limit_of(params.get("limit")), after))
 
     async def dead_letters(request: Request) -> Response:
         found = await engine.dead_letters(request.query_params.get("queue"))
@@ -115,43 +115,43 @@ def core(engine: Engine, conformance_level: int) -> list[Route]:
         return answer({"job": await engine.retry_dead_letter(request.path_params["job_id"])})
 
     async def create_workflow(request: Request) -> Response:
-        workflow = await engine.create_workflow(await body_of(request))
+        workflow = await engine.flows.create(await body_of(request))
         return answer({"workflow": workflow, **workflow}, 201)
 
     async def workflow(request: Request) -> Response:
-        found = await engine.workflow(request.path_params["workflow_id"])
+        found = await engine.flows.get(request.path_params["workflow_id"])
         return answer({"workflow": found, **found})
 
     async def cancel_workflow(request: Request) -> Response:
-        found = await engine.cancel_workflow(request.path_params["workflow_id"])
+        found = await engine.flows.cancel(request.path_params["workflow_id"])
         return answer({"workflow": found, **found})
 
     async def register_cron(request: Request) -> Response:
-        registered = await engine.register_cron(await body_of(request))
+        registered = await engine.crontab.register(await body_of(request))
         return answer({"cron": registered, "cron_job": registered}, 201)
 
     async def list_crons(request: Request) -> Response:
-        crons, pagination = page(engine.crons(), request)
+        crons, pagination = page(engine.crontab.listing(), request)
         return answer({"crons": crons, "cron_jobs": crons, "pagination": pagination})
 
     async def delete_cron(request: Request) -> Response:
-        deleted = await engine.delete_cron(request.path_params["name"])
+        deleted = await engine.crontab.delete(request.path_params["name"])
         return answer({"cron": deleted, "cron_job": deleted})
 
     async def queues(request: Request) -> Response:
-        found, pagination = page(await engine.list_queues(), request)
+        found, pagination = page(await engine.queues.listing(), request)
         return answer({"queues": found, "pagination": pagination})
 
     async def queue_stats(request: Request) -> Response:
-        return answer(queue_answer(await engine.queue_stats(request.path_params["name"])))
+        return answer(queue_answer(await engine.queues.stats(request.path_params["name"])))
 
     async def pause(request: Request) -> Response:
         await engine.set_paused(request.path_params["name"], True)
-        return answer(queue_answer(await engine.queue_stats(request.path_params["name"])))
+        return answer(queue_answer(await engine.queues.stats(request.path_params["name"])))
 
     async def resume(request: Request) -> Response:
         await engine.set_paused(request.path_params["name"], False)
-        return answer(queue_answer(await engine.queue_stats(request.path_params["name"])))
+        return answer(queue_answer(await engine.queues.stats(request.path_params["name"])))
 
     async def health(request: Request) -> Response:
         return answer({"status": "ok", "version": VERSION})

@@ -1,0 +1,183 @@
+"""The job store's ready order on NATS, held as leases, and its log of finished jobs. Part of
+seamq.jobs.nats_store's adapter.
+
+- Stream `OJS_READY` (work queue): an empty entry per available job, on
+  `ojs.ready.{queue}.p{priority + 100:03d}.{id}`, written before the record that makes the job
+  available; one durable pull consumer per queue and priority (`...p{nnn}.*`), shared by every
+  server. A taken entry is held: for the default visibility timeout by the consumer's own ack wait,
+  for another one by a NAK with that delay. JetStream delivers it again when the hold ends unless
+  it is acked first (`+ACK`, from any connection, to the reply subject the job's record keeps). A
+  heartbeat is another NAK with a delay. A job cancelled while it waits has its entry purged.
+- The order between priorities is the store's: a queue's priorities are a record (`prio.{queue}`)
+  that every server follows, and a take pulls from the highest first; within a priority,
+  JetStream's order is first in, first out, with entries that come again before later ones.
+- Stream `OJS_DONE`: an empty message per finished job on `ojs.done.{queue}.{state}`, kept for the
+  records' retention; the counts of finished jobs are its subject counts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, RetentionPolicy, StorageType, StreamConfig
+
+from seamq.jobs import model
+from seamq.jobs.nats_records import RECORD_TTL_SECONDS
+from seamq.jobs.ports import Conflict, Taken, Write
+from seamq.observability import log
+
+READY, DONE = "OJS_READY", "OJS_DONE"
+REPLY_WAIT = 5.0  # seconds for the server's answer to a no_wait pull (it answers at once; this only bounds it)
+HELD = model.DEFAULT_VISIBILITY_MS / 1000  # a ready consumer's ack wait: the hold of an entry taken for so long
+
+
+def _subject(queue: str, priority: int, job_id: str = "*") -> str:
+    return f"ojs.ready.{queue}.p{priority + 100:03d}.{job_id}"
+
+
+class ReadyOrder:
+    async def _start_ready(self) -> None:
+        self._made: set[str] = set()  # consumers known to exist
+        self._inboxes: list = []  # idle pull subscriptions, one pull at a time on each (a delivery
+        # names the entry's subject, not the inbox, so one wildcard inbox cannot tell the pulls apart)
+        self._priorities: dict[str, set[int]] = {}  # queue -> the priorities its jobs were offered at
+        self._registering: dict[tuple[str, int], asyncio.Future] = {}
+        for config in (StreamConfig(name=READY, subjects=["ojs.ready.>"], retention=RetentionPolicy.WORK_QUEUE,
+                                    storage=StorageType.FILE, num_replicas=self.replicas),
+                       StreamConfig(name=DONE, subjects=["ojs.done.>"], max_age=RECORD_TTL_SECONDS,
+                                    storage=StorageType.FILE, num_replicas=self.replicas)):
+            await self._stream(config)
+        for record, _ in await self.scan("prio."):
+            self._priorities[record["_key"].removeprefix("prio.")] = set(record["priorities"])
+        self._tasks.append(asyncio.create_task(self._follow_priorities()))
+
+    async def _close_ready(self) -> None:
+        for _, sub in self._inboxes:
+            await sub.unsubscribe()
+
+    async def offer(self, queue: str, priority: int, job_id: str) -> None:
+        if priority not in self._priorities.get(queue, ()):
+            # One registration for every offer waiting on it (a batch of 1,000 to a new queue made
+            # 1,000, each a read and a CAS that all but one lost).
+            pending = self._registering.get((queue, priority))
+            if pending is None:
+                pending = self._registering[queue, priority] = asyncio.ensure_future(self._register(queue, priority))
+                pending.add_done_callback(lambda _: self._registering.pop((queue, priority), None))
+            await asyncio.shield(pending)
+        await self.published(_subject(queue, priority, job_id), b"")  # the subject names the job
+
+    async def withdraw(self, queue: str, priority: int, job_id: str) -> None:
+        await self.js.purge_stream(READY, subject=_subject(queue, priority, job_id))
+
+    async def _register(self, queue: str, priority: int) -> None:
+        """A queue's priorities are a record every server follows: a take asks only those, highest
+        first, with no request to find which subjects hold entries."""
+        key = f"prio.{queue}"
+        for _ in range(10):
+            held = await self.get(key)
+            known = {*(held[0]["priorities"] if held else ()), priority}
+            try:
+                await self.commit([Write(key, {"_key": key, "priorities": sorted(known)}, held[1] if held else 0)])
+            except Conflict:
+                continue  # another server added one meanwhile
+            self._priorities[queue] = known
+            return
+        raise Conflict(f"{key}: lost 10 compare-and-sets in a row to other servers")
+
+    async def _follow_priorities(self) -> None:
+        while True:
+            try:
+                async for key, record in self.follow(["prio."]):
+                    if key:
+                        self._priorities[key.removeprefix("prio.")] = set(record["priorities"] if record else ())
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # NATS away: the client reconnects
+                log.warning("ojs_follow_failed", error=f"{type(exc).__name__}: {exc}")
+            await asyncio.sleep(0.5)
+
+    async def _consumer(self, subject: str) -> str:
+        durable = "ready-" + subject.removeprefix("ojs.ready.").removesuffix(".*").encode().hex()
+        if subject not in self._made:
+            await self.js.add_consumer(READY, ConsumerConfig(
+                durable_name=durable, filter_subject=subject, ack_policy=AckPolicy.EXPLICIT, ack_wait=HELD,
+                max_deliver=-1, deliver_policy=DeliverPolicy.ALL, max_ack_pending=100_000))
+            self._made.add(subject)
+        return durable
+
+    async def _pull_now(self, durable: str, count: int) -> list:
+        """What the consumer can deliver now, up to `count`: one `no_wait` pull, answered at once.
+        (nats-py's fetch adds `expires`, with which the server lets the pull linger, and it can then
+        deliver an entry whose hold ends meanwhile.)"""
+        inbox, sub = self._inboxes.pop() if self._inboxes else await self._new_inbox()
+        try:
+            await self.nc.publish(f"$JS.API.CONSUMER.MSG.NEXT.{READY}.{durable}",
+                                  json.dumps({"batch": count, "no_wait": True}).encode(), reply=inbox)
+            out = []
+            while len(out) < count:
+                message = await sub.next_msg(timeout=REPLY_WAIT)
+                if message.headers and message.headers.get("Status"):  # 404 no messages, 408 done
+                    break
+                if message.reply and message.reply.startswith("$JS.ACK."):  # else a stray, not an entry
+                    out.append(message)
+            self._inboxes.append((inbox, sub))  # a stray status later only ends a later pull early
+            return out
+        except Exception:
+            await sub.unsubscribe()  # a late answer must not reach the next pull on this inbox
+            raise
+
+    async def _new_inbox(self):
+        inbox = self.nc.new_inbox()
+        return inbox, await self.nc.subscribe(inbox)
+
+    async def take(self, queue: str, count: int, hold_seconds: float) -> list[Taken]:
+        out: list[Taken] = []
+        for priority in sorted(self._priorities.get(queue, ()), reverse=True):
+            if len(out) >= count:
+                break
+            durable = await self._consumer(_subject(queue, priority))
+            for m in await self._pull_now(durable, count - len(out)):
+                if hold_seconds != HELD:  # else the consumer's ack wait is the hold
+                    await self.hold(m.reply, hold_seconds)
+                out.append(Taken(m.subject.rsplit(".", 1)[1], str(m.metadata.sequence.stream), m.reply,
+                                 m.metadata.num_delivered))
+        return out
+
+    async def hold(self, hold: str, seconds: float) -> None:
+        await self.nc.publish(hold, b"-NAK " + json.dumps({"delay": int(seconds * 1e9)}).encode())
+
+    async def settle(self, hold: str) -> None:
+        await self.nc.publish(hold, b"+ACK")
+
+    # ---- counts -------------------------------------------------------------------------------
+
+    async def waiting(self, queue: str) -> dict[int, int]:
+        out = {}
+        for priority in self._priorities.get(queue, ()):
+            info = await self.js.consumer_info(READY, await self._consumer(_subject(queue, priority)))
+            if info.num_pending + info.num_ack_pending:
+                out[priority] = info.num_pending + info.num_ack_pending
+        return out
+
+    async def ready_counts(self, queue: str) -> tuple[int, int]:
+        waiting, held = 0, 0
+        for priority in self._priorities.get(queue, ()):
+            info = await self.js.consumer_info(READY, await self._consumer(_subject(queue, priority)))
+            waiting += info.num_pending
+            held += info.num_ack_pending
+        return waiting, held
+
+    async def queues(self) -> list[str]:
+        await self.nc.flush()
+        done = await self.js.stream_info(DONE, subjects_filter="ojs.done.>")
+        return sorted({*self._priorities, *(s.removeprefix("ojs.done.").rsplit(".", 1)[0]
+                                            for s in done.state.subjects or {})})
+
+    async def finished(self, queue: str, state: str) -> None:
+        await self.nc.publish(f"ojs.done.{queue}.{state}", b"")
+
+    async def tally(self, queue: str) -> dict[str, int]:
+        await self.nc.flush()
+        info = await self.js.stream_info(DONE, subjects_filter=f"ojs.done.{queue}.*")
+        return {s.rsplit(".", 1)[1]: n for s, n in (info.state.subjects or {}).items()}

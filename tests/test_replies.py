@@ -1,0 +1,74 @@
+"""seamq.nats.replies on a real nats-server: each answer reaches the request it answers, a request
+with no answer times out, and an answer that comes too late, or a message of someone else's on the
+inbox, reaches no one (it must never pass for the answer to a later request)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import nats.errors
+import nats.js.errors
+import pytest
+
+from seamq.nats.replies import Replies, acked
+
+
+@pytest.fixture
+async def replies(nc):
+    made = await Replies(nc, timeout=0.6).start()
+    yield made
+    await made.close()
+
+
+async def responder(nc, subject: str, answer, delay: float = 0.0):
+    async def respond(message):
+        await asyncio.sleep(delay)
+        for data, headers in answer(message):
+            await nc.publish(message.reply, data, headers=headers)
+    return await nc.subscribe(subject, cb=respond)
+
+
+async def test_each_answer_reaches_its_request(nc, replies):
+    await responder(nc, "echo", lambda m: [(b"re:" + m.data, None)])
+    answers = await asyncio.gather(*(replies.request("echo", str(n).encode()) for n in range(200)))
+    assert [a.data for a in answers] == [f"re:{n}".encode() for n in range(200)]
+
+
+async def test_no_answer_times_out_and_a_late_one_reaches_no_one(nc, replies):
+    await responder(nc, "slow", lambda m: [(b"late " + m.data, None)], delay=1.0)
+    await responder(nc, "fast", lambda m: [(b"on time " + m.data, None)])
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(nats.errors.TimeoutError):
+        await replies.request("slow", b"1")
+    assert 0.5 < asyncio.get_running_loop().time() - started < 1.0
+    later = asyncio.create_task(replies.request("fast", b"2"))
+    await asyncio.sleep(0.6)  # the slow answer comes meanwhile, to an inbox no one waits on
+    assert (await later).data == b"on time 2" and not replies._waiting
+
+
+async def test_a_run_of_answers_ends_at_its_status(nc, replies):
+    def many(message):
+        return [*((str(n).encode(), None) for n in range(5)), (b"", {"Status": "204"})]
+    await responder(nc, "many", many)
+    got = [m.data async for m in replies.answers("many", b"", ends=("204",))]
+    assert got == [b"0", b"1", b"2", b"3", b"4"]
+    with pytest.raises(nats.js.errors.APIError):  # a status it was not told ends a run is an error
+        [m async for m in replies.answers("many", b"", ends=("404",))]
+
+
+async def test_a_stranger_on_the_inbox_is_no_answer(nc, replies):
+    await responder(nc, "quiet", lambda m: [])
+    waiting = asyncio.create_task(replies.request("quiet", b""))
+    await asyncio.sleep(0.05)
+    await nc.publish(replies._prefix + "not-a-number", b"x")
+    await nc.publish(replies._prefix + "999999", b"y")
+    with pytest.raises(nats.errors.TimeoutError):
+        await waiting
+
+
+async def test_a_publish_ack_is_read_and_no_stream_is_said(nc, replies):
+    js = nc.jetstream()
+    await js.add_stream(name="ACKS", subjects=["acks.>"])
+    assert acked(await replies.request("acks.one", b"x"))["seq"] == 1
+    with pytest.raises(nats.errors.NoRespondersError):
+        acked(await replies.request("nobody.listens", b"x"))
