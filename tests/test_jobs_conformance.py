@@ -80,7 +80,8 @@ def test_the_extension_suites_are_there():
 @pytest.mark.parametrize("case", CASES + EXT_CASES, ids=[c.path for c in CASES + EXT_CASES])
 def test_conformance_case(ojs_server, case):
     first, second = ojs_server
-    # Events are each server's (docs/jobs.md, "Several servers"), as the extensions' per-server parts are.
+    # A server lists another's events within a tenth of a second (docs/jobs.md, "Several servers"), and the
+    # suite reads them at once: its events cases, and the extensions' per-server parts, go to one server.
     spread = [] if case in EXT_CASES or case.category == "events" else [second]
     runner = Runner(first, strict=True, reset_url=f"{first}/ojs/v1/admin/reset", spread=spread)
 

@@ -95,3 +95,23 @@ async def test_a_flag_changed_after_nats_restarted_reaches_every_server(nats_ser
             await engine.stop()
         for nc in clients:
             await nc.close()
+
+
+async def test_events_written_by_one_server_are_listed_by_another(nc, engine):
+    other = await Engine(await NatsJobStore(nc).start()).start()
+    try:
+        _, job = await engine.ops.push({"type": "a.b", "args": [], "options": {"queue": "ev"}})
+        deadline = asyncio.get_running_loop().time() + 10
+        while not (listed := await other.events.list([], ["ev"], 10))["events"]:  # within a tenth of a second
+            assert asyncio.get_running_loop().time() < deadline, "the other server never listed the event"
+            await asyncio.sleep(0.05)
+        assert [(e["type"], e["subject"]) for e in listed["events"]] == [("job.enqueued", job["id"])]
+        await other.ops.cancel(job["id"])
+        after = await engine.events.list([], ["ev"], 10, int(listed["cursor"]))
+        while not after["events"]:
+            assert asyncio.get_running_loop().time() < deadline, "the cursor read nothing on"
+            await asyncio.sleep(0.05)
+            after = await engine.events.list([], ["ev"], 10, int(listed["cursor"]))
+        assert [e["type"] for e in after["events"]] == ["job.cancelled"]
+    finally:
+        await other.stop()

@@ -259,3 +259,21 @@ async def test_an_entry_taken_before_its_record_is_stored_comes_again_rather_tha
         got += await engine.ops.fetch(["q"], 5, "w")
     assert [j["id"] for j in got] == [pushed["id"]]
     assert await store.ready_counts("q") == (0, 1)  # only the running job's own entry is held
+
+
+async def test_events_of_both_servers_are_listed_by_either_and_a_cursor_reads_on_at_the_other(servers):
+    one, other = servers
+    first = await push(one, job())
+    second = await push(other, job())
+    [taken] = await one.ops.fetch(["q"], 1, "w")
+    await one.events.flush()  # what a server does every tenth of a second (the other writes its own as it lists)
+    listed = await other.events.list([], [], 10)
+    assert [(e["type"], e["subject"]) for e in listed["events"]] == [  # in the order their batches were written
+        ("job.enqueued", first["id"]), ("job.started", taken["id"]), ("job.enqueued", second["id"])]
+    assert len({e["id"] for e in listed["events"]}) == 3 and not listed["has_more"]
+    await other.ops.ack(taken["id"])
+    page = await one.events.list([], [], 2)  # then on from its cursor, through the other server
+    rest = await other.events.list([], [], 10, int(page["cursor"]))
+    assert page["has_more"] and [e["type"] for e in page["events"] + rest["events"]] == [
+        "job.enqueued", "job.started", "job.enqueued", "job.completed"]
+    assert (await one.events.list(["job.completed"], ["q"], 10))["events"][0]["data"]["job_id"] == taken["id"]

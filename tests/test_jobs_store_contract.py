@@ -182,3 +182,15 @@ async def test_timers_fire_once_at_their_time_and_a_new_one_replaces_the_old(sto
         await store.done(run)
     await later(store, 3)
     assert await store.fired(10, 0.2) == []
+
+
+async def test_the_event_log_is_read_from_any_sequence_in_order(store):
+    assert await store.log_bounds() == (0, 0) and await store.logged(0, 10) == []
+    written = [await store.log(f"{n}\n[]".encode()) for n in range(150)]
+    assert written == sorted(written) and len(set(written)) == 150
+    assert await store.log_bounds() == (written[0], written[-1])
+    first = await store.logged(0, 100)
+    assert [seq for seq, _ in first] == written[:100] and first[3][1] == b"3\n[]"
+    rest = await store.logged(first[-1][0], 100)
+    assert [seq for seq, _ in rest] == written[100:]
+    assert await store.logged(written[-1], 100) == []

@@ -52,7 +52,7 @@ class Engine:
     def __init__(self, store: JobStore, *, test_mode: bool = False, rng: random.Random | None = None,
                  clock: Callable[[], datetime] = model.utcnow) -> None:
         self.store, self.clock = store, clock
-        self.events = Events(clock)
+        self.events = Events(store, clock)
         self.queues = Queues(store, clock)
         self.ops = Operations(store, self.queues, self.events, rng=rng, test_mode=test_mode, clock=clock)
         self.flows = self.ops.flows = Flows(self.ops)
@@ -68,7 +68,7 @@ class Engine:
     async def start(self, *, clocks: bool = True) -> "Engine":
         """Follow the flags and, with `clocks`, fire timers and take in relayed jobs as they come (a
         unit test leaves them out and calls `tick` on the clock it moves)."""
-        self._tasks = [asyncio.create_task(self.queues.follow())]
+        self._tasks = [asyncio.create_task(self.queues.follow()), asyncio.create_task(self.events.run())]
         if clocks:
             self._tasks += [asyncio.create_task(self._timer_loop()), asyncio.create_task(self._deadline_loop()),
                             asyncio.create_task(intake.run(self))]
@@ -81,6 +81,10 @@ class Engine:
         return self
 
     async def stop(self) -> None:
+        try:
+            await asyncio.wait_for(self.events.flush(), 2)  # what this server did, told before it goes
+        except Exception as exc:
+            log.warning("ojs_events_unwritten", held=len(self.events.pending), error=f"{type(exc).__name__}: {exc}")
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -17,6 +17,8 @@ from seamq.jobs.ports import Conflict, Fired, Taken, Write
 ACK_WAIT = timedelta(seconds=30)  # a fired timer not `done` by then is handed out again (a server died)
 
 
+LOG_KEPT = 10_000  # batches of events, as the NATS store keeps
+
 class Clock:
     def __init__(self, start: datetime | None = None) -> None:
         self.now = start or datetime(2026, 1, 1, tzinfo=timezone.utc)
@@ -41,6 +43,7 @@ class MemoryJobStore:
         self.handed: dict[tuple[str, str], tuple[datetime, dict]] = {}  # fired, not yet done: (when, token)
         self.deliveries: Counter[tuple[str, str]] = Counter()
         self.ended: Counter[tuple[str, str]] = Counter()
+        self.batches: deque[tuple[int, bytes]] = deque(maxlen=LOG_KEPT)  # the event log
         self.locks: dict[str, tuple[str, datetime | None]] = {}  # fingerprint -> (job id, until)
         self.followers: list[tuple[tuple[str, ...], asyncio.Queue]] = []
 
@@ -198,6 +201,17 @@ class MemoryJobStore:
 
     async def tally(self, queue: str) -> dict[str, int]:
         return {state: n for (q, state), n in self.ended.items() if q == queue}
+
+    async def log(self, batch: bytes) -> int:
+        seq = self.batches[-1][0] + 1 if self.batches else 1
+        self.batches.append((seq, batch))
+        return seq
+
+    async def logged(self, after: int, most: int) -> list[tuple[int, bytes]]:
+        return [b for b in self.batches if b[0] > after][:most]
+
+    async def log_bounds(self) -> tuple[int, int]:
+        return (self.batches[0][0], self.batches[-1][0]) if self.batches else (0, 0)
 
     # ---- unique locks --------------------------------------------------------------------------------
 

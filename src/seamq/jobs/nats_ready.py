@@ -27,7 +27,8 @@ from seamq.jobs.nats_records import RECORD_TTL_SECONDS
 from seamq.jobs.ports import Conflict, Taken, Write
 from seamq.observability import log
 
-READY, DONE = "OJS_READY", "OJS_DONE"
+READY, DONE, EVENTS = "OJS_READY", "OJS_DONE", "OJS_EVENTS"
+LOG_KEPT = 10_000  # batches of events
 REPLY_WAIT = 5.0  # seconds for the server's answer to a no_wait pull (it answers at once; this only bounds it)
 HELD = model.DEFAULT_VISIBILITY_MS / 1000  # a ready consumer's ack wait: the hold of an entry taken for so long
 
@@ -46,7 +47,10 @@ class ReadyOrder:
         for config in (StreamConfig(name=READY, subjects=["ojs.ready.>"], retention=RetentionPolicy.WORK_QUEUE,
                                     storage=StorageType.FILE, num_replicas=self.replicas),
                        StreamConfig(name=DONE, subjects=["ojs.done.>"], max_age=RECORD_TTL_SECONDS,
-                                    storage=StorageType.FILE, num_replicas=self.replicas)):
+                                    storage=StorageType.FILE, num_replicas=self.replicas),
+                       StreamConfig(name=EVENTS, subjects=["ojs.events"], max_msgs=LOG_KEPT, max_bytes=256 * 2 ** 20,
+                                    max_age=RECORD_TTL_SECONDS, allow_direct=True, storage=StorageType.FILE,
+                                    num_replicas=self.replicas)):
             await self._stream(config)
         for record, _ in await self.scan("prio."):
             self._priorities[record["_key"].removeprefix("prio.")] = set(record["priorities"])
@@ -181,3 +185,16 @@ class ReadyOrder:
         await self.nc.flush()
         info = await self.js.stream_info(DONE, subjects_filter=f"ojs.done.{queue}.*")
         return {s.rsplit(".", 1)[1]: n for s, n in (info.state.subjects or {}).items()}
+
+    # ---- the event log ------------------------------------------------------------------------
+
+    async def log(self, batch: bytes) -> int:
+        return await self.published("ojs.events", batch)
+
+    async def logged(self, after: int, most: int) -> list[tuple[int, bytes]]:
+        return [(int(m.headers["Nats-Sequence"]), m.data) async for m in self.replies.answers(
+            f"$JS.API.DIRECT.GET.{EVENTS}", json.dumps({"seq": after + 1, "batch": most}).encode(), ends=("204", "404"))]
+
+    async def log_bounds(self) -> tuple[int, int]:
+        state = (await self.js.stream_info(EVENTS)).state
+        return (state.first_seq, state.last_seq) if state.messages else (0, 0)

@@ -2,8 +2,8 @@
 
 - seamq.jobs.nats_records: the records, KV `OJS_JOBS` written by compare-and-set in atomic
   batches, and the unique-job locks, KV `OJS_UNIQUE`;
-- seamq.jobs.nats_ready: the ready order held as leases, stream `OJS_READY`, and the log of
-  finished jobs, stream `OJS_DONE`;
+- seamq.jobs.nats_ready: the ready order held as leases, stream `OJS_READY`, and the logs of
+  finished jobs, stream `OJS_DONE`, and of events, stream `OJS_EVENTS`;
 - seamq.jobs.nats_clocks: the timers as message schedules, stream `OJS_TIMERS`, and the jobs
   relayed from outboxes, stream `OJS_ENQUEUE`.
 
@@ -21,7 +21,7 @@ from nats.js.api import StreamConfig
 from nats.js.errors import BadRequestError
 
 from seamq.jobs.nats_clocks import TIMERS, Clocks
-from seamq.jobs.nats_ready import DONE, READY, ReadyOrder
+from seamq.jobs.nats_ready import DONE, EVENTS, READY, ReadyOrder
 from seamq.jobs.nats_records import JOBS, UNIQUE, Records
 from seamq.model import JOBS_STREAM
 from seamq.nats.provision import cluster_size
@@ -64,6 +64,6 @@ class NatsJobStore(Records, ReadyOrder, Clocks):
         """Empty every OJS bucket and stream (`POST /ojs/v1/admin/reset`, test mode)."""
         for key in [r["_key"] for prefix in FOLLOWED for r, _ in await self.scan(prefix) if "_key" in r]:
             await self.jobs.delete(key)  # each server following it hears that it is gone
-        for stream in (f"KV_{JOBS}", f"KV_{UNIQUE}", TIMERS, JOBS_STREAM, READY, DONE):
+        for stream in (f"KV_{JOBS}", f"KV_{UNIQUE}", TIMERS, JOBS_STREAM, READY, DONE, EVENTS):
             await self.js.purge_stream(stream)
         self._priorities.clear()

@@ -121,8 +121,16 @@ class JobStore(Protocol):
     async def finished(self, queue: str, state: str) -> None:
         """Count a job of `queue` that ended in `state` (kept for the retention period)."""
 
-    async def events(self, after: int, limit: int) -> list[tuple[int, str, str, bytes]]:
-        """(cursor, queue, kind, event) after `after`, oldest first."""
+    # ---- the event log: batches of events, from every server ------------------------------------------
+
+    async def log(self, batch: bytes) -> int:
+        """Append a batch; its sequence (the last 10,000 batches are kept)."""
+
+    async def logged(self, after: int, most: int) -> list[tuple[int, bytes]]:
+        """(sequence, batch) of up to `most` batches after sequence `after`, oldest first."""
+
+    async def log_bounds(self) -> tuple[int, int]:
+        """The first and last sequence kept ((0, 0) when none is)."""
 
     async def tally(self, queue: str) -> dict[str, int]:
         """Jobs of `queue` that finished within the retention period, by state."""

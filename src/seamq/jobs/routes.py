@@ -99,9 +99,9 @@ def core(engine: Engine, conformance_level: int) -> list[Route]:
         except ValueError:
             raise invalid("after must be a cursor from an earlier answer") from None
         if "page" in params or "per_page" in params:  # the admin UI pages through what is kept
-            found = engine.events.list(split("types") or split("type"), split("queues"), EVENTS_KEPT)["events"]
+            found = (await engine.events.list(split("types") or split("type"), split("queues"), EVENTS_KEPT))["events"]
             return answer(admin.paged([{**e, "timestamp": e["time"]} for e in reversed(found)], params))
-        return answer(engine.events.list(split("types"), split("queues"), limit_of(params.get("limit")), after))
+        return answer(await engine.events.list(split("types"), split("queues"), limit_of(params.get("limit")), after))
 
     async def dead_letters(request: Request) -> Response:
         found = await engine.dead_letters(request.query_params.get("queue"))
