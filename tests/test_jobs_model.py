@@ -8,7 +8,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from seamq.jobs import attempts, model
+from seamq.jobs import attempts, model, unique
 from seamq.jobs.model import OjsError, RetryPolicy
 
 NOW = datetime(2026, 11, 23, 12, 0, 0, tzinfo=timezone.utc)
@@ -128,4 +128,4 @@ def test_error_type_is_derived_when_not_given(error, kind):
 def test_fingerprint_ignores_key_order():
     a = push(args=[{"x": 1, "y": 2}], options={"unique": {"keys": ["type", "args"]}})
     b = push(args=[{"y": 2, "x": 1}], options={"unique": {"keys": ["type", "args"]}})
-    assert model.fingerprint(a) == model.fingerprint(b)
+    assert unique.fingerprint(a) == unique.fingerprint(b)

@@ -15,7 +15,8 @@ from starlette.routing import Route
 from seamq.jobs import admin
 from seamq.jobs.api import answer, body_of
 from seamq.jobs.engine import Engine
-from seamq.jobs.model import TERMINAL, OjsError, fingerprint, invalid
+from seamq.jobs.model import TERMINAL, OjsError, invalid
+from seamq.jobs.unique import fingerprint
 
 
 def console_routes(engine: Engine) -> list[Route]:

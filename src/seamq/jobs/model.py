@@ -14,7 +14,6 @@ fetch; `errors[].type` is derived when the client sends none.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
@@ -34,10 +33,6 @@ TYPE_PATTERN = re.compile(r"^[a-z][a-z0-9_-]*(\.[a-z][a-z0-9_-]*)*$")  # `-` all
 QUEUE_PATTERN = re.compile(r"^[a-z0-9][a-z0-9\-.]*$")
 UUIDV7_PATTERN = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
 
-
-def is_job_id(value: Any) -> bool:
-    """An id this server could have given (a job's or a workflow's): anything else names nothing, unread."""
-    return isinstance(value, str) and UUIDV7_PATTERN.fullmatch(value) is not None
 DURATION_PATTERN = re.compile(
     r"^P(?:(?P<d>\d+(?:\.\d+)?)D)?(?:T(?:(?P<h>\d+(?:\.\d+)?)H)?(?:(?P<m>\d+(?:\.\d+)?)M)?(?:(?P<s>\d+(?:\.\d+)?)S)?)?$")
 
@@ -134,6 +129,11 @@ def resolve_time(text: Any, now: datetime, what: str) -> datetime:
 
 
 _LAST = [0, 0]  # the last id's milliseconds and 12-bit sequence, for ids that sort as they were made
+
+
+def is_job_id(value: Any) -> bool:
+    """An id this server could have given (a job's or a workflow's): anything else names nothing, unread."""
+    return isinstance(value, str) and UUIDV7_PATTERN.fullmatch(value) is not None
 
 
 def uuid7(now_ms: int | None = None) -> str:
@@ -385,13 +385,6 @@ def validate_unique(unique: Any) -> None:
 
 def unique_keys(unique: dict) -> Any:
     return unique.get("keys", unique.get("key", ["type", "args"]))
-
-
-def fingerprint(record: dict) -> str:
-    """sha256 of the canonical JSON of the unique keys' values."""
-    keys = unique_keys(record.get("unique") or {}) or ["type", "args"]
-    subject = {k: record.get(k, (record.get("options") or {}).get(k)) for k in keys}
-    return hashlib.sha256(json.dumps(subject, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def visibility_ms(record: dict, requested: Any = None) -> int:
