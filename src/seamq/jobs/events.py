@@ -7,7 +7,7 @@ write per batch: a write per event cost nats-server three per job and halved the
 are processed, measured in docs/benchmarks.md), and writes what it holds before it lists, so that a
 client sees its own server's events at once and the others' within the tenth. An event is kept as
 the few values it is made of and shaped as a CloudEvent only when listed. A cursor is the batch's
-sequence times 1,000 plus the event's place in it. The throughput meter counts as events pass,
+sequence times 10,000 plus the event's place in it. The throughput meter counts as events pass,
 and stays each server's own (the admin API says `scope: server`).
 """
 
@@ -26,7 +26,8 @@ from seamq.jobs.ports import JobStore
 from seamq.observability import log
 
 EVENTS_KEPT = 10_000
-PER_BATCH = 999  # events in one batch: a cursor is sequence * 1,000 + place
+PLACES = 10_000  # a cursor is a batch's sequence * PLACES + the event's place in it
+PER_BATCH = PLACES - 1  # large: under load a write waits behind the jobs' own, and small batches fell behind
 BATCH_BYTES = 512 * 1024  # a batch larger than this is split (NATS takes 1 MB a message by default)
 EVERY = 0.1  # seconds between a server's batches
 HELD_MOST = 100_000  # events held while the log cannot be written; older ones are dropped, and said
@@ -60,14 +61,14 @@ class Events:
                 await self.flush()
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # NATS away: kept, and written with the next batch, up to a bound
-                dropped = max(0, len(self.pending) - HELD_MOST)
-                del self.pending[:dropped]
-                log.warning("ojs_events_unwritten", held=len(self.pending), dropped=dropped,
-                            error=f"{type(exc).__name__}: {exc}")
+            except Exception as exc:  # NATS away: kept, and written with the next batch
+                log.warning("ojs_events_unwritten", held=len(self.pending), error=f"{type(exc).__name__}: {exc}")
 
     async def flush(self) -> None:
         async with self._writing:  # batches in the order gathered
+            if len(self.pending) > HELD_MOST:  # the log away or behind: the oldest go, and that is said
+                log.warning("ojs_events_dropped", dropped=len(self.pending) - HELD_MOST, held=HELD_MOST)
+                del self.pending[:len(self.pending) - HELD_MOST]
             while self.pending:
                 batch = self.pending[:PER_BATCH]
                 for part in _parts(self._nonce, batch):
@@ -81,14 +82,14 @@ class Events:
         """Events after the cursor `after` (from the oldest kept when 0), of `types` and `queues` when
         named, up to `limit`."""
         await self.flush()
-        start = after // 1000 if after else await self._oldest()
+        start = after // PLACES if after else await self._oldest()
         found: list[tuple[int, dict]] = []
         while len(found) <= limit:
             batches = await self.store.logged(start, READ)
             for seq, data in batches:
                 body = json.loads(data[data.index(b"\n") + 1:])
                 for place, e in enumerate(body["e"]):
-                    cursor = seq * 1000 + place
+                    cursor = seq * PLACES + place
                     if cursor > after and (not types or e[0] in types) and (not queues or e[1] in queues):
                         found.append((cursor, _cloud_event(e, cursor, body["n"])))
             if len(batches) < READ:
