@@ -101,9 +101,9 @@ def containers(doc: dict) -> list[dict]:
 
 def test_kubernetes_commands_settings_and_probes_match_the_worker(monkeypatch):
     docs = [d for text in blocks("yaml") for d in yaml.safe_load_all(text)]
-    assert {d["kind"] for d in docs} == {"Deployment", "CronJob"}
+    assert {d["kind"] for d in docs} == {"Deployment", "Service", "CronJob"}
     probed = 0
-    for doc in docs:
+    for doc in (d for d in docs if d["kind"] != "Service"):
         for container in containers(doc):
             parse_command(container["command"])
             env = {e["name"]: e["value"] for e in container.get("env", [])}
@@ -113,11 +113,25 @@ def test_kubernetes_commands_settings_and_probes_match_the_worker(monkeypatch):
                 if probe is None:
                     continue
                 probed += 1
+                if container["command"][1] == "jobs":  # the job server probes its own port
+                    assert container["command"][2] == "serve"
+                    argv = container["command"]
+                    port, host = argv[argv.index("--port") + 1], argv[argv.index("--host") + 1]
+                    assert host == "0.0.0.0" and str((probe.get("httpGet") or probe.get("tcpSocket"))["port"]) == port
+                    assert kind == "livenessProbe" or probe["httpGet"]["path"] == "/ojs/v1/health"
+                    continue
                 assert container["command"][1] in ("relay", "consume", "replay")
                 assert probe["httpGet"]["path"] == {"livenessProbe": "/healthz", "readinessProbe": "/readyz"}[kind]
                 assert str(probe["httpGet"]["port"]) == env["SEAMQ_METRICS_PORT"]
                 assert env["SEAMQ_METRICS_HOST"] == "0.0.0.0"  # the kubelet probes the pod's address
-    assert probed == 4
+    assert probed == 6
+    services = [d for d in docs if d["kind"] == "Service"]
+    served = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Deployment"}
+    for service in services:  # each Service selects a Deployment's pods, on a port they listen on
+        pods = served[service["metadata"]["name"]]["spec"]["template"]
+        assert service["spec"]["selector"].items() <= pods["metadata"]["labels"].items()
+        ports = {p["containerPort"] for c in pods["spec"]["containers"] for p in c.get("ports", [])}
+        assert {p["targetPort"] for p in service["spec"]["ports"]} <= ports
 
 
 @pytest.mark.parametrize("text", blocks("conf"))

@@ -1,10 +1,13 @@
 """`seamq dev` (what `make run` runs): embedded services, provisioning, workers, demo, dashboard."""
 
+import json
 import os
 import re
 import shutil
 import stat
 import subprocess
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -65,28 +68,60 @@ def test_dev_runs_events_end_to_end(tmp_path, pg_data):
     assert port_is_free(nats_port) and port_is_free(pg_port)
 
 
-def test_dev_on_a_three_node_cluster_runs_r3_streams_and_stops_every_node(tmp_path, pg_data):
+def test_dev_on_a_three_node_cluster_runs_r3_streams_three_job_servers_and_stops_every_node(tmp_path, pg_data):
+    """`seamq dev --cluster 3`: R3 streams, events end to end, and a job server per node, any of which
+    answers for a job pushed through another."""
     env, _, pg_port = dev_env(tmp_path)
-    result = subprocess.run([*SEAMQ, "dev", "--cluster", "3", "--data-dir", str(tmp_path / "data"), "--run-for", "8"],
-                            env=env, capture_output=True, text=True, timeout=180)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "NATS cluster (3 servers)" in result.stdout
-    ports = {int(p) for p in re.findall(r"nats://127\.0\.0\.1:(\d+)", result.stdout)}
+    dev = subprocess.Popen([*SEAMQ, "dev", "--cluster", "3", "--data-dir", str(tmp_path / "data"), "--run-for", "20"],
+                           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = []
+        for line in dev.stdout:
+            lines.append(line)
+            if "ready" in line and "job servers" in line:
+                break
+        urls = re.findall(r"job server \(OJS\)\s*│\s*(http://127\.0\.0\.1:\d+)/ojs/v1", "".join(lines))
+        assert len(set(urls)) == 3, "".join(lines)[-3000:]
+        job = jobs_call(urls[0], "/ojs/v1/jobs", {"type": "dev.check", "args": [1], "options": {"queue": "dev"}})["job"]
+        fetched = fetch_until(urls[2], "dev")
+        assert [j["id"] for j in fetched] == [job["id"]]
+        jobs_call(urls[1], "/ojs/v1/workers/ack", {"job_id": job["id"]})
+        stdout, stderr = dev.communicate(timeout=180)
+    finally:
+        if dev.poll() is None:
+            dev.kill()
+            dev.wait(60)
+    assert dev.returncode == 0, stderr[-3000:]
+    stdout = "".join(lines) + stdout
+    assert "NATS cluster (3 servers)" in stdout
+    ports = {int(p) for p in re.findall(r"nats://127\.0\.0\.1:(\d+)", stdout)}
     assert len(ports) == 3
-    streams = [line for line in result.stdout.splitlines() if re.match(r"│ \w+_(EVENTS|DLQ) ", line)]
+    streams = [line for line in stdout.splitlines() if re.match(r"│ \w+_(EVENTS|DLQ) ", line)]
     assert len(streams) == 4 and all(re.search(r"│\s*3\s*│", line) for line in streams)  # replicas 3
-    final = result.stdout.split("final counts", 1)[1]
+    final = stdout.split("final counts", 1)[1]
     row = next(line for line in final.splitlines() if "sea__from_vibespro" in line)
     assert int(re.findall(r"\d+", row.split("sea__from_vibespro", 1)[1])[0]) > 50, row
     assert all(port_is_free(p) for p in ports) and port_is_free(pg_port)
+    assert all(port_is_free(int(url.rsplit(":", 1)[1])) for url in urls)
+
+
+def jobs_call(url: str, path: str, body: dict) -> dict:
+    request = urllib.request.Request(url + path, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        return json.loads(answer.read())
+
+
+def fetch_until(url: str, queue: str) -> list[dict]:
+    deadline = time.monotonic() + 30
+    fetched = []
+    while not fetched and time.monotonic() < deadline:
+        fetched = jobs_call(url, "/ojs/v1/workers/fetch", {"queues": [queue], "worker_id": "t"})["jobs"]
+    return fetched
 
 
 def test_dev_runs_the_job_server_too(tmp_path, pg_data):
     """`seamq dev` serves OJS beside the workers: a job pushed to the URL it prints is fetched back."""
-    import json
-    import time
-    import urllib.request
-
     env, nats_port, pg_port = dev_env(tmp_path)
     dev = subprocess.Popen([*SEAMQ, "dev", "--data-dir", str(tmp_path / "data"), "--no-demo", "--run-for", "60"],
                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -98,19 +133,8 @@ def test_dev_runs_the_job_server_too(tmp_path, pg_data):
             if "ready" in line and "job server" in line:
                 break
         assert url, "no job server in seamq dev's output"
-
-        def call(path: str, body: dict) -> dict:
-            request = urllib.request.Request(url + path, data=json.dumps(body).encode(), method="POST",
-                                             headers={"Content-Type": "application/json"})
-            with urllib.request.urlopen(request, timeout=30) as answer:
-                return json.loads(answer.read())
-
-        job = call("/ojs/v1/jobs", {"type": "dev.check", "args": [1], "options": {"queue": "dev"}})["job"]
-        deadline = time.monotonic() + 30
-        fetched = []
-        while not fetched and time.monotonic() < deadline:
-            fetched = call("/ojs/v1/workers/fetch", {"queues": ["dev"], "worker_id": "t"})["jobs"]
-        assert [j["id"] for j in fetched] == [job["id"]]
+        job = jobs_call(url, "/ojs/v1/jobs", {"type": "dev.check", "args": [1], "options": {"queue": "dev"}})["job"]
+        assert [j["id"] for j in fetch_until(url, "dev")] == [job["id"]]
     finally:
         dev.terminate()
         dev.wait(60)

@@ -261,6 +261,81 @@ async def test_an_entry_taken_before_its_record_is_stored_comes_again_rather_tha
     assert await store.ready_counts("q") == (0, 1)  # only the running job's own entry is held
 
 
+async def test_a_fetch_whose_read_lags_the_last_writes_claims_each_job_and_drops_no_entry(servers, store, clock):
+    """A fetch reads its jobs in one batch that any replica may answer (NATS direct gets), so it may
+    see a job as it was before its last change: not yet there, waiting for its retry, or available
+    at an older revision. Decided on that read, entries were dropped and their jobs never ran (the R3
+    kill test, 2026-11-25: 13 of 5,000); each is decided again on the record as last stored."""
+    one, other = servers
+    retry = {"max_attempts": 3, "initial_interval": "PT1S", "jitter": False}
+    store.lag()  # a replica that has seen none of what follows
+    fresh = await push(one, job(retry=retry))
+    [got] = await other.ops.fetch(["q"], 5, "w1", 1000)  # read as absent, claimed from the stored record
+    assert got["id"] == fresh["id"] and got["attempt"] == 1
+    store.lag()  # it has seen the claim, not the failure, the retry or the release
+    assert (await other.ops.nack(got["id"], {"type": "Flaky", "message": "once"}))["state"] == "retryable"
+    clock.advance(1)
+    await one.tick()
+    [again] = await one.ops.fetch(["q"], 5, "w2", 1000)  # read as active under its first lease: claimed
+    assert again["attempt"] == 2
+    clock.advance(2)  # the lease runs out: released when it comes again, read as active at attempt 2
+    store.lag()
+    assert (await one.ops.info(again["id"]))["state"] == "available"  # released on this read
+    [third] = await other.ops.fetch(["q"], 5, "w3", 1000)
+    assert third["attempt"] == 3 and (await one.ops.ack(third["id"]))["state"] == "completed"
+    for _ in range(14):
+        clock.advance(5)
+        assert await other.ops.fetch(["q"], 5, "w4") == []
+    store.catch_up()
+    assert await store.ready_counts("q") == (0, 0)
+
+
+async def test_a_fetch_slower_than_its_lease_hands_each_job_out_once(store, clock):
+    """On a starved server a fetch may outlast the leases it gives: its own claim runs out before it
+    answers, the entry comes again within the same fetch, and the job is claimed anew. The worker gets
+    it once, as last claimed (seen on a 2-core machine running three R3 kill tests at once)."""
+
+    class Starved(Clock):  # every read of the time finds it 0.4 s later
+        def __call__(self):
+            self.advance(0.4)
+            return self.now
+
+    slow = Starved(clock())
+    store.clock = slow
+    engine = await Engine(store, clock=slow).start(clocks=False)
+    try:
+        await push(engine, job())
+        got = await engine.ops.fetch(["q"], 5, "w", 1000)
+        assert len(got) == 1 and got[0]["attempt"] > 1  # claimed again within the fetch, handed out once
+        assert [e["code"] for e in got[0]["errors"]] == ["lease_expired"] * (got[0]["attempt"] - 1)
+        assert (await engine.ops.info(got[0]["id"]))["attempt"] == got[0]["attempt"]  # as last claimed
+    finally:
+        await engine.stop()
+
+
+async def test_an_ack_that_loses_its_compare_and_set_to_the_workers_heartbeat_is_tried_again(servers, store):
+    """A worker's heartbeat and its ack may reach two servers at once: the ack that loses its
+    compare-and-set to the heartbeat is read again and stored, not refused with a 409 (which a
+    worker takes as "already acked", so the job would run again when its lease ran out)."""
+    one, other = servers
+    await push(one, job())
+    [got] = await one.ops.fetch(["q"], 1, "w", 60_000)
+    one.ops.mine.clear()  # the ack reaches a server that holds no copy of the job
+    read, beats = store.get, []
+
+    async def read_then_beat(key: str):
+        held = await read(key)
+        if key == got["id"] and len(beats) < 2 and not beats.count("now"):  # lands between read and CAS
+            beats.append("now")
+            answer = await other.ops.heartbeat("w", [key], 60_000)
+            beats[-1] = answer["jobs_extended"]
+        return held
+
+    store.get = read_then_beat
+    assert (await one.ops.ack(got["id"]))["state"] == "completed"
+    assert beats == [[got["id"]], [got["id"]]]  # two heartbeats won a compare-and-set over the ack
+
+
 async def test_events_of_both_servers_are_listed_by_either_and_a_cursor_reads_on_at_the_other(servers):
     one, other = servers
     first = await push(one, job())

@@ -4,6 +4,7 @@ Before the crash: 250 jobs available, 250 active (half of them acked: completed)
 250 retryable, the last two due while everything is down, the active ones' leases too. After the
 restart a worker drains every queue. Counted: every job completed, none lost, no acked job fetched
 again, and the timers that fell due in the outage fired after the restart (no job ran before it).
+NATS goes first: while it is away, the server's health answers 503 (a load balancer's readiness).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import time
 from datetime import datetime, timedelta, timezone
+
+import aiohttp
 
 from seamq.dev.embedded import NatsServer
 from seamq.jobs.client import JobsClient
@@ -47,6 +50,23 @@ async def drain(client: JobsClient, want: set[str], seconds: float) -> list[str]
     raise AssertionError(f"not every job completed in {seconds} s")
 
 
+async def health_while_nats_is_away(url: str) -> tuple[int, str]:
+    """What the server's health says once it has lost NATS; a push meanwhile is refused with OJS's
+    backend codes (a client tries again, at this server or another), never a bare 500."""
+    deadline = time.monotonic() + 30
+    async with aiohttp.ClientSession() as http:
+        while True:
+            async with http.get(f"{url}/ojs/v1/health") as answer:
+                if answer.status != 200 or time.monotonic() > deadline:
+                    health = answer.status, (await answer.json())["status"]
+                    break
+            await asyncio.sleep(0.1)
+        async with http.post(f"{url}/ojs/v1/jobs", json={"type": "t.away", "args": []}) as answer:
+            refused = answer.status, (await answer.json())["error"]["code"]
+    assert refused in ((503, "backend_unavailable"), (504, "backend_timeout")), refused
+    return health
+
+
 async def test_kill_9_of_server_and_nats_loses_no_job_and_runs_no_acked_job_again(tmp_path):
     nats = NatsServer(tmp_path / "nats")
     nats.start()
@@ -77,8 +97,10 @@ async def test_kill_9_of_server_and_nats_loses_no_job_and_runs_no_acked_job_agai
         assert before == {"available": {"available"}, "active": {"active", "completed"},
                           "scheduled": {"scheduled"}, "retryable": {"retryable"}}
 
-        server.kill()
         nats.kill()
+        assert await health_while_nats_is_away(server.url) == (503, "degraded")  # out of a load balancer's pool
+        server.kill()
+        assert "Traceback" not in server.log()
         crashed_at = datetime.now(timezone.utc)
         assert crashed_at < datetime.fromisoformat(due), "the scheduled jobs must fall due in the outage"
         # Schedules, backoffs and leases all fall due while nothing runs.

@@ -63,6 +63,8 @@ async def test_writes_are_compare_and_set_and_a_batch_is_all_or_none(store):
     assert {k: v for k, v in record.items() if v is not None} == {"id": "a", "n": 2}  # a job's usual nulls aside
     await store.delete("a")
     assert await store.get("a") is None
+    [again] = await store.commit([Write("a", {"id": "a", "n": 5})])  # a deleted key is created anew
+    assert (await store.get("a"))[1] == again
 
 
 async def test_several_records_in_one_read(store):

@@ -158,7 +158,8 @@ def dev(
     demo: bool = typer.Option(True, "--demo/--no-demo", help="Write a demo workload (1% poison)."),
     run_for: Optional[float] = typer.Option(None, "--run-for", help="Stop after this many seconds."),
     cluster: int = typer.Option(1, "--cluster", min=1, max=5,
-                                help="Embedded NATS as a JetStream cluster of this many servers (streams R3)."),
+                                help="Embedded NATS as a JetStream cluster of this many servers (streams R3), "
+                                     "and as many job servers."),
     services_only: bool = typer.Option(False, "--services-only",
                                        help="Only NATS and PostgreSQL, migrated and provisioned with your "
                                             "topology, until Ctrl-C: you run your own services and workers "

@@ -114,7 +114,7 @@ async def run_dev(
         log_file = stack.enter_context(open(data_dir / "seamq.log", "a"))
         configure_logging(settings.log_level, file=log_file)
         await run_workers(settings, topology, stop, console=console, demo=demo, run_for=run_for,
-                          log_path=data_dir / "seamq.log", jobs_port=jobs_port)
+                          log_path=data_dir / "seamq.log", jobs_port=jobs_port, job_servers=cluster)
         console.print("stopped")
 
 
@@ -137,9 +137,10 @@ async def serve_only(settings: Settings, stop: asyncio.Event, *, console: Consol
 
 
 async def run_workers(settings: Settings, topology: Topology, stop: asyncio.Event, *, console: Console,
-                      demo: bool, run_for: float | None, log_path: Path, jobs_port: int | None = None) -> None:
+                      demo: bool, run_for: float | None, log_path: Path, jobs_port: int | None = None,
+                      job_servers: int = 1) -> None:
     """Relay, one consumer per topology consumer (each with its context's handler service), DLQ replay,
-    the job server (when `jobs_port`), demo, dashboard."""
+    `job_servers` job servers (when `jobs_port`, from that port on), demo, dashboard."""
     secret = secrets.token_hex(16)
     services = HandlerServices(sorted(topology.contexts), secret)
     await services.start()
@@ -160,15 +161,17 @@ async def run_workers(settings: Settings, topology: Topology, stop: asyncio.Even
         from seamq.http.listen import listening_socket
         from seamq.jobs.serve import serve as serve_jobs
 
-        jobs_port = _port(jobs_port)
-        sock = listening_socket("127.0.0.1", jobs_port)  # listening before "ready" is said
-        tasks.append(asyncio.create_task(serve_jobs(settings, host="127.0.0.1", port=jobs_port, stop=stop,
-                                                    sock=sock)))
-        table.add_row("job server (OJS)", f"http://127.0.0.1:{jobs_port}/ojs/v1")
+        # With a cluster, one job server per NATS node, as behind a load balancer in production: any
+        # of them answers any request (docs/jobs.md, "Several servers").
+        for n in range(job_servers):
+            port = _port(jobs_port + n)
+            sock = listening_socket("127.0.0.1", port)  # listening before "ready" is said
+            tasks.append(asyncio.create_task(serve_jobs(settings, host="127.0.0.1", port=port, stop=stop, sock=sock)))
+            table.add_row("job server (OJS)", f"http://127.0.0.1:{port}/ojs/v1")
     console.print(table)
-    console.print(f"[bold green]ready[/bold green]: relay, {len(topology.consumers)} consumers, DLQ replay"
-                  f"{', job server' if jobs_port is not None else ''}{', demo workload' if demo else ''}; "
-                  f"logs in {log_path}; Ctrl-C to stop")
+    jobs = "" if jobs_port is None else ", job server" if job_servers == 1 else f", {job_servers} job servers"
+    console.print(f"[bold green]ready[/bold green]: relay, {len(topology.consumers)} consumers, DLQ replay{jobs}"
+                  f"{', demo workload' if demo else ''}; logs in {log_path}; Ctrl-C to stop")
     try:
         if run_for:
             if not await sleep_unless_stopped(stop, run_for):

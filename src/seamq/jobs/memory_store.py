@@ -15,9 +15,8 @@ from seamq.jobs.ports import Conflict, Fired, Taken, Write
 
 
 ACK_WAIT = timedelta(seconds=30)  # a fired timer not `done` by then is handed out again (a server died)
-
-
 LOG_KEPT = 10_000  # batches of events, as the NATS store keeps
+
 
 class Clock:
     def __init__(self, start: datetime | None = None) -> None:
@@ -34,6 +33,7 @@ class MemoryJobStore:
     def __init__(self, clock: Clock | None = None) -> None:
         self.clock = clock or Clock()
         self.records: dict[str, tuple[dict, int]] = {}
+        self.replica: dict[str, tuple[dict, int]] | None = None  # what get_many sees while it lags
         self.revision = 0
         self.seq = itertools.count(1)
         # queue -> priority -> entries in the order offered: (seq, job id, revision, deliveries)
@@ -57,7 +57,16 @@ class MemoryJobStore:
         return (copy.deepcopy(held[0]), held[1]) if held else None
 
     async def get_many(self, keys: list[str]) -> dict[str, tuple[dict, int]]:
-        return {key: held for key in keys if (held := await self.get(key)) is not None}
+        seen = self.records if self.replica is None else self.replica
+        return {key: (copy.deepcopy(seen[key][0]), seen[key][1]) for key in keys if key in seen}
+
+    def lag(self) -> None:
+        """From now until `catch_up`, `get_many` answers as a replica that applied nothing after now
+        (as NATS' direct gets may): for tests of what the engine decides on such reads."""
+        self.replica = copy.deepcopy(self.records)
+
+    def catch_up(self) -> None:
+        self.replica = None
 
     async def commit(self, writes: list[Write]) -> list[int]:
         for write in writes:  # every check first: all or none
@@ -224,6 +233,9 @@ class MemoryJobStore:
 
     async def take_unique(self, fingerprint: str, job_id: str, period: float | None) -> None:
         self.locks[fingerprint] = (job_id, self.clock() + timedelta(seconds=period) if period else None)
+
+    def reachable(self) -> bool:
+        return True
 
     async def wipe(self) -> None:
         followers = self.followers

@@ -4,8 +4,8 @@ seamq.jobs.nats_store's adapter.
 - Stream `OJS_READY` (work queue): an empty entry per available job, on
   `ojs.ready.{queue}.p{priority + 100:03d}.{id}`, written before the record that makes the job
   available; one durable pull consumer per queue and priority (`...p{nnn}.*`), shared by every
-  server. A taken entry is held: for the default visibility timeout by the consumer's own ack wait,
-  for another one by a NAK with that delay. JetStream delivers it again when the hold ends unless
+  server. A taken entry is held by a NAK with the visibility timeout as its delay (the consumer's
+  own ack wait, 30 s, covers the moment between the pull and the NAK). JetStream delivers it again when the hold ends unless
   it is acked first (`+ACK`, from any connection, to the reply subject the job's record keeps). A
   heartbeat is another NAK with a delay. A job cancelled while it waits has its entry purged.
 - The order between priorities is the store's: a queue's priorities are a record (`prio.{queue}`)
@@ -22,7 +22,6 @@ import json
 
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, RetentionPolicy, StorageType, StreamConfig
 
-from seamq.jobs import model
 from seamq.jobs.nats_records import RECORD_TTL_SECONDS
 from seamq.jobs.ports import Conflict, Taken, Write
 from seamq.observability import log
@@ -30,7 +29,11 @@ from seamq.observability import log
 READY, DONE, EVENTS = "OJS_READY", "OJS_DONE", "OJS_EVENTS"
 LOG_KEPT = 10_000  # batches of events
 REPLY_WAIT = 5.0  # seconds for the server's answer to a no_wait pull (it answers at once; this only bounds it)
-HELD = model.DEFAULT_VISIBILITY_MS / 1000  # a ready consumer's ack wait: the hold of an entry taken for so long
+# A ready consumer's ack wait: how long an entry pulled but never held waits before it comes again.
+# Short, because the server that pulled it may die before its NAK sets the hold (kill -9 mid-fetch),
+# or its pull may fail half answered; as long as the default visibility timeout (1,800 s), that left
+# jobs unseen for half an hour (the R3 kill test: 19 of 5,000 still available at its end).
+PULLED_WAIT = 30
 
 
 def _subject(queue: str, priority: int, job_id: str = "*") -> str:
@@ -105,7 +108,7 @@ class ReadyOrder:
         durable = "ready-" + subject.removeprefix("ojs.ready.").removesuffix(".*").encode().hex()
         if subject not in self._made:
             await self.js.add_consumer(READY, ConsumerConfig(
-                durable_name=durable, filter_subject=subject, ack_policy=AckPolicy.EXPLICIT, ack_wait=HELD,
+                durable_name=durable, filter_subject=subject, ack_policy=AckPolicy.EXPLICIT, ack_wait=PULLED_WAIT,
                 max_deliver=-1, deliver_policy=DeliverPolicy.ALL, max_ack_pending=100_000))
             self._made.add(subject)
         return durable
@@ -137,13 +140,18 @@ class ReadyOrder:
 
     async def take(self, queue: str, count: int, hold_seconds: float) -> list[Taken]:
         out: list[Taken] = []
+        # The queue's priorities as last stored, not as the watch has told this server so far: a job
+        # pushed through another server a moment ago may be at a priority (or in a queue) this one
+        # has not heard of yet, and a fetch must find it (conformance, two servers, on a busy machine).
+        held = await self.get(f"prio.{queue}")
+        if held is not None:
+            self._priorities[queue] = {*self._priorities.get(queue, ()), *held[0]["priorities"]}
         for priority in sorted(self._priorities.get(queue, ()), reverse=True):
             if len(out) >= count:
                 break
             durable = await self._consumer(_subject(queue, priority))
             for m in await self._pull_now(durable, count - len(out)):
-                if hold_seconds != HELD:  # else the consumer's ack wait is the hold
-                    await self.hold(m.reply, hold_seconds)
+                await self.hold(m.reply, hold_seconds)
                 out.append(Taken(m.subject.rsplit(".", 1)[1], str(m.metadata.sequence.stream), m.reply,
                                  m.metadata.num_delivered))
         return out

@@ -12,6 +12,7 @@ CAS, 0 meaning absent. The engine sees records as dicts and revisions as ints.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import math
 import uuid
@@ -37,7 +38,6 @@ class Records:
         self.jobs = await self._bucket(JOBS)
         self.unique = await self._bucket(UNIQUE)
         await self._allow_atomic(f"KV_{JOBS}")
-        self.jobs = await self.js.key_value(JOBS)  # bound again: its gets are direct gets now
 
     async def _bucket(self, name: str):
         try:
@@ -104,27 +104,33 @@ class Records:
         return list(range(last - len(writes) + 1, last + 1))
 
     async def _marker(self, key: str) -> int:
-        """The revision of a deleted key's marker (0 if the key never existed)."""
-        try:
-            entry = await self.jobs.get(key)
-        except KeyNotFoundError as exc:
-            return getattr(exc, "entry", None) and exc.entry.revision or 0
-        except NotFoundError:
-            return 0
-        return entry.revision if entry.value is None else 0
+        """The revision of a deleted key's marker (0 if the key never existed or holds a record)."""
+        last = await self._last(key)
+        return last[1] if last and last[0] is None else 0
 
     async def get(self, key: str) -> tuple[dict, int] | None:
-        try:
-            entry = await self.jobs.get(key)
-        except (KeyNotFoundError, NotFoundError):
-            return None
-        return None if entry.value is None else (decode(entry.value), entry.revision)
+        last = await self._last(key)
+        return (decode(last[0]), last[1]) if last and last[0] is not None else None
+
+    async def _last(self, key: str) -> tuple[bytes | None, int] | None:
+        """The key's last message as last stored, asked of the stream's leader (`STREAM.MSG.GET`):
+        (its record, None for a delete marker; its revision), or None. A direct get, which KV uses,
+        may be answered by a replica that has not yet applied the last writes, and a refusal or a
+        dropped entry decided on such a read loses a job (found by the R3 kill test)."""
+        answer = json.loads((await self.replies.request(f"$JS.API.STREAM.MSG.GET.KV_{JOBS}", json.dumps(
+            {"last_by_subj": f"$KV.{JOBS}.{key}"}).encode())).data)
+        if "error" in answer:
+            if answer["error"].get("code") == 404:
+                return None
+            raise APIError.from_error(answer["error"])
+        message = answer["message"]
+        marker = not message.get("data") or b"KV-Operation" in base64.b64decode(message.get("hdrs") or "")
+        return None if marker else base64.b64decode(message["data"]), message["seq"]
 
     async def get_many(self, keys: list[str]) -> dict[str, tuple[dict, int]]:
         """Batched direct gets of the keys' last records (nats-server 2.11+), each answered as a run
-        of messages ended by a status; at most MULTI_GET keys a request (more are refused)."""
-        if len(keys) < 2:
-            return {k: held for k in keys if (held := await self.get(k)) is not None}
+        of messages ended by a status; at most MULTI_GET keys a request (more are refused). Any
+        replica may answer, so a record may be older than the last one stored: the port says so."""
         out: dict[str, tuple[dict, int]] = {}
         for start in range(0, len(keys), MULTI_GET):
             subjects = [f"$KV.{JOBS}.{key}" for key in keys[start:start + MULTI_GET]]

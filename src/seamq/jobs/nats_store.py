@@ -60,6 +60,9 @@ class NatsJobStore(Records, ReadyOrder, Clocks):
         except BadRequestError:  # it exists: as configured now
             await self.js.update_stream(config)
 
+    def reachable(self) -> bool:
+        return self.nc.is_connected
+
     async def wipe(self) -> None:
         """Empty every OJS bucket and stream (`POST /ojs/v1/admin/reset`, test mode)."""
         for key in [r["_key"] for prefix in FOLLOWED for r, _ in await self.scan(prefix) if "_key" in r]:

@@ -1,5 +1,5 @@
-"""A job's life over the store port (push, fetch, ack, nack, heartbeat, cancel) and its clocks, for
-servers that keep no index: any number of them serve the same queues. Each state change is a
+"""A job's life over the store port (push, fetch, ack, nack, heartbeat, cancel; its clocks in
+seamq.jobs.job_clocks), for servers that keep no index: any number of them serve the same queues. Each state change is a
 transition of seamq.jobs.job, stored by compare-and-set.
 
 What a new state needs is written before it: the entry of a job that becomes available, the timers
@@ -21,8 +21,9 @@ from seamq.jobs import job as J
 from seamq.jobs import attempts, model, unique
 from seamq.jobs.activity import Workers
 from seamq.jobs.events import Events
+from seamq.jobs.job_clocks import JobClocks
 from seamq.jobs.model import OjsError, conflict, not_found
-from seamq.jobs.ports import Conflict, Fired, JobStore, Taken, Write
+from seamq.jobs.ports import Conflict, JobStore, Taken, Write
 from seamq.jobs.queues import Queues
 from seamq.observability import log
 
@@ -35,7 +36,11 @@ WAITING_TIMERS = {"run", "expire"}
 EARLY_ENTRY_TRIES = 12  # an entry taken before its record was stored comes again, for about 40 s
 
 
-class Operations:
+class Lost(OjsError):
+    """A compare-and-set lost: the job changed after it was read (read it again and try again)."""
+
+
+class Operations(JobClocks):
     def __init__(self, store: JobStore, queues: Queues, events: Events, *, clock: Callable[[], datetime] =
                  model.utcnow, rng: random.Random | None = None, test_mode: bool = False) -> None:
         self.store, self.queues, self.events, self.clock = store, queues, events, clock
@@ -85,18 +90,23 @@ class Operations:
             "ack, nack or heartbeat within the visibility timeout: the job went back to its queue"})
 
     async def change(self, job_id: Any, move: Callable[[J.Job], J.Job]) -> tuple[J.Job, J.Job, dict]:
-        """Apply `move` to the job as last stored here (else as read) and store it; read and try once
-        more when the copy held here was stale. (before, after, after's record)."""
+        """Apply `move` to the job as last stored here (else as read) and store it. (before, after,
+        after's record.) A copy held here that moved on through another server is read again; a
+        compare-and-set lost to a write made meanwhile (the same worker's heartbeat, a timer) is read
+        and tried again: only a move that the job's state as last stored refuses is refused."""
         held = self.mine.get(job_id) if isinstance(job_id, str) else None
-        while True:
+        for _ in range(TRIES):
             job, revision = held if held is not None else await self.load(job_id)
             try:
                 moved = move(job)
                 return job, moved, (await self._store(moved, revision, job))[1]
+            except Lost:
+                held = None
             except OjsError as exc:
                 if held is None or exc.status != 409:
                     raise
-                held = None  # the copy held here was stale (moved on through another server): read it
+                held = None
+        raise conflict(f"job {job_id} kept changing while this request tried to change it; try again")
 
     async def _store(self, job: J.Job, revision: int, before: J.Job | None = None) -> tuple[int, dict]:
         """Write a job's next state by CAS, with its workflow's next move when it ended. What the new
@@ -118,7 +128,7 @@ class Operations:
             except Conflict:
                 current = await self.store.get(job.id) if len(writes) > 1 and attempt < TRIES - 1 else None
                 if current is None or current[1] != revision:
-                    raise conflict(f"job {job.id} changed meanwhile; read it again") from None
+                    raise Lost(409, "conflict", f"job {job.id} changed meanwhile; read it again") from None
                 # the job is as it was: its workflow moved on meanwhile (another of its jobs ended)
         stored = revisions[0]
         if job.state == J.State.ACTIVE:
@@ -144,11 +154,6 @@ class Operations:
         if len(self.mine) > MINE_KEPT:  # acked through another server: forget the oldest
             del self.mine[next(iter(self.mine))]
 
-    async def arm(self, kind: str, key: str, at: datetime, token: dict) -> None:
-        """In the store (fires once, to one server, whatever dies); if due soon, also here, on time."""
-        await self.store.arm(kind, key, at, token)
-        self.soon(kind, key, at, token)
-
     async def ready(self, job: J.Job) -> None:
         """Before a job's new state is stored: its entry when it becomes available, and its clocks."""
         if job.state == J.State.AVAILABLE:
@@ -158,6 +163,16 @@ class Operations:
                 kind = "expire" if timer.kind == "expire" else \
                     "retry" if job.state == J.State.RETRYABLE else "scheduled"
                 await self.arm(kind, J.timer_key(job), timer.at, {"attempt": timer.attempt})
+
+    @staticmethod
+    def _lease(job: J.Job, visibility: Any) -> timedelta:
+        return timedelta(milliseconds=model.visibility_ms({"options": job.options}, visibility))
+
+    async def _cancelled(self, job_id: Any) -> bool:
+        try:
+            return (await self.load(job_id))[0].state == J.State.CANCELLED
+        except OjsError:
+            return False
 
     # ---- producers --------------------------------------------------------------------------------
 
@@ -257,35 +272,57 @@ class Operations:
                         out.append(model.public(claimed))
                         got += 1
             await self.queues.give_back(queue, allowed - got)
-        return out
+        # A fetch slower than a lease (a starved server) may meet its own claim again, run out, and
+        # claim the job anew: the worker gets the job once, as last claimed.
+        return list({job["id"]: job for job in out}.values())
 
     async def _claim(self, taken: Taken, held: tuple[dict, int] | None, worker_id: str | None, visibility: Any,
                      hold: float) -> dict | None:
-        job, revision = (J.from_record(held[0]), held[1]) if held else (None, 0)
-        now = self.clock()
-        if job is not None and job.state == J.State.ACTIVE and job.entry == taken.entry:
-            if job.lease_until and job.lease_until > now:  # extended while the hold was running out
-                await self.store.hold(taken.hold, (job.lease_until - now).total_seconds())
+        """Claim the job of an entry taken, read with the fetch's batch (`get_many`, which may lag the
+        last write): what that read shows is tried, and anything else is decided again on the record
+        as last stored, so no entry is dropped for a record a replica had not yet applied."""
+        for latest in (False, True, True):  # the hint, then the record as last stored (again if a CAS lost)
+            if latest:
+                held = await self.store.get(taken.job_id)
+            job, revision = (J.from_record(held[0]), held[1]) if held else (None, 0)
+            now = self.clock()
+            if job is not None and job.state == J.State.ACTIVE and job.entry == taken.entry:
+                if job.lease_until and job.lease_until > now:  # extended while the hold was running out
+                    if latest:
+                        await self.store.hold(taken.hold, (job.lease_until - now).total_seconds())
+                        return None
+                    continue
+                job = self._lease_expired(job)
+            elif job is None or job.state != J.State.AVAILABLE:
+                if not latest:
+                    continue
+                # Entries are offered before the record that says so: the change may be on its way (it
+                # comes again shortly), or it never came or moved on long since (the entry is dropped).
+                await (self.store.hold(taken.hold, min(0.05 * 2 ** taken.deliveries, 5.0))
+                       if taken.deliveries < EARLY_ENTRY_TRIES else self.store.settle(taken.hold))
                 return None
-            job = self._lease_expired(job)
-        elif job is None or job.state != J.State.AVAILABLE:
-            # Entries are offered before the record that says so: the change may be on its way (it comes
-            # again shortly), or it never came or moved on long since (then the entry is dropped).
-            await (self.store.hold(taken.hold, min(0.05 * 2 ** taken.deliveries, 5.0))
-                   if taken.deliveries < EARLY_ENTRY_TRIES else self.store.settle(taken.hold))
-            return None
-        if job.expires and job.expires <= now:
-            return await self._expire_taken(job, revision, taken)
-        lease = timedelta(milliseconds=model.visibility_ms({"options": job.options}, visibility))
-        claimed = J.claimed(job, now, worker_id, lease, taken.entry, taken.hold)
+            if job.expires and job.expires <= now:
+                if await self._expire_taken(job, revision, taken):
+                    return None
+                continue
+            claimed = await self._claimed(job, revision, taken, worker_id, visibility, hold)
+            if claimed is not None:
+                return claimed
+        await self.store.settle(taken.hold)  # claimed through another entry of it, or moved on, as it was read
+        return None
+
+    async def _claimed(self, job: J.Job, revision: int, taken: Taken, worker_id: str | None, visibility: Any,
+                       hold: float) -> dict | None:
+        """The claim's CAS; None when it lost (claimed through another entry of it, or moved on)."""
+        lease = self._lease(job, visibility)
+        claimed = J.claimed(job, self.clock(), worker_id, lease, taken.entry, taken.hold)
         record = J.to_record(claimed)
         if claimed.timeout_ms:  # armed first: one that comes before the claim is stored waits for it
             at = claimed.started_at + timedelta(milliseconds=claimed.timeout_ms)
             await self.arm("timeout", J.timer_key(claimed), at, {"attempt": claimed.attempt})
         try:
             [stored] = await self.store.commit([Write(job.id, record, revision)])
-        except Conflict:  # claimed through another entry of it, or moved on, since it was read
-            await self.store.settle(taken.hold)
+        except Conflict:
             return None
         self._keep(claimed, stored)
         if abs(lease.total_seconds() - hold) > 0.001:
@@ -293,13 +330,15 @@ class Operations:
         await self.events.emit("job.started", record)
         return record
 
-    async def _expire_taken(self, job: J.Job, revision: int, taken: Taken) -> None:
+    async def _expire_taken(self, job: J.Job, revision: int, taken: Taken) -> bool:
+        """Expire a job met in its entry past its time; False when it moved on meanwhile."""
         try:
             await self._store(J.expired(job, self.clock()), revision, job)
-            await self.events.emit("job.expired", J.to_record(job))
         except OjsError:
-            pass
+            return False
+        await self.events.emit("job.expired", J.to_record(job))
         await self.store.settle(taken.hold)
+        return True
 
     async def ack(self, job_id: Any, result: Any = None) -> dict:
         before, done, record = await self.change(job_id, lambda job: J.completed(job, self.clock(), result))
@@ -341,60 +380,18 @@ class Operations:
         extended, cancelled = [], []
         for job_id in ids:
             try:
-                job, revision = await self.load(job_id)
-            except OjsError:
+                before, longer, _ = await self.change(
+                    job_id, lambda job: J.extended(job, now, self._lease(job, visibility)))
+            except OjsError:  # not active (finished, cancelled, released), or no such job: not extended
+                if await self._cancelled(job_id):
+                    cancelled.append(job_id)
                 continue
-            if job.state == J.State.CANCELLED:
-                cancelled.append(job_id)
-            if job.state != J.State.ACTIVE:
-                continue
-            lease = timedelta(milliseconds=model.visibility_ms({"options": job.options}, visibility))
-            longer = J.extended(job, now, lease)
-            try:
-                stored = (await self.store.commit([Write(job.id, J.to_record(longer), revision)]))[0]
-            except Conflict:
-                continue
-            self._keep(longer, stored)
-            await self.store.hold(job.hold, lease.total_seconds())
+            await self.store.hold(longer.hold, (longer.lease_until - now).total_seconds())
             extended.append(job_id)
-            hook = ((job.options or {}).get("metadata") or {}).get("test_directive")
+            hook = ((before.options or {}).get("metadata") or {}).get("test_directive")
             if self.test_mode and hook in ("quiet", "terminate"):
                 directive = hook
         if cancelled and len(cancelled) == len(ids):
             directive = "terminate"
         return {"state": directive, "jobs_extended": extended, "jobs_cancelled": cancelled,
                 "server_time": model.iso(now)}
-
-    # ---- clocks -----------------------------------------------------------------------------------
-
-    async def fire(self, fired: Fired) -> bool:
-        """A job's timer came due (to this server alone): move the job if the timer still applies.
-        False when the change it was armed for is not stored yet (timers are armed first): it is
-        then handed out again a little later, a few times, and dropped if that change never came."""
-        held = await self.store.get(fired.key.rsplit(".", 1)[-1])
-        attempt = fired.token.get("attempt")
-        if held is None:
-            return fired.kind not in ("scheduled", "expire")  # a push not stored yet, or never
-        job, revision = J.from_record(held[0]), held[1]
-        if (fired.kind == "retry" and job.state == J.State.ACTIVE and job.attempt == attempt) or \
-                (fired.kind == "timeout" and job.state == J.State.AVAILABLE and job.attempt + 1 == attempt):
-            return False  # the failure, or the claim, not stored yet
-        if attempt == job.attempt:
-            await self._due(fired.kind, job, revision)
-        return True
-
-    async def _due(self, kind: str, job: J.Job, revision: int) -> None:
-        now = self.clock()
-        try:
-            if kind in ("scheduled", "retry") and job.state in (J.State.SCHEDULED, J.State.RETRYABLE):
-                await self._store(J.due(job, now), revision, job)
-            elif kind == "expire" and job.state in J.WAITING:
-                expired = J.expired(job, now)
-                await self._store(expired, revision, job)
-                await self.events.emit("job.expired", J.to_record(expired))
-            elif kind == "timeout" and job.state == J.State.ACTIVE:
-                error = {"code": "timeout", "type": "timeout", "message": f"exceeded timeout_ms={job.timeout_ms}"}
-                failed = J.failed(job, now, error, self.rng)
-                await self._failed(failed, (await self._store(failed, revision, job))[1])
-        except OjsError:  # another server or request moved it first: the timer no longer applies
-            pass

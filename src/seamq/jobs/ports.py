@@ -10,7 +10,7 @@ Three parts, none of which keeps the whole backlog in a server's memory:
 - timers: (kind, key) fires once at its time; a new one for the same kind and key replaces it.
 
 An entry or a timer may be stale (its job moved on since): the engine checks each against the
-record, by revision or attempt, and drops what no longer applies.
+record as last stored (`get`), by revision or attempt, and drops what no longer applies.
 """
 
 from __future__ import annotations
@@ -56,10 +56,13 @@ class Fired:
 
 
 class JobStore(Protocol):
-    async def get(self, key: str) -> tuple[dict, int] | None: ...
+    async def get(self, key: str) -> tuple[dict, int] | None:
+        """The record as last stored (read your writes): what a refusal or a dropped entry is decided on."""
 
     async def get_many(self, keys: list[str]) -> dict[str, tuple[dict, int]]:
-        """Several records in one read: those that exist, by key."""
+        """Several records in one read: those that exist, by key. Cheaper than `get`, and possibly
+        older than the last write (a replica may answer): a hint to act on, checked by CAS, never a
+        reason to refuse or to drop anything."""
 
     async def commit(self, writes: list[Write]) -> list[int]:
         """All the writes or none; the new revisions, in order. Raises Conflict."""
@@ -142,6 +145,9 @@ class JobStore(Protocol):
 
     async def take_unique(self, fingerprint: str, job_id: str, period: float | None) -> None:
         """Give the lock to `job_id` whoever holds it."""
+
+    def reachable(self) -> bool:
+        """Whether the store can be asked now (the readiness a load balancer probes)."""
 
     async def wipe(self) -> None:
         """Empty the store (test mode's reset)."""

@@ -154,7 +154,12 @@ def core(engine: Engine, conformance_level: int) -> list[Route]:
         return answer(queue_answer(await engine.queues.stats(request.path_params["name"])))
 
     async def health(request: Request) -> Response:
-        return answer({"status": "ok", "version": VERSION})
+        """200 while NATS answers; 503 while it is away, so a load balancer sends requests elsewhere
+        (the process is not broken: NATS' client connects again by itself)."""
+        if engine.store.reachable():
+            return answer({"status": "ok", "version": VERSION, "backend": {"type": "nats", "status": "connected"}})
+        return answer({"status": "degraded", "version": VERSION, "backend": {"type": "nats", "status":
+                                                                             "disconnected"}}, 503)
 
     async def manifest(request: Request) -> Response:
         return answer({
