@@ -156,9 +156,9 @@ async def test_three_servers_on_an_r3_cluster_through_kill_9_of_one_and_of_a_nat
                     if time.monotonic() >= deadline:  # say what became of the jobs not done
                         late = [i for i in ids if workers.effects.get(i) != 1][:20]
                         states = [await workers._call(0, lambda c, i=i: c.info(i)) for i in late]
+                        seen = [(j["id"], j["state"], j["attempt"], workers.effects.get(j["id"])) for j in states]
                         raise AssertionError(f"{await completed()} of {count} jobs done in {seconds} s; not done: "
-                                             f"{[(j['id'], j['state'], j['attempt'], workers.effects.get(j['id'])) for j in states]}"
-                                             f"\n{[(i, workers.trail[i]) for i in late[:5]]}\n{states[:2]}")
+                                             f"{seen}\n{[(i, workers.trail[i]) for i in late[:5]]}\n{states[:2]}")
                     assert not any(t.done() for t in loops), [t.exception() for t in loops if t.done()]
                     await asyncio.sleep(0.1)
 

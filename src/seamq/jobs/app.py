@@ -58,8 +58,9 @@ def build_app(engine: Engine, *, test_mode: bool = False, conformance_level: int
         log.error("ojs_request_failed", path=request.url.path, error=f"{type(exc).__name__}: {exc}")
         return answer(OjsError(500, "backend_error", "internal error; see the server log").body(), 500)
 
-    app = Starlette(routes=table, exception_handlers={
-        OjsError: ojs_error, HTTPException: http_error, **{kind: unreachable for kind in UNREACHABLE}, Exception: crash})
+    handlers = {OjsError: ojs_error, HTTPException: http_error, **{kind: unreachable for kind in UNREACHABLE},
+                Exception: crash}
+    app = Starlette(routes=table, exception_handlers=handlers)
     return OjsHeaders(Guard(app, tokens))
 
 

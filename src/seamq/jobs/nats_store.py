@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import asyncio
 
+import nats.errors
 from nats.aio.client import Client
 from nats.js.api import StreamConfig
-from nats.js.errors import BadRequestError
+from nats.js.errors import BadRequestError, ServiceUnavailableError
 
 from seamq.jobs.nats_clocks import TIMERS, Clocks
 from seamq.jobs.nats_ready import DONE, EVENTS, READY, ReadyOrder
@@ -26,7 +27,9 @@ from seamq.jobs.nats_records import JOBS, UNIQUE, Records
 from seamq.model import JOBS_STREAM
 from seamq.nats.provision import cluster_size
 from seamq.nats.replies import Replies
+from seamq.observability import log
 
+START_BACKOFF = (0.5, 1, 2, 4, 5, 5, 5)  # seconds between the tries of a start
 FOLLOWED = ("queue.", "system.", "limit.", "schema.", "cron.", "prio.")  # wiped with delete markers
 
 
@@ -40,18 +43,36 @@ class NatsJobStore(Records, ReadyOrder, Clocks):
         self._timers = self._intake = None
 
     async def start(self) -> "NatsJobStore":
+        """Make or update every resource, and start following. Servers started together on a new
+        cluster ask the meta leader to make the same streams at once, and some of those requests
+        time out (2 of 3 servers started at once failed so): each start is tried again, backing off."""
         await self.replies.start()
+        for attempt, delay in enumerate(START_BACKOFF, 1):
+            try:
+                return await self._start_parts()
+            except (nats.errors.TimeoutError, ServiceUnavailableError) as exc:
+                log.warning("ojs_store_start_again", attempt=attempt, error=f"{type(exc).__name__}: {exc}")
+                await self._stop_following()
+                await asyncio.sleep(delay)
+        return await self._start_parts()
+
+    async def _start_parts(self) -> "NatsJobStore":
         await self._start_records()
         await self._start_clocks()
         await self._start_ready()
         return self
 
-    async def close(self) -> None:
+    async def _stop_following(self) -> None:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self._close_ready()
+        self._tasks.clear()
         await self._close_clocks()
+        self._timers = self._intake = None
+
+    async def close(self) -> None:
+        await self._stop_following()
+        await self._close_ready()
         await self.replies.close()
 
     async def _stream(self, config: StreamConfig) -> None:

@@ -1,6 +1,6 @@
 """A job's life over the store port (push, fetch, ack, nack, heartbeat, cancel; its clocks in
-seamq.jobs.job_clocks), for servers that keep no index: any number of them serve the same queues. Each state change is a
-transition of seamq.jobs.job, stored by compare-and-set.
+seamq.jobs.job_clocks), for servers that keep no index: any number of them serve the same queues.
+Each state change is a transition of seamq.jobs.job, stored by compare-and-set.
 
 What a new state needs is written before it: the entry of a job that becomes available, the timers
 of one that waits. A server that dies between the two leaves an entry or a timer that is dropped
