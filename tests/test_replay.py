@@ -197,3 +197,73 @@ async def test_a_replay_runs_only_in_the_consumer_it_is_for_and_each_consumers_r
     finally:
         stop.set()
         await asyncio.wait_for(asyncio.gather(*workers), 30)
+
+
+async def test_an_edited_copy_runs_only_in_the_consumer_that_dead_lettered_it_and_a_bad_edit_sends_nothing(
+        dsn, nats_server, nc, tmp_path):
+    """Edit and replay (seamq.dlq_desk, the console's): a new message for one consumer; the original closed;
+    an edit that is not a JSON object, or of a dead letter closed already, is refused and sends nothing."""
+    import psycopg
+    import pytest
+
+    from seamq.envelope import Poison
+    from seamq.model import SeamqError
+    from seamq.nats.provision import apply
+    from seamq.pg.dlq_repo import DlqFilter
+    from seamq.topology import load_topology
+    from seamq.wiring import dlq_desk, run_consumer
+
+    path = tmp_path / "topology.yaml"
+    path.write_text(TWO_CONSUMERS)
+    topology = load_topology(path)
+    await apply(nc.jetstream(), topology)
+    seen: dict[str, list] = {"sea__from_vibespro": [], "billing__from_vibespro": []}
+
+    def handler(name):
+        async def handle(envelope, tx):
+            seen[name].append(envelope.payload)
+            if name == "sea__from_vibespro" and not envelope.payload.get("fixed"):
+                raise Poison("total must be positive")
+        return Registry(routes=(Route("vibe_created", 1, handle),))
+
+    def status(consumer, message_id):
+        with psycopg.connect(dsn) as conn:
+            found = conn.execute("SELECT status FROM inbox_messages WHERE consumer = %s AND message_id = %s",
+                                 (consumer, message_id)).fetchone()
+            return found[0] if found else None
+
+    js = nc.jetstream()
+    event = vibe("edit-me")
+    await publish(js, [event])
+    stop = asyncio.Event()
+    current = settings(dsn, nats_server.url)
+    workers = [asyncio.create_task(run_consumer(current, topology, name, stop, handler(name)))
+               for name in seen]
+    try:
+        await wait_for(lambda: status("sea__from_vibespro", event.id) == "dead_lettered", what="dead-lettered")
+        await wait_for(lambda: status("billing__from_vibespro", event.id) == "processed", what="billing's")
+        async with dlq_desk(current, topology) as desk:
+            [row] = await desk.select(DlqFilter(ids=[event.id]))
+            last = (await js.stream_info("VIBESPRO_EVENTS")).state.last_seq
+            for bad in (b"[1, 2]", b"{not json", b"\xff"):
+                with pytest.raises(SeamqError) as refused:
+                    await desk.edit_and_replay(row, bad, "test:ada")
+                assert refused.value.code.value == "INVALID_INPUT"
+            assert (await js.stream_info("VIBESPRO_EVENTS")).state.last_seq == last
+            new_id = await desk.edit_and_replay(row, b'{"n": 1, "fixed": true}', "test:ada")
+            with pytest.raises(SeamqError) as again:  # closed now: a second edit sends nothing
+                await desk.edit_and_replay(row, b'{"n": 2, "fixed": true}', "test:ada")
+            assert again.value.code.value == "NOT_FOUND"
+            actions = await desk.actions()
+        await wait_for(lambda: status("sea__from_vibespro", new_id) == "processed", what="the edited copy handled")
+        await asyncio.sleep(1.0)  # billing received it too, and must neither run nor record it
+        assert status("billing__from_vibespro", new_id) is None
+        assert seen["billing__from_vibespro"] == [{"n": 0}]
+        assert seen["sea__from_vibespro"][-1] == {"n": 1, "fixed": True}
+        assert (await js.stream_info("VIBESPRO_EVENTS")).state.last_seq == last + 1
+        assert status("sea__from_vibespro", event.id) == "exhausted"
+        assert [(a["action"], a["selected"], a["done"], a["finished_at"] is not None) for a in actions][:2] == [
+            ("dlq.edit_replay", 1, 0, True), ("dlq.edit_replay", 1, 1, True)]
+    finally:
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(*workers), 30)

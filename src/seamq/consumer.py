@@ -70,7 +70,7 @@ class _Handling:
     attempted: bool = False  # its handler ran in this lane
     dlq_seq: int | None = None  # where its dead letter was stored
     http_result: HandlerResult | None = None  # kept across a lane's redo: never call HTTP twice
-    for_another: bool = False  # a DLQ replay for another consumer of the subject: skipped
+    for_another: bool = False  # a DLQ replay or an edited copy for another consumer of the subject: skipped
 
     @property
     def ack(self) -> bool:
@@ -182,8 +182,8 @@ class InboxConsumer:
         parsed = parse_message(msg.subject, msg.headers, msg.data, delivered)
         if isinstance(parsed, Rejected):
             return _Handling(msg, None, parsed)
-        replay_for = msg.headers.get(REPLAY_CONSUMER)
-        if parsed.replay_attempt and replay_for not in (None, self.spec.name):
+        replay_for = msg.headers.get(REPLAY_CONSUMER)  # a replay, or an edited copy, is for one consumer only
+        if replay_for not in (None, self.spec.name):
             return _Handling(msg, parsed, None, for_another=True)
         work = _Handling(msg, parsed, None, self.handlers(parsed.event_type, parsed.event_version))
         if work.handler is None:

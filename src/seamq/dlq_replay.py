@@ -81,19 +81,24 @@ class Replayer:
                      subject=copy.subject, attempt=copy.replay_attempt, stream_seq=result.seq)
         return replayed
 
-    async def _copy(self, row: dict) -> Copy | None:
+    async def original(self, row: dict) -> Original | str:
+        """The message a dead-lettered inbox row stands for, whole; else why it cannot be had."""
         meta = row["dlq_metadata"] or {}
         if row["consumer"] not in self.topology.consumers or meta.get("dlq_seq") is None:
-            log.warning("replay_skipped", message_id=str(row["message_id"]), why="unknown consumer or DLQ copy")
-            return None
+            return "unknown consumer or DLQ copy"
         copy = await self.messages.get(dead_letter.stream_of(self.topology, row["consumer"]), int(meta["dlq_seq"]))
         if copy is None:
-            log.warning("replay_skipped", message_id=str(row["message_id"]), why="DLQ copy expired or purged")
-            return None
+            return "DLQ copy expired or purged"
         original = await read_original(self.messages, dead_letter.read(copy.data))
         if not original.complete:  # too big to travel inside the dead letter, and gone from its stream
-            log.warning("replay_skipped", message_id=str(row["message_id"]),
-                        why=f"original gone from stream {original.stream} (seq {original.seq})")
+            return f"original gone from stream {original.stream} (seq {original.seq})"
+        return original
+
+    async def _copy(self, row: dict) -> Copy | None:
+        meta = row["dlq_metadata"] or {}
+        original = await self.original(row)
+        if isinstance(original, str):
+            log.warning("replay_skipped", message_id=str(row["message_id"]), why=original)
             return None
         attempt = int(meta.get("replay_attempts") or 0) + 1
         return Copy(original.subject, original.headers, original.data, str(row["message_id"]),

@@ -23,6 +23,7 @@ from seamq.model import EventSubject, Header, SeamqError
 REPLAY_MESSAGE_ID = "Seamq-Message-Id"
 REPLAY_ATTEMPT = "Seamq-Replay-Attempt"
 REPLAY_CONSUMER = "Seamq-Replay-Consumer"
+EDIT_OF = "Seamq-Edit-Of"  # an edited copy of a dead letter names the original (seamq.dlq_desk)
 
 
 class Reason(str, Enum):

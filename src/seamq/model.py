@@ -59,6 +59,7 @@ class ErrorCode(str, Enum):
     REGISTRY_STALE = "REGISTRY_STALE"  # `registry check`: regenerate the module, or a change needs a new version
     NOT_FOUND = "NOT_FOUND"
     INVALID_JOB = "INVALID_JOB"  # seamq.jobs.enqueue: a job the server would refuse
+    INVALID_INPUT = "INVALID_INPUT"  # an operator's input (an edited message body, a console form) refused
     JOB_REFUSED = "JOB_REFUSED"  # the job server refused an operator's request (a job in the wrong state)
     BROKER_UNAVAILABLE = "BROKER_UNAVAILABLE"
     DATABASE_ERROR = "DATABASE_ERROR"

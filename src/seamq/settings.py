@@ -149,6 +149,29 @@ class JobsSettings(BaseModel):
         return None
 
 
+class ConsoleSettings(BaseModel):
+    """The web console (`seamq console`, docs/console.md)."""
+
+    host: str = Field("127.0.0.1", description="address to listen on; beyond loopback only with users set")
+    port: int = Field(8090, ge=0, le=65535, description="port to listen on")
+    users: SecretStr | None = Field(None, description="who may sign in: name:password:role, comma-separated; "
+                                                      "role admin (may act) or viewer (may only look)")
+    session_secret: SecretStr | None = Field(None, description="signs session cookies; default a random one per "
+                                                               "start (everyone signs in again after a restart)")
+    session_hours: float = Field(12, gt=0, description="how long a sign-in lasts")
+
+    @field_validator("users", "session_secret")
+    @classmethod
+    def _secret(cls, value: SecretStr | None) -> SecretStr | None:
+        for entry in (value.get_secret_value() if value else "").split(","):
+            parts = entry.strip().split(":")
+            if len(parts) > 1 and parts[1]:
+                register(parts[1])  # a password: never in any output (seamq.redact)
+            elif entry.strip():
+                register(entry.strip())
+        return value
+
+
 class EmbeddedSettings(BaseModel):
     """The services `seamq dev` starts when no external ones are configured."""
 
@@ -176,6 +199,7 @@ class Settings(BaseSettings):
     registry_module: Path = Path("registry_generated.py")
     embedded: EmbeddedSettings = EmbeddedSettings()
     jobs: JobsSettings = JobsSettings()
+    console: ConsoleSettings = ConsoleSettings()
     pipeline: PipelineSettings = PipelineSettings()
     log_level: str = "info"
     metrics_port: int | None = Field(None, description="serve /metrics, /healthz and /readyz on this port")

@@ -211,7 +211,7 @@ async def _close(nc) -> None:
 
 @asynccontextmanager
 async def replay_tools(settings: Settings, topology: Topology, *, persistent: bool = True,
-                       health: Health | None = None, stop: asyncio.Event | None = None):
+                       health: Health | None = None, stop: asyncio.Event | None = None, pool_size: int = 2):
     """A Replayer with its connections: for the worker (with `health` and `stop`) and for `seamq dlq replay`."""
     await migrate.require_current(settings.database_dsn())
     nc = await connect(settings.nats, name="seamq-replay", persistent=persistent)
@@ -219,7 +219,7 @@ async def replay_tools(settings: Settings, topology: Topology, *, persistent: bo
     ping = _readiness(health, stop, nc, settings.database_dsn(), sorted(
         s.name for c in topology.contexts.values() for s in (c.stream, c.dlq))) if health else None
     try:
-        async with pg_pool(settings.database_dsn(), max_size=2,
+        async with pg_pool(settings.database_dsn(), max_size=pool_size,
                            one_shot=not persistent) as pool:
             yield Replayer(PgDeadLetters(pool), JsMessageStore(nc.jetstream()), publisher, topology,
                            settings.replay.policy(), nak_max=settings.consumer.nak_max,
@@ -229,6 +229,25 @@ async def replay_tools(settings: Settings, topology: Topology, *, persistent: bo
             await ping.close()
         await publisher.close()
         await _close(nc)
+
+
+@asynccontextmanager
+async def dlq_desk(settings: Settings, topology: Topology, *, persistent: bool = False):
+    """What people do with dead letters (seamq.dlq_desk), on its own connections: `seamq dlq`, the console."""
+    from seamq.dlq_desk import DeadLetterDesk
+
+    async with replay_tools(settings, topology, persistent=persistent) as replayer:
+        yield DeadLetterDesk(replayer)
+
+
+@asynccontextmanager
+async def console_parts(settings: Settings, topology: Topology):
+    """The console's desk (seamq.dlq_desk) and overview, on one pool and one NATS connection."""
+    from seamq.console.overview import Overview
+    from seamq.dlq_desk import DeadLetterDesk
+
+    async with replay_tools(settings, topology, persistent=True, pool_size=6) as replayer:
+        yield DeadLetterDesk(replayer), Overview(replayer.dead_letters.pool, replayer.messages.js, topology)
 
 
 async def run_replay(settings: Settings, topology: Topology, stop: asyncio.Event,

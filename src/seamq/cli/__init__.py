@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from seamq.cli import db, dlq, jobs, maintenance, monitoring, outbox, pipeline, registry, workers
+from seamq.cli import console, db, dlq, jobs, maintenance, monitoring, outbox, pipeline, registry, workers
 
 app = typer.Typer(
     help="seamq: transactional outbox, JetStream relay, inbox consumers and dead letters.",
@@ -45,6 +45,7 @@ def options(
 for command in (workers.dev, workers.provision, workers.relay, workers.consume, workers.replay, maintenance.backlog):
     app.command()(command)
 app.command()(registry.asyncapi)
+app.command()(console.console)
 app.add_typer(db.app, name="db")
 app.add_typer(dlq.app, name="dlq")
 app.add_typer(registry.app, name="registry")

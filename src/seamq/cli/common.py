@@ -28,7 +28,7 @@ err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 140)
 INPUT_ERRORS = {
     ErrorCode.INVALID_CONFIG, ErrorCode.INVALID_TOPOLOGY, ErrorCode.INVALID_OUTBOX, ErrorCode.FUTURE_EVENT,
     ErrorCode.INVALID_SUBJECT, ErrorCode.DESTRUCTIVE_CHANGE, ErrorCode.INVALID_MANIFEST, ErrorCode.BREAKING_CHANGE,
-    ErrorCode.NOT_FOUND, ErrorCode.INVALID_JOB,
+    ErrorCode.NOT_FOUND, ErrorCode.INVALID_JOB, ErrorCode.INVALID_INPUT,
 }
 
 TopologyOption = typer.Option(None, "--topology", "-t", help="Topology YAML (default: the shipped SDS-047 §10 one).")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 import json
 import re
 from pathlib import Path
@@ -12,7 +13,6 @@ from rich.progress import Progress
 from rich.syntax import Syntax
 from rich.table import Table
 
-from seamq import dead_letter
 from seamq.cli.common import JsonOption, TopologyOption, console, duration, exit_with, print_json, run, settings, topology
 from seamq.model import ErrorCode, SeamqError
 
@@ -27,6 +27,7 @@ EventType = typer.Option(None, "--event-type", help="Only this event type.")
 ReasonOpt = typer.Option(None, "--reason", help="Only this reason, e.g. handler_rejected, max_deliver.")
 OlderThan = typer.Option(None, "--older-than", help="Only dead letters older than this, e.g. 1h.")
 Limit = typer.Option(1000, "--limit", help="At most this many.")
+ACTOR = f"cli:{getpass.getuser()}"  # who did it, in the record of actions (seamq.dlq_desk)
 
 
 Purged = typer.Option(False, "--purged", help="Purged dead letters too (their DLQ copy is gone).")
@@ -103,31 +104,18 @@ def show(message_id: str = typer.Argument(..., help="The message id, or its firs
     selection = _filter(None, None, None, None, None, 50, message_id, purged=True)
 
     async def go():
-        import psycopg
+        from seamq.wiring import dlq_desk
 
-        from seamq.nats.connect import connect
-        from seamq.pg import dlq_repo
+        rows = one_message(await _select(current.database_dsn(), selection), message_id, "dead letter")
+        async with dlq_desk(current, topo) as desk:  # NATS only once there is something to show
+            return await desk.detail(rows)
 
-        async with await psycopg.AsyncConnection.connect(current.database_dsn(), autocommit=True) as conn:
-            rows = await dlq_repo.with_attempts(conn, one_message(await dlq_repo.select(conn, selection), message_id,
-                                                                  "dead letter"))
-        nc = await connect(current.nats, name="seamq-dlq", persistent=False)
-        try:
-            copies = []
-            for row in rows:
-                meta = row["dlq_metadata"] or {}
-                stream = dead_letter.stream_of(topo, row["consumer"])
-                copies.append(await _dlq_copy(nc.jetstream(), stream, meta.get("dlq_seq")))
-            return rows, copies
-        finally:
-            await nc.close()
-
-    rows, copies = run(go())
+    rows = run(go())
     if as_json:
-        return print_json([{**row, "dlq_copy": copy} for row, copy in zip(rows, copies)])
-    for row, copy in zip(rows, copies):
+        return print_json(rows)
+    for row in rows:
         console.print(record_table(row, f"dead letter {row['message_id']} ({row['consumer']})"))
-        console.print(Syntax(json.dumps(copy, indent=2, ensure_ascii=False), "json", word_wrap=True))
+        console.print(Syntax(json.dumps(row["dlq_copy"], indent=2, ensure_ascii=False), "json", word_wrap=True))
 
 
 def record_table(row: dict, title: str) -> Table:
@@ -159,23 +147,18 @@ def replay(
     selection = _filter(consumer, context, event_type, reason, older_than, limit, message_id)
 
     async def go():
-        from seamq.wiring import replay_tools
+        from seamq.wiring import dlq_desk
 
         rows = await _select(current.database_dsn(), selection)
         if message_id:
             rows = one_message(rows, message_id, "dead letter")
         if not rows:
             return 0, 0
-        replayed = 0
-        async with replay_tools(current, topo, persistent=False) as replayer:
+        async with dlq_desk(current, topo) as desk:
             with Progress(console=console, transient=True) as progress:
                 task = progress.add_task("replaying", total=len(rows))
-                for start in range(0, len(rows), 100):
-                    chunk = rows[start:start + 100]
-                    async with replayer.dead_letters.transaction() as tx:
-                        replayed += await replayer.replay(tx, chunk)
-                    progress.advance(task, len(chunk))
-        return len(rows), replayed
+                done = await desk.replay(rows, ACTOR, lambda n: progress.advance(task, n))
+        return done.selected, done.done
 
     selected, replayed = run(go())
     if message_id and not selected:
@@ -201,58 +184,14 @@ def purge(
         exit_with(SeamqError(ErrorCode.INVALID_CONFIG, f"{len(rows)} dead letters selected; add --yes to purge them"))
 
     async def go():
-        import psycopg
+        from seamq.wiring import dlq_desk
 
-        from seamq.nats.connect import connect
-        from seamq.nats.messages import JsMessageStore
-        from seamq.pg import dlq_repo
+        async with dlq_desk(current, topo) as desk:
+            return await desk.purge(rows, ACTOR)
 
-        nc = await connect(current.nats, name="seamq-dlq", persistent=False)
-        messages = JsMessageStore(nc.jetstream())
-        try:
-            async with await psycopg.AsyncConnection.connect(current.database_dsn(), autocommit=True) as conn:
-                for row in rows:
-                    meta = row["dlq_metadata"] or {}
-                    if meta.get("dlq_seq") is not None:  # gone already (max_age, an earlier purge) is fine
-                        await messages.delete(dead_letter.stream_of(topo, row["consumer"]), int(meta["dlq_seq"]))
-                    await dlq_repo.mark_purged(conn, row["consumer"], row["message_id"])
-        finally:
-            await nc.close()
-
-    run(go())
-    console.print(f"purged {len(rows)} dead letters")
+    console.print(f"purged {run(go()).done} dead letters")
 
 
 def _minute(value) -> str:
     """An ISO time as people scan a list: to the minute, UTC."""
     return str(value).replace("T", " ")[:16] if value else "-"
-
-
-SHOWN_PAYLOAD = 64 * 1024  # a larger original is cut in the terminal (replay sends all of it)
-
-
-async def _dlq_copy(js, stream: str, seq) -> dict:
-    """The DLQ copy's body; an original too big for it is read from its own stream."""
-    from seamq.nats.messages import JsMessageStore
-    from seamq.dlq_replay import read_original
-
-    if seq is None:
-        return {"error": "no DLQ copy recorded"}
-    messages = JsMessageStore(js)
-    stored = await messages.get(stream, int(seq))
-    if stored is None:
-        return {"error": f"DLQ copy gone from {stream} (seq {seq}): expired or purged"}
-    copy = json.loads(stored.data)
-    original = dead_letter.original_message(copy)
-    if original.complete:
-        return copy
-    original = await read_original(messages, original)
-    if not original.complete:
-        copy["original_payload"] = f"(not in the dead letter, and gone from {original.stream} seq {original.seq})"
-        return copy
-    text = original.data.decode(errors="replace")
-    cut = f"... ({len(original.data)} bytes in all)" if len(text) > SHOWN_PAYLOAD else ""
-    copy.update(original_headers=original.headers, original_payload=text[:SHOWN_PAYLOAD] + cut,
-                original_payload_encoding=f"read from {original.stream} seq {original.seq}")
-    return copy
-

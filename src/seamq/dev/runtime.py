@@ -168,6 +168,17 @@ async def run_workers(settings: Settings, topology: Topology, stop: asyncio.Even
             sock = listening_socket("127.0.0.1", port)  # listening before "ready" is said
             tasks.append(asyncio.create_task(serve_jobs(settings, host="127.0.0.1", port=port, stop=stop, sock=sock)))
             table.add_row("job server (OJS)", f"http://127.0.0.1:{port}/ojs/v1")
+            if n == 0:
+                settings = settings.model_copy(update={"jobs": settings.jobs.model_copy(
+                    update={"url": f"http://127.0.0.1:{port}"})})
+    from seamq.console.serve import serve as serve_console
+    from seamq.http.listen import listening_socket
+
+    port = _port(settings.console.port)
+    sock = listening_socket("127.0.0.1", port)
+    tasks.append(asyncio.create_task(serve_console(settings, topology, host="127.0.0.1", port=port, stop=stop,
+                                                   sock=sock)))
+    table.add_row("console", f"http://127.0.0.1:{port}/")
     console.print(table)
     jobs = "" if jobs_port is None else ", job server" if job_servers == 1 else f", {job_servers} job servers"
     console.print(f"[bold green]ready[/bold green]: relay, {len(topology.consumers)} consumers, DLQ replay{jobs}"

@@ -1,4 +1,5 @@
-"""The listening socket of a seamq server (`seamq jobs serve`), bound before anything else starts.
+"""The listening socket of a seamq server (`seamq jobs serve`, `seamq console`), bound before anything else
+starts, and the uvicorn server that serves it.
 
 uvicorn, left to bind, says that a port is taken in a log line and exits 3, the code seamq
 documents for destructive changes. Bound here first, a taken port or an address the machine
@@ -7,8 +8,12 @@ does not have is a coded error a person can act on, and uvicorn serves the socke
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import errno
 import socket
+
+import uvicorn
 
 from seamq.model import ErrorCode, SeamqError
 
@@ -35,3 +40,25 @@ def listening_socket(host: str, port: int) -> socket.socket:
                              "choose another port (--port)") from None
         raise SeamqError(ErrorCode.INVALID_CONFIG, f"cannot listen on {host}:{port}: {exc.strerror or exc} "
                          "(--host must be an address of this machine)") from None
+
+
+class EmbeddedServer(uvicorn.Server):
+    """A server inside another program (`seamq dev`): its owner handles the signals and says when to stop."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        yield
+
+
+def server(config: uvicorn.Config, stop: asyncio.Event | None) -> uvicorn.Server:
+    """uvicorn on its own (its own signal handlers), or, with `stop`, until `stop` is set."""
+    if stop is None:
+        return uvicorn.Server(config)
+    embedded = EmbeddedServer(config)
+    asyncio.get_running_loop().create_task(_exit_on(stop, embedded))
+    return embedded
+
+
+async def _exit_on(stop: asyncio.Event, server: uvicorn.Server) -> None:
+    await stop.wait()
+    server.should_exit = True

@@ -108,6 +108,19 @@ class JobsClient:
             page += 1
         return out[:limit]
 
+    async def queues(self) -> list[dict]:
+        """Every queue with its counts by state and whether it is paused."""
+        return (await self._call("GET", "/admin/queues?per_page=1000"))["items"]
+
+    async def pause(self, queue: str, paused: bool = True) -> dict:
+        return await self._call("POST", f"/admin/queues/{quote(queue, safe='')}/{'pause' if paused else 'resume'}")
+
+    async def crons(self) -> list[dict]:
+        return (await self._call("GET", "/crons?per_page=1000"))["items"]
+
+    async def workflows(self) -> list[dict]:
+        return (await self._call("GET", "/workflows?per_page=200"))["items"]
+
     async def job(self, job_id: str) -> dict:
         """The whole job, with every failed attempt (`errors`)."""
         return await self._call("GET", f"/admin/jobs/{quote(job_id, safe='')}")

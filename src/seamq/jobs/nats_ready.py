@@ -5,8 +5,8 @@ seamq.jobs.nats_store's adapter.
   `ojs.ready.{queue}.p{priority + 100:03d}.{id}`, written before the record that makes the job
   available; one durable pull consumer per queue and priority (`...p{nnn}.*`), shared by every
   server. A taken entry is held by a NAK with the visibility timeout as its delay (the consumer's
-  own ack wait, 30 s, covers the moment between the pull and the NAK). JetStream delivers it again when the hold ends unless
-  it is acked first (`+ACK`, from any connection, to the reply subject the job's record keeps). A
+  own ack wait, 30 s, covers the moment between the pull and the NAK). JetStream delivers it
+  again when the hold ends unless it is acked first (`+ACK`, from any connection, to the reply subject the job's record keeps). A
   heartbeat is another NAK with a delay. A job cancelled while it waits has its entry purged.
 - The order between priorities is the store's: a queue's priorities are a record (`prio.{queue}`)
   that every server follows, and a take pulls from the highest first; within a priority,

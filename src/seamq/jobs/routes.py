@@ -156,10 +156,10 @@ def core(engine: Engine, conformance_level: int) -> list[Route]:
     async def health(request: Request) -> Response:
         """200 while NATS answers; 503 while it is away, so a load balancer sends requests elsewhere
         (the process is not broken: NATS' client connects again by itself)."""
-        if engine.store.reachable():
-            return answer({"status": "ok", "version": VERSION, "backend": {"type": "nats", "status": "connected"}})
-        return answer({"status": "degraded", "version": VERSION, "backend": {"type": "nats", "status":
-                                                                             "disconnected"}}, 503)
+        up = engine.store.reachable()
+        return answer({"status": "ok" if up else "degraded", "version": VERSION,
+                       "backend": {"type": "nats", "status": "connected" if up else "disconnected"}},
+                      200 if up else 503)
 
     async def manifest(request: Request) -> Response:
         return answer({

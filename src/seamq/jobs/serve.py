@@ -4,13 +4,12 @@ settings, the store, the engine, uvicorn."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 from pathlib import Path
 
 import uvicorn
 
-from seamq.http.listen import listening_socket
+from seamq.http.listen import listening_socket, server as uvicorn_server
 from seamq.jobs.app import build_app
 from seamq.jobs.auth import Tokens
 from seamq.jobs.engine import Engine
@@ -18,14 +17,6 @@ from seamq.jobs.nats_store import NatsJobStore
 from seamq.nats.connect import connect
 from seamq.observability import log
 from seamq.settings import Settings
-
-
-class _Embedded(uvicorn.Server):
-    """A server inside another program (`seamq dev`): its owner handles the signals and says when to stop."""
-
-    @contextlib.contextmanager
-    def capture_signals(self):
-        yield
 
 
 async def serve(settings: Settings, *, host: str, port: int, test_mode: bool = False,
@@ -48,10 +39,7 @@ async def serve(settings: Settings, *, host: str, port: int, test_mode: bool = F
                 # was the p99 of timer lateness.
                 gc.collect()
                 gc.freeze()
-                server = uvicorn.Server(config)
-            else:
-                server = _Embedded(config)
-                asyncio.get_running_loop().create_task(_exit_on(stop, server))
+            server = uvicorn_server(config, stop)
             log.info("jobs_serving", host=host, port=port, test_mode=test_mode, auth=tokens.required)
             await server.serve(sockets=[sock])
         finally:
@@ -59,7 +47,3 @@ async def serve(settings: Settings, *, host: str, port: int, test_mode: bool = F
     finally:
         await nc.close()
 
-
-async def _exit_on(stop: asyncio.Event, server: uvicorn.Server) -> None:
-    await stop.wait()
-    server.should_exit = True

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import uuid
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from datetime import datetime
 from typing import AsyncIterator
 
 from psycopg import AsyncConnection
 from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
 
 from seamq.model import ReplayPolicy
 from seamq.pg.sql import query
@@ -29,13 +31,15 @@ class DlqFilter:
     older_than: float | None = None
     ids: list[uuid.UUID] | None = None
     prefix: str | None = None  # of a message id, as `dlq list` shows it cut
-    purged: bool = False  # purged ones too (their DLQ copy is gone; the row stays to deduplicate)
+    purged: bool = False  # closed ones too: purged (the row stays to deduplicate), or edited and replayed
+    since: datetime | None = None  # received at or after
+    until: datetime | None = None  # received before
+    text: str | None = None  # in the last error, any case
+    cause: str | None = None  # as grouped (seamq_dlq_cause, migration 0008)
     limit: int = 1000
 
     def params(self) -> dict:
-        return dict(consumer=self.consumer, context=self.context, event_type=self.event_type,
-                    reason=self.reason, older_than=self.older_than, ids=self.ids, prefix=self.prefix,
-                    purged=self.purged, limit=self.limit)
+        return {field.name: getattr(self, field.name) for field in fields(self)}
 
 
 async def schedule(conn: AsyncConnection, policy: ReplayPolicy) -> None:
@@ -65,6 +69,12 @@ async def select(conn: AsyncConnection, selection: DlqFilter) -> list[dict]:
         return await cur.fetchall()
 
 
+async def groups(conn: AsyncConnection, selection: DlqFilter) -> list[dict]:
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(query("dlq_groups"), selection.params())
+        return await cur.fetchall()
+
+
 async def with_attempts(conn: AsyncConnection, rows: list[dict]) -> list[dict]:
     """Inbox rows with each one's failed attempts, oldest first (attempt, failed_at, error)."""
     async with conn.cursor(row_factory=dict_row) as cur:
@@ -85,8 +95,35 @@ async def mark_purged(conn: AsyncConnection, consumer: str, message_id: uuid.UUI
     await conn.execute(query("dlq_purged"), dict(consumer=consumer, message_id=message_id))
 
 
+async def mark_edited(conn: AsyncConnection, consumer: str, message_id: uuid.UUID, new_id: uuid.UUID,
+                      actor: str) -> bool:
+    cur = await conn.execute(query("dlq_edited"), dict(consumer=consumer, message_id=message_id, new_id=str(new_id),
+                                                       actor=actor))
+    return cur.rowcount == 1
+
+
+async def start_action(conn: AsyncConnection, actor: str, action: str, message_ids: list[uuid.UUID],
+                       detail: dict) -> int:
+    cur = await conn.execute(query("action_start"), dict(actor=actor, action=action, selected=len(message_ids),
+                                                         message_ids=message_ids, detail=Jsonb(detail)))
+    return (await cur.fetchone())[0]
+
+
+async def finish_action(conn: AsyncConnection, action_id: int, done: int, detail: dict) -> None:
+    await conn.execute(query("action_finish"), dict(id=action_id, done=done, detail=Jsonb(detail)))
+
+
+async def actions(conn: AsyncConnection, limit: int = 100, message_id: uuid.UUID | None = None) -> list[dict]:
+    async with conn.cursor(row_factory=dict_row) as cur:
+        if message_id is None:
+            await cur.execute(query("actions_recent"), dict(limit=limit))
+        else:
+            await cur.execute(query("actions_of_message"), dict(id=message_id))
+        return await cur.fetchall()
+
+
 class PgDeadLetters:
-    """The DeadLetterRepository port on a pool: one transaction per step of a replay round."""
+    """The DeadLetterRepository port on a pool: one transaction per step of a replay round or of an action."""
 
     def __init__(self, pool) -> None:
         self.pool = pool
@@ -99,3 +136,11 @@ class PgDeadLetters:
     schedule = staticmethod(schedule)
     due = staticmethod(due)
     mark_replayed = staticmethod(mark_replayed)
+    select = staticmethod(select)
+    groups = staticmethod(groups)
+    with_attempts = staticmethod(with_attempts)
+    mark_purged = staticmethod(mark_purged)
+    mark_edited = staticmethod(mark_edited)
+    start_action = staticmethod(start_action)
+    finish_action = staticmethod(finish_action)
+    actions = staticmethod(actions)

@@ -359,23 +359,43 @@ SET status = CASE WHEN status = 'exhausted' THEN 'dead_lettered' ELSE status END
       'next_replay_at', clock_timestamp() + %(watchdog)s * interval '1 second')
 WHERE consumer = %(consumer)s AND message_id = %(message_id)s
 
--- name: dlq_select
--- Dead letters for people: filters are optional (NULL means any).
-SELECT consumer, message_id, subject, event_type, event_version, status, attempts, last_error,
-       dlq_metadata, received_at
-FROM inbox_messages
-WHERE status IN ('dead_lettered', 'exhausted')
+-- name: dlq_where
+-- Which dead letters a selection means: every filter is optional (NULL means any). Closed ones
+-- (purged, or edited and replayed as a new message) only with `purged`.
+status IN ('dead_lettered', 'exhausted')
   AND (CAST(%(consumer)s AS text) IS NULL OR consumer = %(consumer)s)
   AND (CAST(%(context)s AS text) IS NULL OR split_part(consumer, '__from_', 1) = %(context)s)
   AND (CAST(%(event_type)s AS text) IS NULL OR event_type = %(event_type)s)
   AND (CAST(%(reason)s AS text) IS NULL OR dlq_metadata->>'reason' = %(reason)s)
   AND (CAST(%(older_than)s AS float8) IS NULL
        OR (dlq_metadata->>'dead_lettered_at')::timestamptz < now() - %(older_than)s * interval '1 second')
+  AND (CAST(%(since)s AS timestamptz) IS NULL OR received_at >= %(since)s)
+  AND (CAST(%(until)s AS timestamptz) IS NULL OR received_at < %(until)s)
+  AND (CAST(%(text)s AS text) IS NULL OR strpos(lower(coalesce(last_error, '')), lower(%(text)s)) > 0)
+  AND (CAST(%(cause)s AS text) IS NULL OR seamq_dlq_cause(dlq_metadata->>'reason', last_error) = %(cause)s)
   AND (CAST(%(ids)s AS uuid[]) IS NULL OR message_id = ANY(%(ids)s))
   AND (CAST(%(prefix)s AS text) IS NULL OR message_id::text LIKE %(prefix)s || '%%')
-  AND (%(purged)s OR dlq_metadata->>'purged_at' IS NULL)
+  AND (%(purged)s OR (dlq_metadata->>'purged_at' IS NULL AND dlq_metadata->>'edited_as' IS NULL))
+
+-- name: dlq_select
+-- Dead letters for people, oldest first, with how many the selection holds beyond the limit.
+SELECT consumer, message_id, subject, event_type, event_version, status, attempts, last_error,
+       dlq_metadata, received_at, seamq_dlq_cause(dlq_metadata->>'reason', last_error) AS cause,
+       count(*) OVER () AS total
+FROM inbox_messages
+WHERE {dlq_where}
 ORDER BY (dlq_metadata->>'dead_lettered_at')::timestamptz, message_id
 LIMIT %(limit)s
+
+-- name: dlq_groups
+-- Dead letters grouped by cause (seamq_dlq_cause), the largest group first.
+SELECT seamq_dlq_cause(dlq_metadata->>'reason', last_error) AS cause, dlq_metadata->>'reason' AS reason,
+       count(*) AS count, count(DISTINCT consumer) AS consumers, min(received_at) AS first_at,
+       max(received_at) AS last_at
+FROM inbox_messages
+WHERE {dlq_where}
+GROUP BY 1, 2 ORDER BY count(*) DESC, 1
+LIMIT 200
 
 -- name: inbox_show
 -- Inbox rows for people, by message id or a prefix of one, in any state.
@@ -392,3 +412,57 @@ UPDATE inbox_messages
 SET status = 'exhausted', dlq_metadata = dlq_metadata || jsonb_build_object('purged_at', clock_timestamp(),
       'next_replay_at', NULL)
 WHERE consumer = %(consumer)s AND message_id = %(message_id)s
+
+-- name: action_start
+INSERT INTO operator_actions (actor, action, selected, message_ids, detail)
+VALUES (%(actor)s, %(action)s, %(selected)s, %(message_ids)s, %(detail)s)
+RETURNING id
+
+-- name: action_finish
+UPDATE operator_actions SET finished_at = clock_timestamp(), done = %(done)s, detail = detail || %(detail)s
+WHERE id = %(id)s
+
+-- name: actions_recent
+SELECT id, started_at, finished_at, actor, action, selected, done, cardinality(message_ids) AS messages, detail
+FROM operator_actions ORDER BY id DESC LIMIT %(limit)s
+
+-- name: actions_of_message
+SELECT id, started_at, finished_at, actor, action, selected, done, detail
+FROM operator_actions WHERE message_ids @> ARRAY[CAST(%(id)s AS uuid)] ORDER BY id
+
+-- name: dlq_edited
+-- The original of an edit-and-replay is closed: its edited copy is a new message that names it.
+UPDATE inbox_messages
+SET status = 'exhausted', dlq_metadata = dlq_metadata || jsonb_build_object('edited_as', CAST(%(new_id)s AS text),
+      'edited_at', clock_timestamp(), 'edited_by', CAST(%(actor)s AS text), 'next_replay_at', NULL)
+WHERE consumer = %(consumer)s AND message_id = %(message_id)s AND status IN ('dead_lettered', 'exhausted')
+  AND dlq_metadata->>'edited_as' IS NULL
+
+-- name: console_published
+-- Published per context in the last minute (idx_outbox_published_at): the console's rate.
+SELECT context, count(*) AS published FROM outbox_events
+WHERE published_at > now() - interval '60 seconds' GROUP BY context
+
+-- name: console_inbox
+-- Per consumer, from indexed ranges only (the overview answers in milliseconds with 1M inbox rows):
+-- handled and latency over the last minute, dead letters open and in the last hour.
+SELECT c.consumer, coalesce(h.handled, 0) AS handled, h.p50, h.p99,
+       coalesce(d.open, 0) AS dead_open, coalesce(d.last_hour, 0) AS dead_last_hour
+FROM (SELECT DISTINCT consumer FROM inbox_messages WHERE processed_at > now() - interval '60 seconds'
+      UNION SELECT consumer FROM inbox_messages WHERE status IN ('dead_lettered', 'exhausted') GROUP BY consumer) c
+LEFT JOIN (SELECT consumer, count(*) AS handled,
+                  percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM processed_at - occurred_at)) AS p50,
+                  percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM processed_at - occurred_at)) AS p99
+           FROM inbox_messages WHERE processed_at > now() - interval '60 seconds' GROUP BY consumer) h
+  ON h.consumer = c.consumer
+LEFT JOIN (SELECT consumer, count(*) FILTER (WHERE dlq_metadata->>'purged_at' IS NULL
+                                             AND dlq_metadata->>'edited_as' IS NULL) AS open,
+                  count(*) FILTER (WHERE received_at > now() - interval '1 hour') AS last_hour
+           FROM inbox_messages WHERE status IN ('dead_lettered', 'exhausted') GROUP BY consumer) d
+  ON d.consumer = c.consumer
+ORDER BY c.consumer
+
+-- name: console_processes
+-- seamq's processes as PostgreSQL sees them (each names itself: "seamq relay pid 12").
+SELECT application_name AS name, count(*) AS connections, min(backend_start) AS since
+FROM pg_stat_activity WHERE application_name LIKE 'seamq %%' GROUP BY application_name ORDER BY 1

@@ -14,13 +14,16 @@ from importlib import resources
 
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 _PARAM = re.compile(r"%\((\w+)\)s")
+_FRAGMENT = re.compile(r"\{(\w+)\}")
 
 
 @cache
 def queries() -> dict[str, str]:
     text = resources.files("seamq.pg").joinpath("queries.sql").read_text()
     parts = _NAME.split(text)
-    return {name: body.strip() for name, body in zip(parts[1::2], parts[2::2])}
+    named = {name: body.strip() for name, body in zip(parts[1::2], parts[2::2])}
+    # `{other}` in a query is another named query's text: a condition two queries share is written once.
+    return {name: _FRAGMENT.sub(lambda m: named[m[1]], body) for name, body in named.items()}
 
 
 def query(name: str) -> str:

@@ -1,0 +1,184 @@
+"""The console's web application: pages rendered on the server (Jinja2), live parts by htmx
+(vendored, `static/`), no JavaScript build.
+
+Every page goes through `page()`: it reads the session, sends a stranger to the sign-in page,
+checks the CSRF token of every POST and the role of every action before the handler runs, and
+turns an error a person can act on into a page that says so (never a traceback). The rules of
+what may be done live in seamq.dlq_desk and the job server; the pages only show and ask.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import datetime, timezone
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable
+from urllib.parse import parse_qs, quote
+
+from jinja2 import Environment, PackageLoader, select_autoescape
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from seamq.console.auth import COOKIE, Session, Signer, Users, csrf_ok
+from seamq.jobs.client import JobsError
+from seamq.model import SeamqError
+from seamq.observability import log
+from seamq.redact import redact
+
+MAX_FORM = 1024 * 1024  # bytes: an edited message body fits; more is refused, not read
+HEADERS = {  # pages are the operator's own: not framed, not cached, no script but ours
+    "Content-Security-Policy": "default-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+                               "frame-ancestors 'none'; form-action 'self'",
+    "X-Frame-Options": "DENY", "Referrer-Policy": "no-referrer", "Cache-Control": "no-store",
+    "X-Content-Type-Options": "nosniff",
+}
+
+
+@dataclass
+class Ctx:
+    request: Request
+    session: Session
+    form: dict[str, list[str]] = field(default_factory=dict)
+
+    def one(self, name: str, default: str = "") -> str:
+        values = self.form.get(name) or self.request.query_params.getlist(name)
+        return values[0] if values else default
+
+    def many(self, name: str) -> list[str]:
+        return self.form.get(name) or self.request.query_params.getlist(name)
+
+    @property
+    def actor(self) -> str:
+        return f"console:{self.session.user or 'local'}"
+
+
+class Refused(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+class Console:
+    def __init__(self, users: Users, signer: Signer, templates: Environment) -> None:
+        self.users, self.signer, self.templates = users, signer, templates
+
+    def render(self, name: str, ctx: Ctx, status: int = 200, **values) -> HTMLResponse:
+        html = self.templates.get_template(name).render(session=ctx.session, request=ctx.request,
+                                                       open_console=not self.users.required, **values)
+        return HTMLResponse(html, status)
+
+    def page(self, handler: Callable[[Ctx], Awaitable[Response]], *, action: bool = False):
+        async def endpoint(request: Request) -> Response:
+            session = self.signer.load(request.cookies.get(COOKIE))
+            fresh = session is None
+            if session is None or (self.users.required and not session.signed_in):
+                if self.users.required and handler != self.login:
+                    target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+                    return self._finish(RedirectResponse(f"/login?next={quote(target)}", 303), session)
+                if session is None:  # open console: everyone is "local"; a stranger gets a CSRF token first
+                    session = self.signer.new("" if self.users.required else "local",
+                                              "" if self.users.required else "admin")
+            ctx = Ctx(request, session)
+            try:
+                if request.method == "POST":
+                    ctx.form = await _form(request)
+                    if not csrf_ok(session if not fresh else None,
+                                   ctx.one("csrf") or request.headers.get("x-csrf-token")):
+                        raise Refused(403, "this request does not carry the console's CSRF token: reload the page "
+                                           "and try again")
+                    if action and not session.may_act:
+                        raise Refused(403, f"{session.user} may only look (role {session.role}); this is an action")
+                response = await handler(ctx)
+            except Refused as exc:
+                response = self.render("error.html", ctx, exc.status, message=exc.message, code="refused")
+            except SeamqError as exc:
+                status = 404 if exc.code.value == "NOT_FOUND" else 400
+                response = self.render("error.html", ctx, status, message=redact(exc.message), code=exc.code.value)
+            except JobsError as exc:
+                response = self.render("error.html", ctx, exc.status if exc.status >= 400 else 502,
+                                       message=redact(f"the job server answered {exc.status} {exc.code}: "
+                                                      f"{exc.message}"), code="JOB_REFUSED")
+            except (OSError, TimeoutError) as exc:
+                log.warning("console_backend_unavailable", path=request.url.path, error=redact(str(exc)))
+                response = self.render("error.html", ctx, 503, code="UNAVAILABLE",
+                                       message=redact(f"a service the console reads is away: {type(exc).__name__}: "
+                                                      f"{exc}"))
+            except Exception as exc:  # a bug: said on the page with a code, logged with its traceback
+                log.error("console_failed", path=request.url.path, error=redact(f"{type(exc).__name__}: {exc}"),
+                          exc_info=True)
+                response = self.render("error.html", ctx, 500, code="INTERNAL",
+                                       message="the console failed on this request; its log says why")
+            return self._finish(response, session if fresh else None)
+
+        return endpoint
+
+    def _finish(self, response: Response, new_session: Session | None) -> Response:
+        response.headers.update(HEADERS)
+        if new_session is not None:
+            self.set_cookie(response, new_session)
+        return response
+
+    def set_cookie(self, response: Response, session: Session) -> None:
+        response.set_cookie(COOKIE, self.signer.dump(session), max_age=int(self.signer.seconds), httponly=True,
+                            samesite="strict", path="/")
+
+    async def login(self, ctx: Ctx) -> Response:
+        target = ctx.one("next", "/")
+        target = target if target.startswith("/") and not target.startswith("//") else "/"
+        if ctx.request.method == "GET":  # signed in already: the form signs in as someone else
+            return self.render("login.html", ctx, next=target)
+        name, password = ctx.one("username"), ctx.one("password")
+        role = self.users.check(name, password)
+        if role is None:
+            log.warning("console_sign_in_refused", user=name[:64])
+            return self.render("login.html", ctx, 401, next=target, failed=True)
+        log.info("console_signed_in", user=name, role=role)
+        response = RedirectResponse(target, 303)
+        self.set_cookie(response, self.signer.new(name, role))
+        return response
+
+    async def logout(self, ctx: Ctx) -> Response:
+        log.info("console_signed_out", user=ctx.session.user)
+        response = RedirectResponse("/login" if self.users.required else "/", 303)
+        response.delete_cookie(COOKIE, path="/")
+        return response
+
+
+async def _form(request: Request) -> dict[str, list[str]]:
+    kind = request.headers.get("content-type", "").split(";")[0].strip()
+    if kind not in ("application/x-www-form-urlencoded", ""):
+        raise Refused(415, f"the console takes forms (application/x-www-form-urlencoded), not {kind[:80]}")
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_FORM:
+            raise Refused(413, f"a form of more than {MAX_FORM} bytes is refused")
+    try:
+        return parse_qs(body.decode(), keep_blank_values=True, max_num_fields=5000)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise Refused(400, f"the form cannot be read: {exc}") from None
+
+
+def templates() -> Environment:
+    env = Environment(loader=PackageLoader("seamq.console", "templates"), autoescape=select_autoescape(default=True))
+    env.filters["pretty"] = lambda v: json.dumps(v, indent=2, ensure_ascii=False, default=str)
+    env.filters["when"] = lambda v: str(v).replace("T", " ")[:19] if v else "-"
+    env.filters["ms"] = lambda v: f"{v * 1000:.1f}" if v is not None else "-"
+    env.filters["rate"] = lambda v: f"{v:.1f}" if v else "0"
+    env.filters["q"] = lambda v: quote(str(v), safe="")
+    env.filters["epoch"] = lambda v: datetime.fromtimestamp(v, timezone.utc).strftime("%H:%M:%S UTC")
+    return env
+
+
+def build(console: Console, routes: list[Route]) -> Starlette:
+    logging.getLogger("uvicorn.access").setLevel(logging.WARNING)
+    return Starlette(routes=[
+        Route("/login", console.page(console.login), methods=["GET", "POST"]),
+        Route("/logout", console.page(console.logout), methods=["POST"]),
+        *routes,
+        Mount("/static", StaticFiles(packages=[("seamq.console", "static")]), name="static"),
+    ])

@@ -1,0 +1,109 @@
+"""Who may use the console, and proof that a change came from its own pages.
+
+- Users from settings (`SEAMQ_CONSOLE__USERS="alice:pw:admin,bob:pw:viewer"`). With none, the console
+  is open to whoever reaches it, which `seamq console` allows on loopback only (and as the one
+  user "local", an admin).
+- A sign-in is a cookie signed with HMAC-SHA256 (name, role, CSRF token, expiry), HttpOnly and
+  SameSite=Strict; nothing of it is kept on the server, so any number of consoles share none.
+- Every POST carries the session's CSRF token (a form field, or the `X-CSRF-Token` header htmx
+  sends); without it, or with another, it is refused with 403 before any handler runs.
+- A viewer sees no action and is refused one with 403 if it sends one anyway.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import secrets
+import time
+from dataclasses import dataclass
+
+from seamq.model import ErrorCode, SeamqError
+
+COOKIE = "seamq_console"
+ROLES = ("admin", "viewer")
+
+
+@dataclass(frozen=True)
+class Session:
+    user: str
+    role: str
+    csrf: str
+    expires: float
+
+    @property
+    def may_act(self) -> bool:
+        return self.role == "admin"
+
+    @property
+    def signed_in(self) -> bool:
+        return bool(self.user)
+
+
+@dataclass(frozen=True)
+class Users:
+    passwords: dict[str, tuple[str, str]]  # name -> (password, role)
+
+    @classmethod
+    def parse(cls, text: str | None) -> "Users":
+        out: dict[str, tuple[str, str]] = {}
+        for entry in (text or "").split(","):
+            if not entry.strip():
+                continue
+            name, _, rest = entry.strip().partition(":")
+            password, _, role = rest.rpartition(":") if rest.count(":") else (rest, "", "admin")
+            role = role or "admin"
+            if not name or not password or role not in ROLES:
+                raise SeamqError(ErrorCode.INVALID_CONFIG, f"console.users: an entry for {name or '?'!r} is not "
+                                                           "name:password:role with role admin or viewer")
+            out[name] = (password, role)
+        return cls(out)
+
+    @property
+    def required(self) -> bool:
+        return bool(self.passwords)
+
+    def check(self, name: str, password: str) -> str | None:
+        """The user's role when the password is theirs (compared in constant time), else None."""
+        known = self.passwords.get(name)
+        given = password.encode()
+        if known is None:
+            hmac.compare_digest(given, given)  # the same time whether the name exists or not
+            return None
+        return known[1] if hmac.compare_digest(given, known[0].encode()) else None
+
+
+class Signer:
+    def __init__(self, secret: str | None, hours: float) -> None:
+        self.key = (secret or secrets.token_urlsafe(32)).encode()
+        self.seconds = hours * 3600
+
+    def new(self, user: str, role: str) -> Session:
+        return Session(user, role, secrets.token_urlsafe(24), time.time() + self.seconds)
+
+    def dump(self, session: Session) -> str:
+        body = base64.urlsafe_b64encode(json.dumps([session.user, session.role, session.csrf, session.expires]).encode())
+        body = body.rstrip(b"=")  # a cookie value without characters that need quoting
+        return f"{body.decode()}.{self._mac(body)}"
+
+    def load(self, cookie: str | None) -> Session | None:
+        """The session a cookie holds, if this console signed it and it has not expired."""
+        body, _, mac = (cookie or "").encode().partition(b".")
+        if not body or not hmac.compare_digest(mac.decode(errors="replace"), self._mac(body)):
+            return None
+        try:
+            user, role, csrf, expires = json.loads(base64.urlsafe_b64decode(body + b"=" * (-len(body) % 4)))
+        except (ValueError, TypeError):
+            return None
+        if not isinstance(expires, (int, float)) or expires < time.time() or role not in (*ROLES, ""):
+            return None
+        return Session(str(user), str(role), str(csrf), float(expires))
+
+    def _mac(self, body: bytes) -> str:
+        return hmac.new(self.key, body, hashlib.sha256).hexdigest()
+
+
+def csrf_ok(session: Session | None, given: str | None) -> bool:
+    return bool(session and given and hmac.compare_digest(session.csrf.encode(), given.encode()))

@@ -1,0 +1,105 @@
+"""The overview's numbers: what PostgreSQL and JetStream hold now, and a few minutes of history.
+
+Every number is read where it lives, through indexed ranges only (the last minute of processed
+rows, the open dead letters, the unpublished outbox rows), so the page answers in milliseconds
+however large the inbox grows (docs/console.md, "How fast"). The history behind the charts is
+sampled by the console itself every few seconds and kept for `KEEP` samples in memory: a chart of
+the last minutes, not a metrics store (Prometheus is, docs/operations.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from psycopg.rows import dict_row
+
+from seamq.observability import log
+from seamq.pg.sql import query
+from seamq.stopping import sleep_unless_stopped
+from seamq.topology import Topology
+
+KEEP = 120  # samples per consumer: ten minutes at one every five seconds
+EVERY = 5.0
+
+
+@dataclass
+class Snapshot:
+    at: float
+    contexts: list[dict]
+    consumers: list[dict]
+    processes: list[dict]
+    errors: list[str] = field(default_factory=list)
+
+
+class Overview:
+    def __init__(self, pool, js, topology: Topology) -> None:
+        self.pool, self.js, self.topology = pool, js, topology
+        self.history: dict[str, deque] = {}
+
+    async def snapshot(self) -> Snapshot:
+        errors: list[str] = []
+        contexts, inbox, processes = [], {}, []
+        try:
+            async with self.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
+                await cur.execute(query("outbox_backlog"))
+                contexts = await cur.fetchall()
+                await cur.execute(query("console_published"))
+                published = {r["context"]: r["published"] for r in await cur.fetchall()}
+                await cur.execute(query("console_inbox"))
+                inbox = {r["consumer"]: r for r in await cur.fetchall()}
+                await cur.execute(query("console_processes"))
+                processes = await cur.fetchall()
+        except Exception as exc:  # the page says so; it does not fail
+            errors.append(f"PostgreSQL: {type(exc).__name__}: {exc}")
+            published = {}
+        known = {c["context"] for c in contexts}
+        contexts += [{"context": name, "count": 0, "oldest_at": None, "failing": 0, "delayed": 0, "parked": 0}
+                     for name in self.topology.contexts if name not in known]
+        for row in contexts:
+            row["published_per_s"] = published.get(row["context"], 0) / 60
+        contexts.sort(key=lambda r: r["context"])
+        consumers = []
+        for name, spec in sorted(self.topology.consumers.items()):
+            row = {"consumer": name, "handled": 0, "p50": None, "p99": None, "dead_open": 0, "dead_last_hour": 0,
+                   **inbox.get(name, {})}
+            row["handled_per_s"] = row["handled"] / 60
+            row.update(pending=0, ack_pending=0, redelivered=0, waiting=0, durables=[])
+            for durable in spec.durables():
+                try:
+                    info = await self.js.consumer_info(spec.stream, durable)
+                except Exception as exc:
+                    errors.append(f"JetStream: consumer {durable}: {type(exc).__name__}: {exc}")
+                    continue
+                row["pending"] += info.num_pending or 0
+                row["ack_pending"] += info.num_ack_pending or 0
+                row["redelivered"] += info.num_redelivered or 0
+                row["waiting"] += info.num_waiting or 0
+                row["durables"].append({"name": durable, "pending": info.num_pending or 0,
+                                        "ack_pending": info.num_ack_pending or 0, "waiting": info.num_waiting or 0})
+            consumers.append(row)
+        return Snapshot(time.time(), contexts, consumers, processes, errors)
+
+    async def sample(self, stop: asyncio.Event) -> None:
+        """Keep the charts' history until `stop`."""
+        while not stop.is_set():
+            try:
+                shot = await self.snapshot()
+                for row in shot.consumers:
+                    self.history.setdefault(row["consumer"], deque(maxlen=KEEP)).append(
+                        (shot.at, row["handled_per_s"], row["p50"], row["p99"]))
+            except Exception as exc:
+                log.warning("console_sample_failed", error=f"{type(exc).__name__}: {exc}")
+            await sleep_unless_stopped(stop, EVERY)
+
+
+def sparkline(points: list[float | None], width: int = 240, height: int = 48) -> str:
+    """SVG polyline points for a small chart; gaps (None) are drawn as zero."""
+    values = [p or 0.0 for p in points]
+    if not values:
+        return ""
+    top = max(values) or 1.0
+    step = width / max(1, len(values) - 1)
+    return " ".join(f"{i * step:.1f},{height - v / top * (height - 2) - 1:.1f}" for i, v in enumerate(values))

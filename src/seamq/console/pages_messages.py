@@ -1,0 +1,160 @@
+"""The console's pages for messages: the overview, dead letters (list, groups, one message, replay,
+purge, edit and replay) and the record of actions. What each action may do is seamq.dlq_desk's."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from datetime import datetime
+
+from starlette.responses import RedirectResponse, Response
+from starlette.routing import Route
+
+from seamq.console.app import Console, Ctx, Refused
+from seamq.console.overview import Overview, sparkline
+from seamq.dlq_desk import DeadLetterDesk
+from seamq.model import ErrorCode, SeamqError
+from seamq.pg.dlq_repo import DlqFilter
+
+SHOWN = 500  # dead letters a list shows (and a bulk action may take) at once; the count says how many match
+FILTERS = ("consumer", "reason", "event_type", "text", "since", "until", "cause")
+
+
+def key(row: dict) -> str:
+    return f"{row['consumer']}:{row['message_id']}"
+
+
+def _time(ctx: Ctx, name: str) -> datetime | None:
+    value = ctx.one(name).strip()
+    if not value:
+        return None
+    try:
+        return datetime.fromisoformat(value)
+    except ValueError:
+        raise SeamqError(ErrorCode.INVALID_INPUT, f"{name}: {value[:40]!r} is not a time (2026-11-26T08:00)") from None
+
+
+def selection(ctx: Ctx, limit: int = SHOWN) -> DlqFilter:
+    text = {name: ctx.one(name).strip() or None for name in ("consumer", "reason", "event_type", "text", "cause")}
+    return DlqFilter(**text, since=_time(ctx, "since"), until=_time(ctx, "until"), limit=limit)
+
+
+def keys_of(ctx: Ctx) -> list[tuple[str, uuid.UUID]]:
+    out = []
+    for value in ctx.many("key"):
+        consumer, _, message_id = value.partition(":")
+        try:
+            out.append((consumer, uuid.UUID(message_id)))
+        except ValueError:
+            raise SeamqError(ErrorCode.INVALID_INPUT, f"{value[:80]!r} is not consumer:message-id") from None
+    if not out:
+        raise SeamqError(ErrorCode.INVALID_INPUT, "no dead letter was selected")
+    return out
+
+
+async def rows_of(desk: DeadLetterDesk, keys: list[tuple[str, uuid.UUID]]) -> list[dict]:
+    """Exactly the dead letters named, still open; the others are left out (and counted by the caller)."""
+    wanted = set(keys)
+    rows = await desk.select(DlqFilter(ids=sorted({m for _, m in keys}), limit=len(keys) * 4 + 10))
+    return [row for row in rows if (row["consumer"], row["message_id"]) in wanted]
+
+
+def routes(console: Console, desk: DeadLetterDesk, overview: Overview) -> list[Route]:
+    async def home(ctx: Ctx) -> Response:
+        return console.render("overview.html", ctx, **await _overview(overview))
+
+    async def live(ctx: Ctx) -> Response:
+        return console.render("overview_live.html", ctx, **await _overview(overview))
+
+    async def dead_letters(ctx: Ctx) -> Response:
+        chosen = selection(ctx)
+        rows = await desk.select(chosen)
+        groups = await desk.groups(DlqFilter(**{**chosen.params(), "cause": None, "limit": SHOWN}))
+        total = rows[0]["total"] if rows else 0
+        return console.render("dead_letters.html", ctx, rows=rows, groups=groups, total=total, key=key,
+                              filters={name: ctx.one(name) for name in FILTERS})
+
+    async def message(ctx: Ctx) -> Response:
+        consumer, message_id = ctx.request.path_params["consumer"], ctx.request.path_params["message_id"]
+        rows = await desk.select(DlqFilter(ids=[_uuid(message_id)], consumer=consumer, purged=True, limit=5))
+        if not rows:
+            raise SeamqError(ErrorCode.NOT_FOUND, f"no dead letter {message_id} of consumer {consumer}")
+        row = (await desk.detail(rows))[0]
+        copy = row["dlq_copy"]
+        body = copy.get("original_payload")
+        try:
+            body = json.dumps(json.loads(body), indent=2, ensure_ascii=False) if isinstance(body, str) else body
+        except ValueError:
+            pass  # shown as it is: it was not JSON (that may be why it is here)
+        return console.render("message.html", ctx, row=row, copy=copy, body=body, key=key(row),
+                              closed=bool((row["dlq_metadata"] or {}).get("purged_at")
+                                          or (row["dlq_metadata"] or {}).get("edited_as")))
+
+    async def confirm(ctx: Ctx) -> Response:
+        action = _action(ctx)
+        if ctx.one("cause"):  # a whole group: the set shown here is the set acted on
+            rows = await desk.select(DlqFilter(cause=ctx.one("cause"), limit=SHOWN))
+        else:
+            rows = await rows_of(desk, keys_of(ctx))
+        if not rows:
+            raise SeamqError(ErrorCode.NOT_FOUND, "none of the selected dead letters is open any more")
+        return console.render("confirm.html", ctx, action=action, rows=rows, key=key,
+                              more=max(0, (rows[0]["total"] or 0) - len(rows)))
+
+    async def act(ctx: Ctx) -> Response:
+        action, keys = _action(ctx), keys_of(ctx)
+        rows = await rows_of(desk, keys)
+        done = await (desk.replay if action == "replay" else desk.purge)(rows, ctx.actor)
+        return RedirectResponse(f"/actions?done={done.action_id}&gone={len(keys) - len(rows)}", 303)
+
+    async def edit(ctx: Ctx) -> Response:
+        consumer, message_id = ctx.request.path_params["consumer"], _uuid(ctx.request.path_params["message_id"])
+        rows = await rows_of(desk, [(consumer, message_id)])
+        if not rows:
+            raise SeamqError(ErrorCode.NOT_FOUND, f"dead letter {message_id} of {consumer} is not open")
+        if ctx.request.method == "GET":
+            raise Refused(405, "edit from the message's page")
+        new_id = await desk.edit_and_replay(rows[0], ctx.one("body").encode(), ctx.actor)
+        return RedirectResponse(f"/dead-letters/{consumer}/{message_id}?edited={new_id}", 303)
+
+    async def actions(ctx: Ctx) -> Response:
+        return console.render("actions.html", ctx, actions=await desk.actions(200), done=ctx.one("done"),
+                              gone=ctx.one("gone"))
+
+    return [
+        Route("/", console.page(home)),
+        Route("/overview/live", console.page(live)),
+        Route("/dead-letters", console.page(dead_letters)),
+        Route("/dead-letters/confirm", console.page(confirm, action=True), methods=["POST"]),
+        Route("/dead-letters/act", console.page(act, action=True), methods=["POST"]),
+        Route("/dead-letters/{consumer}/{message_id}", console.page(message)),
+        Route("/dead-letters/{consumer}/{message_id}/edit", console.page(edit, action=True), methods=["POST"]),
+        Route("/actions", console.page(actions)),
+    ]
+
+
+def _action(ctx: Ctx) -> str:
+    action = ctx.one("action")
+    if action not in ("replay", "purge"):
+        raise SeamqError(ErrorCode.INVALID_INPUT, f"action {action[:40]!r} is not replay or purge")
+    return action
+
+
+def _uuid(value: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        raise SeamqError(ErrorCode.NOT_FOUND, f"{value[:80]!r} is not a message id") from None
+
+
+async def _overview(overview: Overview) -> dict:
+    started = time.perf_counter()
+    shot = await overview.snapshot()
+    charts = {}
+    for name, samples in overview.history.items():
+        points = list(samples)
+        charts[name] = {"handled": sparkline([p[1] for p in points]), "p99": sparkline([p[3] for p in points]),
+                        "samples": len(points), "top_handled": max((p[1] or 0 for p in points), default=0),
+                        "top_p99": max((p[3] or 0 for p in points), default=0)}
+    return dict(shot=shot, charts=charts, took_ms=(time.perf_counter() - started) * 1000)

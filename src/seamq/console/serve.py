@@ -1,0 +1,42 @@
+"""Wiring for `seamq console` (and the console inside `seamq dev`): the desk and the overview on the
+usual settings' PostgreSQL and NATS, the job server's admin API, uvicorn."""
+
+from __future__ import annotations
+
+import asyncio
+
+import uvicorn
+
+from seamq.console import pages_jobs, pages_messages
+from seamq.console.app import Console, build, templates
+from seamq.console.auth import Signer, Users
+from seamq.http.listen import listening_socket, server as uvicorn_server
+from seamq.jobs.client import JobsClient
+from seamq.observability import log
+from seamq.settings import Settings
+from seamq.topology import Topology
+from seamq.wiring import console_parts
+
+
+async def serve(settings: Settings, topology: Topology, *, host: str, port: int,
+                stop: asyncio.Event | None = None, sock=None) -> None:
+    """Serve until SIGTERM/SIGINT, or until `stop` is set when given."""
+    secret = lambda s: s.get_secret_value() if s else None  # noqa: E731
+    users = Users.parse(secret(settings.console.users))
+    signer = Signer(secret(settings.console.session_secret), settings.console.session_hours)
+    sock = sock or listening_socket(host, port)
+    sampling = asyncio.Event()
+    async with console_parts(settings, topology) as (desk, overview), \
+            JobsClient(settings.jobs.url, token=settings.jobs.client_token(), timeout=10, retries=1) as jobs:
+        console = Console(users, signer, templates())
+        app = build(console, [*pages_messages.routes(console, desk, overview),
+                              *pages_jobs.routes(console, desk, jobs)])
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="off")
+        server = uvicorn_server(config, stop)
+        sampler = asyncio.create_task(overview.sample(sampling))
+        log.info("console_serving", host=host, port=port, users=len(users.passwords))
+        try:
+            await server.serve(sockets=[sock])
+        finally:
+            sampling.set()
+            await sampler

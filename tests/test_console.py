@@ -1,0 +1,399 @@
+"""The operations console in a real browser (headless Chromium, Selenium) against real services:
+`seamq console`, `seamq consume` and `seamq jobs serve` as processes, nats-server, PostgreSQL and a
+handler service. Dead letters of three causes are planted through the real consumer; each action
+taken in the browser is then checked in PostgreSQL and in the streams."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+from pathlib import Path
+
+import psycopg
+import pytest
+from nats.js.errors import NotFoundError
+from selenium.webdriver.common.by import By
+
+from seamq.dev.embedded import NatsServer, free_port
+from seamq.model import Header, message_headers
+from seamq.nats.connect import connect
+from seamq.settings import NatsSettings
+from seamq.testing import _TEMPLATE
+from seamq import outbox
+
+from browser import Browser
+from conftest import FAST_TOPOLOGY, SEAMQ
+from helpers import read_stream
+from jobs_harness import JobServer
+from handler_service import HandlerService
+from test_consumer import CONSUMER, vibe
+
+SHOTS = Path(__file__).resolve().parent.parent / "docs" / "images"
+USERS = "ada:ada-pass-7:admin,vic:vic-pass-9:viewer"
+
+
+class Stack:
+    def __init__(self, folder: Path, dsn: str) -> None:
+        self.folder, self.dsn = folder, dsn
+        self.nats = NatsServer(folder / "nats")
+        self.service = HandlerService()
+        self.procs: list[subprocess.Popen] = []
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        # A second consumer that no process runs: what the overview says it has pending is JetStream's.
+        (folder / "topology.yaml").write_text(FAST_TOPOLOGY + "  vibespro__from_sea: {ack_wait: 2s, max_deliver: 4}\n")
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SEAMQ_") and k != "PGAPPNAME"}
+        env.update(SEAMQ_DATABASE_URL=self.dsn, SEAMQ_NATS__URL=self.nats.url, SEAMQ_CONSOLE__USERS=USERS,
+                   SEAMQ_CONSUMER__HANDLER_SECRET="test-secret", SEAMQ_JOBS__URL=self.jobs.url,
+                   SEAMQ_TOPOLOGY_FILE=str(self.folder / "topology.yaml"), PYTHONUNBUFFERED="1")
+        return env
+
+    def start(self) -> "Stack":
+        self.nats.start()
+        self.service.__enter__()
+        self.jobs = JobServer(self.nats.url, self.folder / "jobs.log").start()
+        subprocess.run([*SEAMQ, "provision"], env=self.env(), check=True, capture_output=True, timeout=120)
+        self.spawn("consume", [*SEAMQ, "consume", "--consumer", CONSUMER, "--handler-url", self.service.url])
+        self.spawn("console", [*SEAMQ, "console", "--port", str(self.port)])
+        deadline = time.monotonic() + 60
+        while not _answers(self.url + "/login"):
+            assert time.monotonic() < deadline, (self.folder / "console.log").read_text()[-3000:]
+            time.sleep(0.1)
+        return self
+
+    def spawn(self, name: str, args: list[str]) -> None:
+        with open(self.folder / f"{name}.log", "ab") as log:
+            self.procs.append(subprocess.Popen(args, env=self.env(), stdout=log, stderr=subprocess.STDOUT))
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            proc.terminate()
+        for proc in self.procs:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        self.jobs.stop()
+        self.service.__exit__(None, None, None)
+        self.nats.kill()
+
+    def logs(self) -> str:
+        return "".join(p.read_text(errors="replace") for p in self.folder.glob("*.log"))
+
+    def sql(self, statement: str, *args) -> list[tuple]:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            cur = conn.execute(statement, args)
+            return cur.fetchall() if cur.description else []
+
+    def row(self, message_id) -> dict:
+        with psycopg.connect(self.dsn) as conn:
+            cur = conn.execute("SELECT * FROM inbox_messages WHERE consumer = %s AND message_id = %s",
+                               (CONSUMER, message_id))
+            found = cur.fetchone()
+            return dict(zip([c.name for c in cur.description], found)) if found else {}
+
+    def nats_call(self, work):
+        async def go():
+            nc = await connect(NatsSettings(url=self.nats.url), name="test", persistent=False)
+            try:
+                return await work(nc.jetstream())
+            finally:
+                await nc.close()
+        return asyncio.run(go())
+
+    def plant(self, poison: int = 0, bad_json: int = 0, no_aggregate: int = 0) -> dict[str, list[str]]:
+        """Publish messages that the consumer dead-letters, each kind for its own cause; wait until it has."""
+        planted = {"poison": [], "bad_json": [], "no_aggregate": []}
+
+        async def go(js):
+            for kind, count in (("poison", poison), ("bad_json", bad_json), ("no_aggregate", no_aggregate)):
+                for _ in range(count):
+                    event = vibe(f"{kind}-{uuid.uuid4().hex[:6]}", n=1)
+                    headers, data = message_headers(event), json.dumps(event.payload).encode()
+                    if kind == "poison":
+                        self.service.handler.script[event.aggregate_id] = ["poison"]
+                    elif kind == "bad_json":
+                        data = b'{"n": 1, oops'
+                    else:
+                        del headers[Header.AGGREGATE_ID]
+                    await js.publish(str(event.subject), data, headers=headers)
+                    planted[kind].append(str(event.id))
+
+        self.nats_call(go)
+        ids = [i for kind in planted.values() for i in kind]
+        wait_until(lambda: all(self.row(i).get("status") == "dead_lettered" for i in ids), "dead-lettered")
+        return planted
+
+
+def _answers(url: str) -> bool:
+    try:
+        urllib.request.urlopen(url, timeout=2).read()
+        return True
+    except OSError:
+        return False
+
+
+def wait_until(ready, what: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert time.monotonic() < deadline, f"not {what} within {timeout} s"
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory, seamq_postgres):
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    dsn = seamq_postgres.create_database(name, template=_TEMPLATE)
+    built = Stack(tmp_path_factory.mktemp("console"), dsn)
+    try:
+        yield built.start()
+    except BaseException:
+        print(built.logs()[-5000:], file=sys.stderr)
+        raise
+    finally:
+        built.stop()
+        seamq_postgres.drop_database(name)
+
+
+@pytest.fixture
+def browser(tmp_path):
+    with Browser(tmp_path / "chromium") as opened:
+        yield opened
+
+
+def sign_in(b: Browser, url: str, name: str, password: str, expect: str | None = None) -> None:
+    b.open(url + "/login", "Sign in")
+    b.driver.find_element(By.NAME, "username").send_keys(name)
+    b.driver.find_element(By.NAME, "password").send_keys(password)
+    b.driver.find_element(By.CSS_SELECTOR, "main form button[type=submit]").click()
+    b.wait_until(lambda: b.driver.current_url.rstrip("/") == url if expect is None else expect in b.text(),
+                 f"signed in as {name}")
+
+
+def button(b: Browser, text: str, scope=None):
+    for element in (scope or b.driver).find_elements(By.TAG_NAME, "button"):
+        if element.text.strip() == text:
+            return element
+    raise AssertionError(f"no button {text!r}; the page shows:\n{b.text()[:1500]}")
+
+
+def post(url: str, path: str, fields: dict | list, cookie: str | None) -> tuple[int, str]:
+    request = urllib.request.Request(url + path, data=urllib.parse.urlencode(fields, doseq=True).encode(),
+                                     method="POST", headers={"Cookie": cookie} if cookie else {})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def test_sign_in_and_out_a_viewer_sees_no_action_and_is_refused_one_and_a_post_needs_the_csrf_token(stack, browser):
+    b = browser
+    b.open(stack.url + "/dead-letters", "Sign in")  # a stranger is sent to sign in
+    sign_in(b, stack.url, "ada", "wrong", expect="do not match")
+    sign_in(b, stack.url, "ada", "ada-pass-7")
+    assert "ada (admin)" in b.text()
+    button(b, "Sign out").click()
+    b.wait_for("Sign in")
+    b.open(stack.url + "/", "Sign in")  # signed out means signed out
+
+    planted = stack.plant(poison=1)
+    sign_in(b, stack.url, "vic", "vic-pass-9")
+    b.open(stack.url + "/dead-letters", "dead letters")
+    assert not [e for e in b.driver.find_elements(By.TAG_NAME, "button") if e.text.strip() != "Sign out"
+                and e.text.strip() != "Filter"], "a viewer sees an action button"
+    cookie = "seamq_console=" + b.driver.get_cookie("seamq_console")["value"]
+    csrf = re.search(r'name="csrf" value="([^"]+)"', b.driver.page_source)[1]
+    key = f"{CONSUMER}:{planted['poison'][0]}"
+    status, page = post(stack.url, "/dead-letters/act", {"csrf": csrf, "action": "purge", "key": key}, cookie)
+    assert status == 403 and "may only look" in page
+    assert not stack.row(planted["poison"][0])["dlq_metadata"].get("purged_at")
+
+    sign_in(b, stack.url, "ada", "ada-pass-7")
+    cookie = "seamq_console=" + b.driver.get_cookie("seamq_console")["value"]
+    status, page = post(stack.url, "/dead-letters/act", {"action": "purge", "key": key}, cookie)  # no token
+    assert status == 403 and "CSRF" in page
+    status, page = post(stack.url, "/dead-letters/act", {"csrf": "forged", "action": "purge", "key": key}, cookie)
+    assert status == 403
+    assert not stack.row(planted["poison"][0])["dlq_metadata"].get("purged_at")
+    assert "ada-pass-7" not in stack.logs() and "vic-pass-9" not in stack.logs()
+
+
+def test_dead_letters_filtered_opened_replayed_as_a_group_edited_and_replayed_and_purged(stack, browser):
+    b = browser
+    stack.sql("UPDATE inbox_messages SET dlq_metadata = dlq_metadata || '{\"purged_at\": \"2000-01-01\"}' "
+              "WHERE status IN ('dead_lettered', 'exhausted')")  # earlier tests' dead letters out of the way
+    planted = stack.plant(poison=2, bad_json=2, no_aggregate=1)
+    sign_in(b, stack.url, "ada", "ada-pass-7")
+
+    # Grouped by cause, and filtered by the error's text.
+    b.open(stack.url + "/dead-letters", "5 dead letters")
+    groups = b.rows()
+    assert any("scripted poison" in cause and cells[1] == "2" for cause, cells in groups.items()), groups
+    assert any(cause.startswith("invalid_json") and cells[1] == "2" for cause, cells in groups.items()), groups
+    assert any(cause.startswith("invalid_envelope") and cells[1] == "1" for cause, cells in groups.items()), groups
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    b.driver.save_screenshot(str(SHOTS / "console-dead-letters.png"))
+    field = b.driver.find_element(By.NAME, "text")
+    field.send_keys("scripted poison")
+    button(b, "Filter").click()
+    b.wait_for("2 dead letters")
+    shown = b.driver.find_element(By.ID, "dead-letters").text
+    assert all(i[:13] in shown for i in planted["poison"]) and not any(i[:13] in shown for i in planted["bad_json"])
+
+    # One message's page: envelope, body, attempts.
+    b.driver.find_element(By.LINK_TEXT, planted["poison"][0][:13]).click()
+    b.wait_for(f"Dead letter {planted['poison'][0]}")
+    assert "scripted poison" in b.driver.find_element(By.ID, "attempts").text
+    assert '"n": 1' in b.driver.find_element(By.ID, "body").text
+    b.driver.save_screenshot(str(SHOTS / "console-message.png"))
+
+    # Replay the group of two; a third of the same cause arriving after the confirmation was shown is not swept in.
+    b.open(stack.url + "/dead-letters", "By cause")
+    row = next(r for r in b.driver.find_elements(By.CSS_SELECTOR, "#groups tbody tr") if "scripted poison" in r.text)
+    button(b, "Replay group", row).click()
+    b.wait_for("Replay 2 dead letters?")
+    late = stack.plant(poison=1)["poison"][0]
+    button(b, "Replay 2").click()
+    b.wait_for("dlq.replay: 2 of 2 done")
+    wait_until(lambda: all(stack.row(i)["status"] == "processed" for i in planted["poison"]), "replayed and handled")
+    assert stack.row(late)["status"] == "dead_lettered"
+    assert all(stack.service.handler.handled[i] == 1 for i in planted["poison"])
+    replays = [m.headers for m in stack.nats_call(lambda js: read_stream(js, "VIBESPRO_EVENTS"))
+               if (m.headers or {}).get("Seamq-Replay-Attempt")]
+    assert sorted(h["Seamq-Message-Id"] for h in replays) == sorted(planted["poison"])  # one copy each, not the late
+
+    # Edit and replay: a new message that names the original; the original is closed; both are kept.
+    original = planted["bad_json"][0]
+    b.open(f"{stack.url}/dead-letters/{CONSUMER}/{original}", "Edit and replay")
+    editor = b.driver.find_element(By.NAME, "body")
+    editor.clear()
+    editor.send_keys('{"n": 7, "fixed": true}')
+    button(b, "Replay the edited copy").click()
+    b.wait_for("Edited and replayed as a new message")
+    new_id = b.driver.find_element(By.ID, "edited-as").text.strip()
+    uuid.UUID(new_id)
+    assert stack.row(original)["dlq_metadata"]["edited_as"] == new_id and stack.row(original)["status"] == "exhausted"
+    wait_until(lambda: stack.row(new_id).get("status") == "processed", "the edited copy handled")
+    copies = [m for m in stack.nats_call(lambda js: read_stream(js, "VIBESPRO_EVENTS"))
+              if (m.headers or {}).get(Header.MSG_ID) == new_id]
+    assert len(copies) == 1 and copies[0].headers["Seamq-Edit-Of"] == original
+    assert json.loads(copies[0].data) == {"n": 7, "fixed": True}
+    assert "dlq.edit_replay" in b.driver.find_element(By.ID, "history").text
+
+    # Purge one: its DLQ copy is gone from the stream; its inbox row stays, marked.
+    purged = planted["no_aggregate"][0]
+    seq = stack.row(purged)["dlq_metadata"]["dlq_seq"]
+    b.open(f"{stack.url}/dead-letters/{CONSUMER}/{purged}", "Envelope")
+    button(b, "Purge").click()
+    b.wait_for("Purge 1 dead letter?")
+    button(b, "Purge 1").click()
+    b.wait_for("dlq.purge: 1 of 1 done")
+    assert stack.row(purged)["dlq_metadata"]["purged_at"]
+
+    async def gone(js):
+        try:
+            await js.get_msg("SEA_DLQ", seq)
+            return False
+        except NotFoundError:
+            return True
+    assert stack.nats_call(gone)
+
+    actions = stack.sql("SELECT actor, action, selected, done FROM operator_actions WHERE finished_at IS NOT NULL "
+                        "ORDER BY id")
+    assert ("console:ada", "dlq.replay", 2, 2) in actions and ("console:ada", "dlq.purge", 1, 1) in actions
+    assert ("console:ada", "dlq.edit_replay", 1, 1) in actions
+    assert not b.errors()
+
+
+def test_the_overview_shows_what_postgresql_and_jetstream_hold(stack, browser):
+    b = browser
+
+    async def pending(js):  # events for a consumer no process runs: they wait in JetStream
+        for n in range(3):
+            event = vibe(f"o-{n}", n=n)
+            subject = str(event.subject).replace("vibespro.", "sea.", 1)
+            headers = message_headers(event)
+            await js.publish(subject, b"{}", headers=headers)
+        return (await js.consumer_info("SEA_EVENTS", "vibespro__from_sea")).num_pending
+    waiting = stack.nats_call(pending)
+    assert waiting >= 3
+    with psycopg.connect(stack.dsn) as conn:  # no relay runs: they wait in the outbox
+        for n in range(4):
+            outbox.add(conn, vibe(f"backlog-{n}", n=n))
+    sign_in(b, stack.url, "ada", "ada-pass-7")
+    b.wait_until(lambda: "vibespro__from_sea" in b.driver.find_element(By.ID, "consumers").text, "the consumers")
+    b.wait_until(lambda: "samples" in b.text(), "a chart")
+    dead = {c: n for c, n in stack.sql("SELECT consumer, count(*) FROM inbox_messages WHERE status IN "
+                                       "('dead_lettered', 'exhausted') AND dlq_metadata->>'purged_at' IS NULL AND "
+                                       "dlq_metadata->>'edited_as' IS NULL GROUP BY consumer")}
+    consumers = b.rows()
+    assert consumers["vibespro__from_sea"][4] == str(waiting), consumers  # pending, as JetStream says
+    assert consumers[CONSUMER][8] == str(dead.get(CONSUMER, 0)), consumers
+    shown = {r[0]: r for r in b.rows().values() if r[0] in ("sea", "vibespro")}
+    backlog = dict(stack.sql("SELECT context, count(*) FROM outbox_events WHERE published_at IS NULL GROUP BY 1"))
+    assert shown["vibespro"][1] == str(backlog["vibespro"]) == "4", shown
+    b.driver.save_screenshot(str(SHOTS / "console-overview.png"))
+    b.driver.set_window_size(390, 844)  # a phone
+    b.open(stack.url + "/", "Consumers")
+    width = b.driver.execute_script("return document.documentElement.scrollWidth")
+    assert width <= 400, f"the page is {width} px wide on a 390 px screen"
+    b.driver.set_window_size(1600, 1000)
+    assert not b.errors()
+
+
+def test_a_dead_job_is_retried_from_the_jobs_page(stack, browser):
+    b = browser
+
+    async def dead_job():
+        from seamq.jobs.client import JobsClient
+        async with JobsClient(stack.jobs.url) as jobs:
+            job = await jobs.push("report.build", [1], queue="reports", options={"retry": {"max_attempts": 1, "on_exhaustion": "dead_letter"}})
+            [taken] = await jobs.fetch(["reports"])
+            await jobs.nack(taken["id"], RuntimeError("the printer is on fire"))
+            return job["id"]
+    job_id = asyncio.run(dead_job())
+    sign_in(b, stack.url, "ada", "ada-pass-7")
+    b.open(stack.url + "/jobs", "Dead jobs (1)")
+    assert "the printer is on fire" in b.driver.find_element(By.ID, "dead-jobs").text
+    row = next(r for r in b.driver.find_elements(By.CSS_SELECTOR, "#dead-jobs tbody tr") if job_id in r.text)
+    button(b, "Retry", row).click()
+    b.wait_for("state: available")
+    with urllib.request.urlopen(f"{stack.jobs.url}/ojs/v1/jobs/{job_id}") as answer:
+        assert json.loads(answer.read())["job"]["state"] == "available"
+    assert ("console:ada", "jobs.retry", 1) in stack.sql("SELECT actor, action, done FROM operator_actions")
+
+
+def test_beyond_loopback_without_users_is_refused_with_a_coded_error_and_the_docs_commands_parse(tmp_path):
+    from seamq.console.auth import Users
+    from test_readme import parse_command
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SEAMQ_")}
+    result = subprocess.run([*SEAMQ, "console", "--host", "0.0.0.0"], env=env, capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 2 and "error[INVALID_CONFIG]" in result.stderr and "SEAMQ_CONSOLE__USERS" in \
+        result.stderr and "Traceback" not in result.stderr
+    env["SEAMQ_CONSOLE__USERS"] = "ada:pw-never-shown:superuser"
+    result = subprocess.run([*SEAMQ, "console"], env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "error[INVALID_CONFIG]" in result.stderr and "pw-never-shown" not in \
+        result.stderr + result.stdout
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "console.md").read_text()
+    block = re.findall(r"```sh\n(.*?)```", docs, re.S)[0]
+    users = re.search(r'SEAMQ_CONSOLE__USERS="([^"]+)"', block)[1]
+    assert {name: role for name, (_, role) in Users.parse(users).passwords.items()} == {"ada": "admin",
+                                                                                        "vic": "viewer"}
+    commands = [line.split("  #")[0].strip() for line in block.splitlines() if line.startswith("seamq ")]
+    assert commands == ["seamq console"]
+    for command in commands:
+        parse_command(command.split())
