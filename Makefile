@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test install browser clean bench bench-quick soak
+.PHONY: run test test-unit install browser clean bench bench-quick soak
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,10 @@ run: $(STAMP)
 
 test: $(STAMP) browser
 	$(BIN)/pytest
+
+# The unit tier only: pure logic on in-memory fakes, in seconds (tests/conftest.py, UNIT_MODULES).
+test-unit: $(STAMP)
+	$(BIN)/pytest -m unit --durations=5
 
 # Headless Chromium and its driver, for the browser tests (the admin UI, the console): Debian's
 # packages, installed when missing (as root; otherwise say what to install).

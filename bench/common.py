@@ -19,7 +19,7 @@ from pathlib import Path
 import psycopg
 
 from seamq import outbox
-from seamq.dev.embedded import NatsServer, PostgresServer
+from seamq.embedded import NatsServer, PostgresServer
 from seamq.model import Event
 from seamq.nats.provision import apply
 from seamq.pg import migrate

@@ -20,7 +20,7 @@ import time
 import urllib.request
 
 from bench.common import fresh_database, provision, services, spawn, stop
-from seamq.dev.embedded import free_port
+from seamq.embedded import free_port
 
 CAUSES = ["handler_rejected: HTTP 422: total must be positive (order {n})",
           "max_deliver: handler_error: TimeoutError after 30 s",

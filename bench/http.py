@@ -26,7 +26,7 @@ from bench.common import (
     SEAMQ, CpuWindow, Result, bench_topology, cpu_per_row, fresh_database, histogram_quantiles, per_event_us,
     provision, publish_events, self_peak_rss_mb, serve_http_app, services, spawn, stop,
 )
-from seamq.dev.embedded import free_port
+from seamq.embedded import free_port
 from seamq.topology import load_topology
 
 CONCURRENCY = 32

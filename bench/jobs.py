@@ -22,7 +22,7 @@ import aiohttp
 import nats
 
 from bench.common import Result, fresh_database, peak_rss_mb, services, wait_until
-from seamq.dev.embedded import NatsServer
+from seamq.embedded import NatsServer
 from seamq.jobs.model import parse_time
 
 CONCURRENCY = 64

@@ -117,7 +117,7 @@ def main() -> None:
     if args.case:
         print(json.dumps(case(args.case, args.dsn)))
         return
-    from seamq.dev.embedded import PostgresServer
+    from seamq.embedded import PostgresServer
     from seamq.pg import migrate
     import asyncio
 

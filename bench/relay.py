@@ -24,7 +24,7 @@ from bench.common import (
     spawn, stop, write_outbox,
 )
 from bench.e2e import offer, percentile
-from seamq.dev.embedded import postgres_bin_dir
+from seamq.embedded import postgres_bin_dir
 from seamq.nats.fast_batch import server_batches
 from seamq.nats.provision import stream_config
 from seamq.topology import load_topology

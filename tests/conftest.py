@@ -15,7 +15,7 @@ import uuid
 
 import pytest
 
-from seamq.dev.embedded import NatsCluster, NatsServer
+from seamq.embedded import NatsCluster, NatsServer
 from seamq.nats.connect import connect
 from seamq.nats.provision import apply
 from seamq.settings import NatsSettings
@@ -25,6 +25,24 @@ from handler_service import HandlerService
 
 # The users' pytest plugin provides PostgreSQL: a session server and a migrated database per test.
 pytest_plugins = ["seamq.testing"]
+
+
+# The unit tier (`make test-unit`, seconds): modules of pure logic on in-memory fakes. A test there
+# that asks for a real service is a mistake this hook reports, so the tier cannot drift.
+UNIT_MODULES = {"test_compat", "test_consumer_unit", "test_handler_timeout", "test_jobs_activity", "test_jobs_cron",
+                "test_jobs_job", "test_jobs_model", "test_jobs_operations", "test_jobs_workflows", "test_listen",
+                "test_model", "test_observability", "test_stopping", "test_verdict"}
+SERVICES = {"dsn", "empty_dsn", "pg_server", "nats_server", "nats_cluster", "nats_settings", "nc", "provisioned",
+            "topo", "publish_path", "service", "service_env", "spark", "seamq_database", "seamq_postgres",
+            "seamq_nats", "seamq_topology"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.module.__name__ in UNIT_MODULES:
+            used = SERVICES & set(item.fixturenames)
+            assert not used, f"{item.nodeid} is in the unit tier but asks for {sorted(used)}"
+            item.add_marker(pytest.mark.unit)
 
 
 @pytest.fixture(scope="session")

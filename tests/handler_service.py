@@ -9,7 +9,7 @@ from collections import Counter, defaultdict
 
 import uvicorn
 
-from seamq.dev.embedded import free_port
+from seamq.embedded import free_port
 from seamq.envelope import Envelope, Poison
 from seamq.http.server import handler_app
 

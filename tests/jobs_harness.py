@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from seamq.dev.embedded import free_port
+from seamq.embedded import free_port
 
 
 class JobServer:
@@ -66,7 +66,7 @@ class JobServer:
 @contextmanager
 def served(tmp_path_factory, name: str, *, test_mode: bool = False, extra: tuple[str, ...] = ()) -> Iterator[str]:
     """A nats-server and `seamq jobs serve` of their own, for a module's tests; yields the server's URL."""
-    from seamq.dev.embedded import NatsServer
+    from seamq.embedded import NatsServer
 
     nats = NatsServer(tmp_path_factory.mktemp(name) / "nats")
     nats.start()

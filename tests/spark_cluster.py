@@ -21,7 +21,7 @@ import urllib.request
 from pathlib import Path
 
 import seamq
-from seamq.dev.embedded import free_port
+from seamq.embedded import free_port
 
 CHECKOUT = Path(seamq.__file__).resolve().parents[2]
 _DRIVER = {CHECKOUT, Path(sys.prefix).resolve()}

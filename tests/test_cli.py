@@ -54,7 +54,7 @@ def test_every_error_code_is_documented_with_its_exit_code():
 
 
 def _closed_port() -> int:
-    from seamq.dev.embedded import free_port
+    from seamq.embedded import free_port
 
     return free_port()
 

@@ -23,7 +23,7 @@ import pytest
 from nats.js.errors import NotFoundError
 from selenium.webdriver.common.by import By
 
-from seamq.dev.embedded import NatsServer, free_port
+from seamq.embedded import NatsServer, free_port
 from seamq.model import Header, message_headers
 from seamq.nats.connect import connect
 from seamq.settings import NatsSettings

@@ -17,7 +17,7 @@ import yaml
 from pydantic import BaseModel
 
 from seamq.cli import app
-from seamq.dev.embedded import nats_server_binary
+from seamq.embedded import nats_server_binary
 from seamq.settings import Settings, load_settings
 
 DOC = (Path(__file__).parent.parent / "docs" / "deploy.md").read_text()

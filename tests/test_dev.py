@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from seamq.dev.embedded import PostgresServer, free_port, port_is_free
+from seamq.embedded import PostgresServer, free_port, port_is_free
 
 from conftest import SEAMQ
 

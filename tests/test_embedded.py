@@ -11,8 +11,8 @@ import psycopg
 import pytest
 
 import bench.common
-from seamq.dev import embedded
-from seamq.dev.embedded import NatsServer, PostgresServer
+from seamq.embedded import postgres as embedded
+from seamq.embedded import NatsServer, PostgresServer
 from seamq.model import SeamqError
 
 

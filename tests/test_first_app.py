@@ -21,7 +21,7 @@ import time
 import tomllib
 from pathlib import Path
 
-from seamq.dev.embedded import PostgresServer, free_port
+from seamq.embedded import PostgresServer, free_port
 
 ROOT = Path(__file__).parent.parent
 DOC = (ROOT / "docs" / "first-app.md").read_text()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from seamq.dev.embedded import NatsServer
+from seamq.embedded import NatsServer
 
 from jobs_harness import JobServer
 from ojs_runner import Runner, load_cases

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from seamq.dev.embedded import free_port
+from seamq.embedded import free_port
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "jobs.md"
 

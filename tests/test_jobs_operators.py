@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from seamq.dev.embedded import free_port
+from seamq.embedded import free_port
 from seamq.jobs.client import JobsClient
 
 from jobs_harness import JobServer

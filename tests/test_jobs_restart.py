@@ -15,7 +15,7 @@ from datetime import datetime, timedelta, timezone
 
 import aiohttp
 
-from seamq.dev.embedded import NatsServer
+from seamq.embedded import NatsServer
 from seamq.jobs.client import JobsClient
 
 from jobs_harness import JobServer

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import subprocess
 import tempfile
@@ -221,6 +222,14 @@ async def test_a_clean_stop_hands_its_partitions_over_at_once(dsn, nats_server, 
     stop = asyncio.Event()
     first = asyncio.create_task(run_consumer(settings, topology, CONSUMER, stop, registry))
     await wait_for(lambda: scalar(dsn, "SELECT count(*) FROM handled_order") == 60, timeout=30, what="first 60")
+    from seamq.nats.partitions import members
+    [alone] = await members(nc, CONSUMER, wait=1.0)  # the one process holds every partition, and says so
+    assert sorted(alone["holds"]) == sorted(topology.consumer(CONSUMER).durables()) and alone["process"].endswith(
+        f"pid {os.getpid()}")
+    from seamq.console.overview import Overview  # the console's overview says the same, per partition
+    shot = await Overview(None, nc, topology).snapshot()  # no database here: its part is said as an error
+    [row] = [c for c in shot.consumers if c["consumer"] == CONSUMER]
+    assert {d["name"]: d["held_by"] for d in row["durables"]} == {d: alone["process"] for d in alone["holds"]}
     stop.set()
     await asyncio.wait_for(first, 30)
     await publish(60)

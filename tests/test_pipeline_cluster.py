@@ -17,7 +17,7 @@ import pytest
 
 pytest.importorskip("pyspark")
 
-from seamq.dev.embedded import NatsServer  # noqa: E402
+from seamq.embedded import NatsServer  # noqa: E402
 from seamq.nats.connect import connect  # noqa: E402
 from seamq.nats.provision import apply  # noqa: E402
 from seamq.settings import NatsSettings, RelaySettings, Settings  # noqa: E402

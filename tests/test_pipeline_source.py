@@ -88,7 +88,7 @@ async def test_the_source_and_the_drivers_connect_with_the_settings_credentials(
     settings (before, the pipeline dialled the bare URL and failed on a server that wants them)."""
     import nats
 
-    from seamq.dev.embedded import NatsServer
+    from seamq.embedded import NatsServer
     from seamq.nats.provision import apply
     from seamq.pipeline.reconcile import _first_seq
     from seamq.pipeline.source import source_options

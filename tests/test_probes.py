@@ -12,7 +12,7 @@ import urllib.request
 
 import psycopg
 
-from seamq.dev.embedded import free_port
+from seamq.embedded import free_port
 from seamq.health import Health
 
 from conftest import SEAMQ

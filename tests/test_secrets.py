@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from seamq.dev.embedded import free_port
+from seamq.embedded import free_port
 from seamq.redact import redact, register
 
 from conftest import SEAMQ

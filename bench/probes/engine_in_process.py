@@ -5,7 +5,7 @@
 import asyncio, sys, tempfile, time
 from pathlib import Path
 import nats
-from seamq.dev.embedded import NatsServer
+from seamq.embedded import NatsServer
 from seamq.jobs.engine import Engine
 from seamq.jobs.nats_store import NatsJobStore
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 10000

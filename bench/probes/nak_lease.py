@@ -9,7 +9,7 @@ import asyncio, json, tempfile, time
 from pathlib import Path
 import nats
 from nats.js.api import StreamConfig, RetentionPolicy, ConsumerConfig, AckPolicy, StorageType
-from seamq.dev.embedded import NatsServer
+from seamq.embedded import NatsServer
 
 async def nak(nc, m, delay):
     await nc.publish(m.reply, b"-NAK " + json.dumps({"delay": int(delay * 1e9)}).encode())

@@ -38,66 +38,22 @@ import dataclasses
 import time
 import uuid
 from contextvars import ContextVar
-from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from seamq import dead_letter
-from seamq.envelope import REPLAY_CONSUMER, Envelope, HandlerResult, Outcome, Reason, Rejected, parse_message
+from seamq.envelope import REPLAY_CONSUMER, HandlerResult, Outcome, Reason, Rejected, parse_message
 from seamq.health import Beat, Health
 from seamq.holds import Holds, Pending
-from seamq.model import Header
 from seamq.observability import ConsumerMetrics, continue_trace, log
 from seamq.ports import (
-    Admission, DeadLettered, Delivery, DeliverySource, Handler, HandlerLookup, InboxItem, InboxOutcome,
-    InboxRepository, JetStreamPublisher, OutMessage,
+    Admission, DeadLettered, Delivery, DeliverySource, HandlerLookup, InboxOutcome, InboxRepository,
+    JetStreamPublisher,
 )
 from seamq.settings import ConsumerSettings
 from seamq.stopping import sleep_unless_stopped
 from seamq.topology import ConsumerSpec
-from seamq.verdict import Ack, Backoff, DeadLetter, Duplicate, Nak, Verdict, dead_letter_failed, decide, lane_failed
-
-
-@dataclass
-class _Handling:
-    """One fetched message and, once the lane has decided, its verdict (seamq.verdict)."""
-
-    msg: Delivery
-    envelope: Envelope | None  # parsed fine (it may still have no handler)
-    rejected: Rejected | None  # why it can never be handled
-    handler: Handler | None = None
-    verdict: Verdict | None = None
-    attempts: int = 0  # the handler's attempts before this delivery (the inbox counts them: seamq.verdict)
-    attempted: bool = False  # its handler ran in this lane
-    dlq_seq: int | None = None  # where its dead letter was stored
-    http_result: HandlerResult | None = None  # kept across a lane's redo: never call HTTP twice
-    for_another: bool = False  # a DLQ replay or an edited copy for another consumer of the subject: skipped
-
-    @property
-    def ack(self) -> bool:
-        return isinstance(self.verdict, (Ack, Duplicate, DeadLetter))  # a dead letter once it is published
-
-    @property
-    def attempt(self) -> int:
-        """This attempt's number, or the last one's when the handler did not run now."""
-        return max(1, self.attempts + self.attempted)
-
-    @property
-    def seq(self) -> int:
-        return self.msg.seq
-
-    @property
-    def delivered(self) -> int:
-        return self.msg.delivered
-
-    @property
-    def message_id(self) -> uuid.UUID | None:
-        return self.envelope.message_id if self.envelope else self.rejected.message_id
-
-    @property
-    def aggregate(self) -> str:
-        if self.envelope:
-            return f"{self.envelope.aggregate_type}/{self.envelope.aggregate_id}"
-        return str(self.message_id)
+from seamq.handling import Handling, header_uuid, inbox_items
+from seamq.verdict import Ack, Backoff, DeadLetter, Duplicate, Nak, dead_letter_failed, decide, lane_failed
 
 
 class _Undo(Exception):
@@ -164,34 +120,34 @@ class InboxConsumer:
                 queue.put_nowait(None)  # after what is queued: finish it, then stop
             await asyncio.gather(*lanes)
 
-    def _prepare(self, msg: Delivery) -> _Handling:
+    def _prepare(self, msg: Delivery) -> Handling:
         """Never raises: a message that cannot be prepared is a dead letter, not a dead consumer."""
         try:
             return self._parse(msg)
         except Exception as exc:  # a bug of ours, shown by this message: it alone pays
-            message_id = _header_uuid(msg)
+            message_id = header_uuid(msg)
             log.error("consumer_prepare_failed", consumer=self.spec.name, message_id=str(message_id),
                       subject=msg.subject, error=f"{type(exc).__name__}: {exc}"[:500])
-            return _Handling(msg, None, Rejected(Reason.CONSUMER_ERROR, f"preparing it failed: {type(exc).__name__}: "
+            return Handling(msg, None, Rejected(Reason.CONSUMER_ERROR, f"preparing it failed: {type(exc).__name__}: "
                                              f"{exc}", message_id))
 
-    def _parse(self, msg: Delivery) -> _Handling:
+    def _parse(self, msg: Delivery) -> Handling:
         delivered = msg.delivered
         if delivered > 1:
             self._metrics.redeliveries.inc()
         parsed = parse_message(msg.subject, msg.headers, msg.data, delivered)
         if isinstance(parsed, Rejected):
-            return _Handling(msg, None, parsed)
+            return Handling(msg, None, parsed)
         replay_for = msg.headers.get(REPLAY_CONSUMER)  # a replay, or an edited copy, is for one consumer only
         if replay_for not in (None, self.spec.name):
-            return _Handling(msg, parsed, None, for_another=True)
-        work = _Handling(msg, parsed, None, self.handlers(parsed.event_type, parsed.event_version))
+            return Handling(msg, parsed, None, for_another=True)
+        work = Handling(msg, parsed, None, self.handlers(parsed.event_type, parsed.event_version))
         if work.handler is None:
             work.rejected = Rejected(
                 Reason.NO_HANDLER, f"no handler for {parsed.event_type}.v{parsed.event_version}", parsed.message_id)
         return work
 
-    def _lane_of(self, item: _Handling, i: int) -> int:
+    def _lane_of(self, item: Handling, i: int) -> int:
         # Ordered: an aggregate always lands in one lane, handled in stream order.
         # Copies of one message id share a lane either way, so they cannot race.
         if self.config.ordered:
@@ -214,7 +170,7 @@ class InboxConsumer:
             with beat:
                 await self._run_lane(items)
 
-    async def _run_lane(self, items: list[_Handling]) -> None:
+    async def _run_lane(self, items: list[Handling]) -> None:
         """Fast path: the lane's handlers run without savepoints (two round trips per
         message saved). If an in-process handler fails, its writes cannot be undone
         alone, so the whole lane rolls back and runs again with a savepoint each."""
@@ -240,7 +196,7 @@ class InboxConsumer:
             self._holds.record(pending)
         await self._settle(items)
 
-    async def _lane_failed(self, items: list[_Handling], exc: Exception) -> None:
+    async def _lane_failed(self, items: list[Handling], exc: Exception) -> None:
         """Every message comes back, each aggregate's in stream order; a single message whose own
         transaction fails and has no delivery left is dead-lettered (`consumer_error`)."""
         error = f"{type(exc).__name__}: {exc}"[:500]
@@ -262,31 +218,31 @@ class InboxConsumer:
             self._holds.record(pending)
         await self._settle(items)
 
-    async def _count_failed(self, item: _Handling, error: str) -> int:
+    async def _count_failed(self, item: Handling, error: str) -> int:
         """A message whose own transaction failed: its attempt is counted apart, so that a bug it
         shows ends in the DLQ after max_deliver attempts, however often it was delivered."""
         if item.message_id is None:
             return item.delivered
         try:
-            counted = await self.inbox.failed_alone(_inbox_items([item])[0], error)
+            counted = await self.inbox.failed_alone(inbox_items([item])[0], error)
         except Exception as exc:  # the database went away too: count nothing, it comes back
             log.warning("consumer_attempt_not_recorded", consumer=self.spec.name, message_id=str(item.message_id),
                         error=f"{type(exc).__name__}: {exc}"[:500])
             return item.attempts
         return item.delivered if counted is None else counted
 
-    async def _attempt(self, items: list[_Handling], with_savepoints: bool, pending: Pending) -> None:
+    async def _attempt(self, items: list[Handling], with_savepoints: bool, pending: Pending) -> None:
         for item in items:
             item.verdict = None
             item.attempted = False
         async with self.inbox.transaction() as tx:
             await self._handle_lane(tx, items, with_savepoints, pending)
 
-    async def _handle_lane(self, tx, items: list[_Handling], with_savepoints: bool, pending: Pending) -> None:
+    async def _handle_lane(self, tx, items: list[Handling], with_savepoints: bool, pending: Pending) -> None:
         """admit -> call -> decide, per message in order; then dead letters, then record."""
-        admissions = await self.inbox.admit(tx, _inbox_items(items))
-        first_copy: dict[uuid.UUID, _Handling] = {}
-        copies: list[tuple[_Handling, _Handling]] = []
+        admissions = await self.inbox.admit(tx, inbox_items(items))
+        first_copy: dict[uuid.UUID, Handling] = {}
+        copies: list[tuple[Handling, Handling]] = []
         for item in items:
             message_id = item.message_id
             if item.for_another:  # not ours to run, nor to record
@@ -323,7 +279,7 @@ class InboxConsumer:
         await self.inbox.record(tx, [self._outcome(item, admissions, skipped.get(message_id, 0))
                                      for message_id, item in first_copy.items()])
 
-    def _outcome(self, item: _Handling, admissions: dict, copies: int) -> InboxOutcome:
+    def _outcome(self, item: Handling, admissions: dict, copies: int) -> InboxOutcome:
         verdict = item.verdict
         dead = None
         if isinstance(verdict, DeadLetter):
@@ -334,7 +290,7 @@ class InboxConsumer:
                             dead_letter=dead, copies=copies, attempts=item.attempts + item.attempted,
                             attempted=item.attempted)
 
-    def _failed_attempt(self, item: _Handling, result: HandlerResult) -> None:
+    def _failed_attempt(self, item: Handling, result: HandlerResult) -> None:
         """Every failed attempt is told, with what it will cost: a retry in so long, or the DLQ."""
         verdict = item.verdict
         log.warning("handler_failed", consumer=self.spec.name, message_id=str(item.message_id),
@@ -343,7 +299,7 @@ class InboxConsumer:
                     then=(f"retry in {verdict.delay:.1f}s" if isinstance(verdict, Nak)
                           else f"dead letter ({verdict.reason.value})"))
 
-    def _follow(self, item: _Handling, pending: Pending, *, copy: bool = False) -> None:
+    def _follow(self, item: Handling, pending: Pending, *, copy: bool = False) -> None:
         """What the verdict means for its aggregate's order: done frees it, a NAK waits in line
         (stretched to come back after its aggregate's earlier ones); and the counters."""
         verdict = item.verdict
@@ -357,7 +313,7 @@ class InboxConsumer:
             if isinstance(verdict, Duplicate):
                 self._metrics.duplicates.inc()
 
-    async def _call(self, conn, item: _Handling, with_savepoints: bool) -> HandlerResult:
+    async def _call(self, conn, item: Handling, with_savepoints: bool) -> HandlerResult:
         """`conn` is the inbox's unit of work (None without an inbox): in-process handlers write through it."""
         envelope = item.envelope
         if with_savepoints and item.handler.transactional:
@@ -397,7 +353,7 @@ class InboxConsumer:
             metrics.e2e_seconds.observe(max(0.0, (datetime.now(timezone.utc) - since).total_seconds()))
         return result
 
-    async def _guarded(self, item: _Handling, call, reraise: bool = False) -> HandlerResult:
+    async def _guarded(self, item: Handling, call, reraise: bool = False) -> HandlerResult:
         """A handler (or a wrapper of ours around it) that raises instead of returning an outcome
         failed this message's attempt, and only this message's."""
         _lane_beat.get().turn()
@@ -408,16 +364,16 @@ class InboxConsumer:
                 raise
             return self._crashed(item, exc)
 
-    def _crashed(self, item: _Handling, exc: Exception) -> HandlerResult:
+    def _crashed(self, item: Handling, exc: Exception) -> HandlerResult:
         detail = f"consumer error: {type(exc).__name__}: {exc}"[:500]
         log.error("consumer_handler_raised", consumer=self.spec.name, message_id=str(item.message_id), error=detail)
         return HandlerResult(Outcome.RETRY, detail)
 
-    async def _dead_letter(self, items: list[_Handling], pending: Pending | None = None) -> None:
+    async def _dead_letter(self, items: list[Handling], pending: Pending | None = None) -> None:
         """Publish EVT-047-002 for each; a failed publish turns its verdict into a retry."""
         if not items:
             return
-        results = await self.dlq.publish_many([self._dlq_message(i) for i in items])
+        results = await self.dlq.publish_many([i.dead_letter(self.spec, self.max_payload) for i in items])
         for item, result in zip(items, results):
             verdict = item.verdict
             if result.ok:
@@ -430,15 +386,7 @@ class InboxConsumer:
                 if pending is not None:
                     self._follow(item, pending)
 
-    def _dlq_message(self, item: _Handling) -> OutMessage:
-        msg = item.msg
-        return dead_letter.message(
-            self.spec, reason=item.verdict.reason, detail=item.verdict.detail, message_id=item.message_id,
-            original_subject=msg.subject, headers=msg.headers, data=msg.data, stream=msg.stream, seq=msg.seq,
-            attempts=item.attempt, max_payload=self.max_payload,
-        )
-
-    async def _settle(self, items: list[_Handling]) -> None:
+    async def _settle(self, items: list[Handling]) -> None:
         for item in items:
             try:
                 if item.ack:
@@ -447,28 +395,3 @@ class InboxConsumer:
                     await item.msg.nak(delay=item.verdict.delay)
             except Exception as exc:  # lost ack: redelivered, then skipped as a duplicate
                 log.info("consumer_ack_failed", consumer=self.spec.name, error=str(exc))
-
-
-
-def _header_uuid(msg: Delivery) -> uuid.UUID | None:
-    try:
-        return uuid.UUID(msg.headers.get(Header.MSG_ID, ""))
-    except (ValueError, TypeError, AttributeError):
-        return None
-
-
-def _inbox_items(items: list[_Handling]) -> list[InboxItem]:
-    seen, out = set(), []
-    for item in items:
-        message_id = item.message_id
-        if message_id is None or message_id in seen or item.for_another:
-            continue
-        seen.add(message_id)
-        env = item.envelope
-        out.append(InboxItem(
-            message_id=message_id, subject=item.msg.subject,
-            event_type=env.event_type if env else None, event_version=env.event_version if env else None,
-            occurred_at=env.occurred_at if env else None, replay=bool(env and env.replay_attempt),
-            deliver_at=env.deliver_at if env else None,
-        ))
-    return out

@@ -257,7 +257,7 @@ def seamq_harness() -> Harness:
 @pytest.fixture(scope="session")
 def seamq_nats():
     """An embedded nats-server with JetStream on a free port, for the session; `.url` to connect."""
-    from seamq.dev.embedded import NatsServer
+    from seamq.embedded import NatsServer
 
     root = Path(tempfile.mkdtemp(prefix="seamq-test-nats-"))
     server = NatsServer(root / "nats")
@@ -274,7 +274,7 @@ def seamq_postgres():
     """An embedded PostgreSQL on a free port, for the session, with a migrated template database."""
     import asyncio
 
-    from seamq.dev.embedded import PostgresServer
+    from seamq.embedded import PostgresServer
     from seamq.pg import migrate
 
     root = Path(tempfile.mkdtemp(prefix="seamq-test-pg-"))

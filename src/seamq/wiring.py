@@ -247,7 +247,11 @@ async def console_parts(settings: Settings, topology: Topology):
     from seamq.dlq_desk import DeadLetterDesk
 
     async with replay_tools(settings, topology, persistent=True, pool_size=6) as replayer:
-        yield DeadLetterDesk(replayer), Overview(replayer.dead_letters.pool, replayer.messages.js, topology)
+        nc = await connect(settings.nats, name="seamq-console", persistent=True)
+        try:
+            yield DeadLetterDesk(replayer), Overview(replayer.dead_letters.pool, nc, topology)
+        finally:
+            await _close(nc)
 
 
 async def run_replay(settings: Settings, topology: Topology, stop: asyncio.Event,

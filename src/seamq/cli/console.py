@@ -21,8 +21,11 @@ def console(
 ) -> None:
     """Serve the operations console: overview, dead letters, jobs (PostgreSQL, NATS and the job server from
     the usual settings; users from SEAMQ_CONSOLE__USERS)."""
-    from seamq.console.serve import serve
-
+    try:
+        from seamq.console.serve import serve
+    except ModuleNotFoundError as exc:  # an install without the extra: say which to add, not a traceback
+        exit_with(SeamqError(ErrorCode.INVALID_CONFIG, f"seamq console needs the console extra ({exc.name} is not "
+                                                       "installed): pip install 'seamq[console]'"))
     current = settings()
     host = host or current.console.host
     port = current.console.port if port is None else port

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from psycopg.rows import dict_row
 
+from seamq.nats import partitions
 from seamq.observability import log
 from seamq.pg.sql import query
 from seamq.stopping import sleep_unless_stopped
@@ -35,8 +36,8 @@ class Snapshot:
 
 
 class Overview:
-    def __init__(self, pool, js, topology: Topology) -> None:
-        self.pool, self.js, self.topology = pool, js, topology
+    def __init__(self, pool, nc, topology: Topology) -> None:
+        self.pool, self.nc, self.js, self.topology = pool, nc, nc.jetstream(), topology
         self.history: dict[str, deque] = {}
 
     async def snapshot(self) -> Snapshot:
@@ -79,6 +80,14 @@ class Overview:
                 row["waiting"] += info.num_waiting or 0
                 row["durables"].append({"name": durable, "pending": info.num_pending or 0,
                                         "ack_pending": info.num_ack_pending or 0, "waiting": info.num_waiting or 0})
+            if spec.partitions:  # which process holds which partition, as each says (seamq.nats.partitions)
+                try:
+                    held = {d: m["process"] for m in await partitions.members(self.nc, name) for d in m["holds"]}
+                except Exception as exc:
+                    errors.append(f"NATS: who holds {name}'s partitions: {type(exc).__name__}: {exc}")
+                    held = {}
+                for durable in row["durables"]:
+                    durable["held_by"] = held.get(durable["name"])
             consumers.append(row)
         return Snapshot(time.time(), contexts, consumers, processes, errors)
 

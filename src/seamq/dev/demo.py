@@ -19,7 +19,7 @@ from rich.live import Live
 from rich.table import Table
 
 from seamq import outbox
-from seamq.dev.embedded import free_port
+from seamq.embedded import free_port
 from seamq.envelope import Envelope, Poison
 from seamq.http.server import handler_app
 from seamq.model import Event

@@ -16,7 +16,7 @@ from pydantic import SecretStr
 from rich.console import Console
 from rich.table import Table
 
-from seamq.dev.embedded import NatsCluster, NatsServer, PostgresServer, free_port, port_is_free
+from seamq.embedded import NatsCluster, NatsServer, PostgresServer, free_port, port_is_free
 from seamq.nats.connect import connect
 from seamq.nats.fast_batch import batched_streams
 from seamq.nats.provision import apply

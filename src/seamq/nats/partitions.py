@@ -23,7 +23,8 @@ cleanly finishes and acks what it has, then unpins: the next one starts at once.
 
 The server pins whichever process asks first, so the first process to start
 would take every partition. The processes of one consumer count each other
-(a request on `_SEAMQ.MEMBERS.{consumer}` that each answers), and each keeps
+(a request on `_SEAMQ.MEMBERS.{consumer}` that each answers, naming itself and the partitions it
+holds, which the console shows), and each keeps
 its share, ceil(N / processes): it asks for a partition it does not have only
 while it has fewer, and one with more than its share gives one back the clean
 way (stops asking, lets its lanes ack what they have, unpins). When a process
@@ -33,7 +34,10 @@ dies the others' share grows and they ask again.
 from __future__ import annotations
 
 import asyncio
+import json
 import math
+import os
+import socket
 import time
 from collections import deque
 from typing import Iterable
@@ -50,6 +54,26 @@ GROUP = "seamq"  # the one priority group of every partition consumer
 CHECK_EVERY = 0.2  # seconds between two looks at the consumer state while a handover waits
 COUNT_EVERY = 2.0  # seconds between two counts of the consumer's processes
 COUNT_WAIT = 0.2  # seconds the count waits for answers
+PROCESS = f"{socket.gethostname()} pid {os.getpid()}"  # how a process names itself to the others
+
+
+async def members(nc: Client, consumer: str, wait: float = COUNT_WAIT) -> list[dict]:
+    """The processes of a partitioned consumer that answer now, each with the partitions it holds."""
+    inbox, found = nc.new_inbox(), []
+
+    async def answered(msg) -> None:
+        try:
+            found.append(json.loads(msg.data))
+        except ValueError:  # a process of an older seamq answers with nothing
+            found.append({"process": "?", "holds": []})
+
+    sub = await nc.subscribe(inbox, cb=answered)
+    try:
+        await nc.publish(f"_SEAMQ.MEMBERS.{consumer}", b"", reply=inbox)
+        await asyncio.sleep(wait)
+    finally:
+        await sub.unsubscribe()
+    return sorted(found, key=lambda m: str(m.get("process")))
 
 
 def handed_over(in_hand: Iterable[int], ack_pending: int, delivered: int) -> bool:
@@ -212,12 +236,15 @@ class PartitionedDeliveries:
         for partition in self.partitions:
             await partition.start()
 
-        async def here(msg) -> None:
-            await msg.respond(b"")
+        async def here(msg) -> None:  # counted by the others; read by the console (who holds what)
+            await msg.respond(json.dumps({"process": PROCESS, "holds": self.holding()}).encode())
 
         self._subs.append(await self.nc.subscribe(self._members_subject, cb=here))
         self._counter = asyncio.create_task(self._count_members())
         return self
+
+    def holding(self) -> list[str]:
+        return [p.durable for p in self.partitions if p.owner is not None and not p.releasing]
 
     async def _count_members(self) -> None:
         inbox = self.nc.new_inbox()

@@ -1,0 +1,91 @@
+"""A child service seamq starts and owns: spawned in a session of its own, stopped, killed -9,
+restarted on the same port; and free ports on 127.0.0.1."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+from seamq.model import ErrorCode, SeamqError
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def _wait_for_port(port: int, proc: subprocess.Popen, what: str, log: Path, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SeamqError(ErrorCode.EMBEDDED_SERVICE, f"{what} exited at start; see {log}:\n{_tail(log)}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.02)
+    raise SeamqError(ErrorCode.EMBEDDED_SERVICE, f"{what} did not listen on port {port} within {timeout}s; see {log}")
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+class _Process:
+    """A child service: start, stop gracefully, kill -9, restart on the same port."""
+
+    name = "service"
+    proc: subprocess.Popen | None = None
+
+    def _spawn(self, argv: list[str], log: Path, **kwargs) -> None:
+        with open(log, "ab") as out:
+            # A session of its own: Ctrl-C in the terminal reaches `seamq dev`,
+            # which then stops services in order, instead of killing them first.
+            self.proc = subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, **kwargs
+            )
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout: float = 15) -> None:
+        if not self.running:
+            return
+        self.proc.send_signal(self._stop_signal)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL: the fault tests use this to lose unsynced state."""
+        if self.running:
+            self.proc.kill()
+            self.proc.wait()
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def start(self) -> None:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    _stop_signal = signal.SIGTERM

@@ -1,0 +1,91 @@
+"""One delivery as a consumer's lane handles it (seamq.consumer): the message, what parsing made of
+it, and the verdict the lane gives it (seamq.verdict); and the inbox rows a lane's deliveries
+stand for."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+from seamq import dead_letter
+from seamq.envelope import Envelope, HandlerResult, Rejected
+from seamq.model import Header
+from seamq.ports import Delivery, Handler, InboxItem, OutMessage
+from seamq.topology import ConsumerSpec
+from seamq.verdict import Ack, DeadLetter, Duplicate, Verdict
+
+
+@dataclass
+class Handling:
+    """One fetched message and, once the lane has decided, its verdict (seamq.verdict)."""
+
+    msg: Delivery
+    envelope: Envelope | None  # parsed fine (it may still have no handler)
+    rejected: Rejected | None  # why it can never be handled
+    handler: Handler | None = None
+    verdict: Verdict | None = None
+    attempts: int = 0  # the handler's attempts before this delivery (the inbox counts them: seamq.verdict)
+    attempted: bool = False  # its handler ran in this lane
+    dlq_seq: int | None = None  # where its dead letter was stored
+    http_result: HandlerResult | None = None  # kept across a lane's redo: never call HTTP twice
+    for_another: bool = False  # a DLQ replay or an edited copy for another consumer of the subject: skipped
+
+    @property
+    def ack(self) -> bool:
+        return isinstance(self.verdict, (Ack, Duplicate, DeadLetter))  # a dead letter once it is published
+
+    @property
+    def attempt(self) -> int:
+        """This attempt's number, or the last one's when the handler did not run now."""
+        return max(1, self.attempts + self.attempted)
+
+    @property
+    def seq(self) -> int:
+        return self.msg.seq
+
+    @property
+    def delivered(self) -> int:
+        return self.msg.delivered
+
+    @property
+    def message_id(self) -> uuid.UUID | None:
+        return self.envelope.message_id if self.envelope else self.rejected.message_id
+
+    @property
+    def aggregate(self) -> str:
+        if self.envelope:
+            return f"{self.envelope.aggregate_type}/{self.envelope.aggregate_id}"
+        return str(self.message_id)
+
+    def dead_letter(self, spec: ConsumerSpec, max_payload: int) -> OutMessage:
+        """Its dead letter (EVT-047-002), for the verdict it was given."""
+        msg = self.msg
+        return dead_letter.message(
+            spec, reason=self.verdict.reason, detail=self.verdict.detail, message_id=self.message_id,
+            original_subject=msg.subject, headers=msg.headers, data=msg.data, stream=msg.stream, seq=msg.seq,
+            attempts=self.attempt, max_payload=max_payload,
+        )
+
+
+def header_uuid(msg: Delivery) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(msg.headers.get(Header.MSG_ID, ""))
+    except (ValueError, TypeError, AttributeError):
+        return None
+
+
+def inbox_items(items: list[Handling]) -> list[InboxItem]:
+    seen, out = set(), []
+    for item in items:
+        message_id = item.message_id
+        if message_id is None or message_id in seen or item.for_another:
+            continue
+        seen.add(message_id)
+        env = item.envelope
+        out.append(InboxItem(
+            message_id=message_id, subject=item.msg.subject,
+            event_type=env.event_type if env else None, event_version=env.event_version if env else None,
+            occurred_at=env.occurred_at if env else None, replay=bool(env and env.replay_attempt),
+            deliver_at=env.deliver_at if env else None,
+        ))
+    return out
