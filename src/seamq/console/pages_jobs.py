@@ -4,6 +4,8 @@ retry/cancel, dead jobs, cron jobs and workflows. Each action is recorded like a
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
+
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
@@ -17,13 +19,17 @@ STATES = ("scheduled", "available", "pending", "active", "completed", "retryable
 
 def routes(console: Console, desk: DeadLetterDesk, jobs: JobsClient) -> list[Route]:
     async def queues(ctx: Ctx) -> Response:
-        state, kind, queue = ctx.one("state") or None, ctx.one("type") or None, ctx.one("queue") or None
-        if state and state not in STATES:
-            raise SeamqError(ErrorCode.INVALID_INPUT, f"state {state[:40]!r} is not one of {', '.join(STATES)}")
-        found = await jobs.jobs(state=state, type=kind, queue=queue, limit=200) if (state or kind or queue) else None
+        filters = {name: ctx.one(name).strip() for name in ("state", "type", "queue", "since", "until")}
+        if filters["state"] and filters["state"] not in STATES:
+            raise SeamqError(ErrorCode.INVALID_INPUT, f"state {filters['state'][:40]!r} is not one of "
+                                                      f"{', '.join(STATES)}")
+        chosen = {name: value for name, value in filters.items() if value}
+        for name in ("since", "until"):  # a browser's datetime-local has no zone: the console's times are UTC
+            if name in chosen:
+                chosen[name] = _utc(name, chosen[name])
+        found = await jobs.jobs(limit=200, **chosen) if chosen else None
         return console.render("jobs.html", ctx, queues=await jobs.queues(), found=found, states=STATES,
-                              dead=await jobs.jobs(dead_letters=True, limit=200),
-                              filters={"state": state or "", "type": kind or "", "queue": queue or ""})
+                              dead=await jobs.jobs(dead_letters=True, limit=200), filters=filters)
 
     async def job(ctx: Ctx) -> Response:
         return console.render("job.html", ctx, job=await jobs.job(ctx.request.path_params["job_id"]))
@@ -64,3 +70,11 @@ def routes(console: Console, desk: DeadLetterDesk, jobs: JobsClient) -> list[Rou
         Route("/jobs/{job_id}/retry", console.page(retry, action=True), methods=["POST"]),
         Route("/jobs/{job_id}/cancel", console.page(cancel, action=True), methods=["POST"]),
     ]
+
+
+def _utc(name: str, value: str) -> str:
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise SeamqError(ErrorCode.INVALID_INPUT, f"{name}: {value[:40]!r} is not a time (2026-11-26T08:00)") from None
+    return (moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)).isoformat()

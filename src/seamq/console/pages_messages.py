@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from datetime import datetime
+from datetime import datetime, timezone
 
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
@@ -30,7 +30,8 @@ def _time(ctx: Ctx, name: str) -> datetime | None:
     if not value:
         return None
     try:
-        return datetime.fromisoformat(value)
+        moment = datetime.fromisoformat(value)
+        return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)  # the console's times are UTC
     except ValueError:
         raise SeamqError(ErrorCode.INVALID_INPUT, f"{name}: {value[:40]!r} is not a time (2026-11-26T08:00)") from None
 
