@@ -26,7 +26,7 @@ from seamq.testing import _TEMPLATE
 
 from browser import Browser
 from conftest import SEAMQ
-from console_harness import SHOTS, Stack, button, post, sign_in, wait_until
+from console_harness import SHOTS, Stack, button, post, sign_in, sign_in_redirect, wait_until
 from helpers import read_stream
 from test_consumer import CONSUMER, vibe
 
@@ -61,6 +61,9 @@ def test_sign_in_and_out_a_viewer_sees_no_action_and_is_refused_one_and_a_post_n
     button(b, "Sign out").click()
     b.wait_for("Sign in")
     b.open(stack.url + "/", "Sign in")  # signed out means signed out
+    for elsewhere in ("//evil.example/x", "/\\evil.example", "https://evil.example"):  # never sent to another site
+        assert sign_in_redirect(stack.url, "ada", "ada-pass-7", elsewhere) == "/"
+    assert sign_in_redirect(stack.url, "ada", "ada-pass-7", "/jobs?queue=a") == "/jobs?queue=a"
 
     planted = stack.plant(poison=1)
     sign_in(b, stack.url, "vic", "vic-pass-9")

@@ -128,7 +128,8 @@ class Console:
 
     async def login(self, ctx: Ctx) -> Response:
         target = ctx.one("next", "/")
-        target = target if target.startswith("/") and not target.startswith("//") else "/"
+        # Only a path of this console: "//host" and "/\\host" are other sites to a browser.
+        target = target if target.startswith("/") and target[1:2] not in ("/", "\\") else "/"
         if ctx.request.method == "GET":  # signed in already: the form signs in as someone else
             return self.render("login.html", ctx, next=target)
         name, password = ctx.one("username"), ctx.one("password")
