@@ -271,3 +271,16 @@ def test_beyond_loopback_without_users_is_refused_with_a_coded_error_and_the_doc
     assert commands == ["seamq console"]
     for command in commands:
         parse_command(command.split())
+
+
+def test_a_service_away_is_said_on_the_page_and_the_rest_still_shows(stack, browser):
+    """Runs last: it stops the job server and NATS under the console."""
+    b = browser
+    sign_in(b, stack.url, "ada", "ada-pass-7")
+    stack.jobs.kill()
+    b.open(stack.url + "/jobs", "error[UNAVAILABLE]")
+    assert "a service the console reads is away" in b.text()
+    stack.nats.kill()
+    b.open(stack.url + "/", "Outbox, per context")  # PostgreSQL's numbers, and what could not be read
+    b.wait_for("JetStream: consumer")
+    assert "Traceback" not in (stack.folder / "console.log").read_text()

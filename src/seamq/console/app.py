@@ -27,6 +27,7 @@ from seamq.console.auth import COOKIE, Session, Signer, Users, csrf_ok
 from seamq.jobs.client import JobsError
 from seamq.model import SeamqError
 from seamq.observability import log
+from seamq.pg.errors import database_away
 from seamq.redact import redact
 
 MAX_FORM = 1024 * 1024  # bytes: an edited message body fits; more is refused, not read
@@ -102,19 +103,21 @@ class Console:
                 response = self.render("error.html", ctx, exc.status if exc.status >= 400 else 502,
                                        message=redact(f"the job server answered {exc.status} {exc.code}: "
                                                       f"{exc.message}"), code="JOB_REFUSED")
-            except (OSError, TimeoutError) as exc:
-                log.warning("console_backend_unavailable", path=request.url.path, error=redact(str(exc)))
-                response = self.render("error.html", ctx, 503, code="UNAVAILABLE",
-                                       message=redact(f"a service the console reads is away: {type(exc).__name__}: "
-                                                      f"{exc}"))
-            except Exception as exc:  # a bug: said on the page with a code, logged with its traceback
-                log.error("console_failed", path=request.url.path, error=redact(f"{type(exc).__name__}: {exc}"),
-                          exc_info=True)
-                response = self.render("error.html", ctx, 500, code="INTERNAL",
-                                       message="the console failed on this request; its log says why")
+            except Exception as exc:
+                response = self._failed(ctx, exc)
             return self._finish(response, session if fresh else None)
 
         return endpoint
+
+    def _failed(self, ctx: Ctx, exc: Exception) -> Response:
+        what = redact(f"{type(exc).__name__}: {exc}")
+        if _away(exc):  # not the console's fault, nor the request's
+            log.warning("console_backend_unavailable", path=ctx.request.url.path, error=what)
+            return self.render("error.html", ctx, 503, code="UNAVAILABLE",
+                               message=f"a service the console reads is away: {what}")
+        log.error("console_failed", path=ctx.request.url.path, error=what, exc_info=True)  # a bug
+        return self.render("error.html", ctx, 500, code="INTERNAL",
+                           message="the console failed on this request; its log says why")
 
     def _finish(self, response: Response, new_session: Session | None) -> Response:
         response.headers.update(HEADERS)
@@ -147,6 +150,13 @@ class Console:
         response = RedirectResponse("/login" if self.users.required else "/", 303)
         response.delete_cookie(COOKIE, path="/")
         return response
+
+
+def _away(exc: Exception) -> bool:
+    """PostgreSQL, NATS or the job server away, or not answering."""
+    from nats.errors import Error as NatsError
+
+    return database_away(exc) or isinstance(exc, (OSError, TimeoutError, NatsError))
 
 
 async def _form(request: Request) -> dict[str, list[str]]:
