@@ -58,3 +58,12 @@ def test_headers():
     assert headers["Nats-Msg-Id"] == str(e.id)
     assert headers["Seamq-Correlation-Id"] == str(e.correlation_id)
     assert "Seamq-Causation-Id" not in headers and headers["traceparent"] == "00-abc-def-01"
+
+
+def test_an_error_is_described_once_the_same_way_and_never_longer_than_the_limit():
+    from seamq.model import ERROR_LIMIT, describe
+
+    assert describe(ValueError("bad total")) == "ValueError: bad total"
+    assert describe(TimeoutError()) == "TimeoutError"  # no dangling ": " for an exception without text
+    assert len(describe(RuntimeError("x" * 100_000))) == ERROR_LIMIT
+    assert describe(RuntimeError("abcdef"), 10) == "RuntimeErr"

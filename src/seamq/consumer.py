@@ -54,6 +54,7 @@ from seamq.stopping import sleep_unless_stopped
 from seamq.topology import ConsumerSpec
 from seamq.handling import Handling, header_uuid, inbox_items
 from seamq.verdict import Ack, Backoff, DeadLetter, Duplicate, Nak, dead_letter_failed, decide, lane_failed
+from seamq.model import describe
 
 
 class _Undo(Exception):
@@ -127,9 +128,9 @@ class InboxConsumer:
         except Exception as exc:  # a bug of ours, shown by this message: it alone pays
             message_id = header_uuid(msg)
             log.error("consumer_prepare_failed", consumer=self.spec.name, message_id=str(message_id),
-                      subject=msg.subject, error=f"{type(exc).__name__}: {exc}"[:500])
-            return Handling(msg, None, Rejected(Reason.CONSUMER_ERROR, f"preparing it failed: {type(exc).__name__}: "
-                                             f"{exc}", message_id))
+                      subject=msg.subject, error=describe(exc))
+            return Handling(msg, None, Rejected(Reason.CONSUMER_ERROR, f"preparing it failed: {describe(exc)}",
+                                             message_id))
 
     def _parse(self, msg: Delivery) -> Handling:
         delivered = msg.delivered
@@ -186,7 +187,7 @@ class InboxConsumer:
                 # Not the database being away: maybe one message, maybe a bug. Try each on its own,
                 # so that whatever it is costs only the message that causes it.
                 log.error("consumer_lane_failed", consumer=self.spec.name, messages=len(items),
-                          error=f"{type(exc).__name__}: {exc}"[:500], action="each message on its own")
+                          error=describe(exc), action="each message on its own")
                 for item in items:
                     await self._run_lane([item])
                 return
@@ -199,7 +200,7 @@ class InboxConsumer:
     async def _lane_failed(self, items: list[Handling], exc: Exception) -> None:
         """Every message comes back, each aggregate's in stream order; a single message whose own
         transaction fails and has no delivery left is dead-lettered (`consumer_error`)."""
-        error = f"{type(exc).__name__}: {exc}"[:500]
+        error = describe(exc)
         log.warning("consumer_lane_failed", consumer=self.spec.name, error=error,
                     message_ids=[str(i.message_id) for i in items[:20]])
         pending = Pending()
@@ -227,7 +228,7 @@ class InboxConsumer:
             counted = await self.inbox.failed_alone(inbox_items([item])[0], error)
         except Exception as exc:  # the database went away too: count nothing, it comes back
             log.warning("consumer_attempt_not_recorded", consumer=self.spec.name, message_id=str(item.message_id),
-                        error=f"{type(exc).__name__}: {exc}"[:500])
+                        error=describe(exc))
             return item.attempts
         return item.delivered if counted is None else counted
 
@@ -365,7 +366,7 @@ class InboxConsumer:
             return self._crashed(item, exc)
 
     def _crashed(self, item: Handling, exc: Exception) -> HandlerResult:
-        detail = f"consumer error: {type(exc).__name__}: {exc}"[:500]
+        detail = f"consumer error: {describe(exc)}"[:500]
         log.error("consumer_handler_raised", consumer=self.spec.name, message_id=str(item.message_id), error=detail)
         return HandlerResult(Outcome.RETRY, detail)
 

@@ -23,7 +23,7 @@ from typing import Any, AsyncIterator, Callable
 from seamq import dead_letter
 from seamq.dlq_replay import Replayer, read_original
 from seamq.envelope import EDIT_OF, REPLAY_ATTEMPT, REPLAY_CONSUMER, REPLAY_MESSAGE_ID
-from seamq.model import ErrorCode, Header, SeamqError
+from seamq.model import ErrorCode, Header, SeamqError, describe
 from seamq.observability import log
 from seamq.ports import OutMessage
 
@@ -154,7 +154,7 @@ class DeadLetterDesk:
             yield record
         except BaseException as exc:
             async with self.store.transaction() as tx:
-                await self.store.finish_action(tx, action_id, record.done, {"error": f"{type(exc).__name__}: {exc}"})
+                await self.store.finish_action(tx, action_id, record.done, {"error": describe(exc)})
             raise
         async with self.store.transaction() as tx:
             await self.store.finish_action(tx, action_id, record.done, {})

@@ -21,7 +21,7 @@ import asyncio
 from seamq import dead_letter
 from seamq.health import Health
 from seamq.dead_letter import Original
-from seamq.model import ReplayPolicy
+from seamq.model import ReplayPolicy, describe
 from seamq.observability import log
 from seamq.ports import DeadLetterRepository, JetStreamPublisher, MessageStore
 from seamq.republish import Copy, republish
@@ -49,7 +49,7 @@ class Replayer:
                 with beat:
                     await self.run_once()
             except Exception as exc:  # database or broker away: try again next round
-                log.warning("replay_round_failed", error=f"{type(exc).__name__}: {exc}")
+                log.warning("replay_round_failed", error=describe(exc))
             await sleep_unless_stopped(stop, self.interval)
 
     async def run_once(self) -> int:

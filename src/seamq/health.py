@@ -20,6 +20,8 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from seamq.model import describe
+
 Check = Callable[[], Awaitable[None]]  # returns when healthy, raises with the reason otherwise
 
 
@@ -92,4 +94,4 @@ class Health:
         except asyncio.TimeoutError:
             return f"no answer within {self.check_timeout:g}s"
         except Exception as exc:
-            return f"{type(exc).__name__}: {exc}"[:300] or type(exc).__name__
+            return describe(exc, 300)

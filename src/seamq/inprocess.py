@@ -18,6 +18,7 @@ from typing import Any, Awaitable, Callable
 from seamq.envelope import AlreadyProcessed, Envelope, HandlerResult, Outcome, Poison, Reason
 from seamq.observability import log
 from seamq.typed import EventModel, model_of_handler, typed_envelope
+from seamq.model import describe
 
 Fn = Callable[[Envelope, Any], Awaitable[Any]]
 
@@ -36,8 +37,8 @@ def outcomes(fn: Fn) -> Callable[[Envelope, Any], Awaitable[HandlerResult]]:
             raise
         except Exception as exc:  # the consumer logs the failed attempt; the traceback is only here
             log.warning("handler_raised", message_id=str(envelope.message_id), subject=envelope.subject,
-                        error=f"{type(exc).__name__}: {exc}"[:500], exc_info=exc)
-            return HandlerResult(Outcome.RETRY, f"{type(exc).__name__}: {exc}")
+                        error=describe(exc), exc_info=exc)
+            return HandlerResult(Outcome.RETRY, describe(exc))
         return HandlerResult(Outcome.OK)
 
     return wrapped

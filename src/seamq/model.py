@@ -66,6 +66,15 @@ class ErrorCode(str, Enum):
     INTERNAL = "INTERNAL"  # a bug: an unexpected exception, reported with its (redacted) traceback
 
 
+ERROR_LIMIT = 500  # characters of an error kept in a log line, a record or an answer: any exception's text can be huge
+
+
+def describe(exc: BaseException, limit: int = ERROR_LIMIT) -> str:
+    """An exception for people and records: its class and its message, cut to `limit`."""
+    text = str(exc)
+    return (f"{type(exc).__name__}: {text}" if text else type(exc).__name__)[:limit]
+
+
 class SeamqError(Exception):
     """An error a person can act on: a stable code plus a message."""
 

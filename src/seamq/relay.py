@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from seamq.health import Beat, Health
-from seamq.model import JOBS_CONTEXT, JOBS_STREAM, JOBS_SUBJECT, SeamqError, message_headers
+from seamq.model import JOBS_CONTEXT, JOBS_STREAM, JOBS_SUBJECT, SeamqError, describe, message_headers
 from seamq.observability import (
     OUTBOX_BACKLOG, OUTBOX_OLDEST_SECONDS, OUTBOX_PARKED, RELAY_BATCH_SECONDS, RELAY_FAILED, RELAY_PUBLISHED, end_publish_spans,
     log, start_publish_spans,
@@ -207,7 +207,7 @@ class Relay:
         try:
             rows = await self.outbox.backlog()
         except Exception as exc:  # a gauge can wait for the next round
-            log.info("relay_backlog_unavailable", error=f"{type(exc).__name__}: {exc}")
+            log.info("relay_backlog_unavailable", error=describe(exc))
             return
         now = time.time()
         # Every context reported before too: one whose rows are gone (parked, dropped) falls to 0.

@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from seamq.model import ErrorCode, Event, EventSubject, SeamqError, validate_token
+from seamq.model import ErrorCode, Event, EventSubject, SeamqError, describe, validate_token
 
 
 class EventModel(BaseModel):
@@ -105,7 +105,7 @@ def model_of_handler(fn: Any) -> type[EventModel] | None:
         written = _envelope_annotation(fn)
         if written:  # ...unless it asks for a model: it would get dicts and fail on every message
             raise SeamqError(ErrorCode.INVALID_CONFIG, f"{getattr(fn, '__qualname__', fn)}: its annotation "
-                             f"{written!r} does not resolve ({type(exc).__name__}: {exc}); define the model "
+                             f"{written!r} does not resolve ({describe(exc)}); define the model "
                              "where the function's module can see it (at module level)") from None
         return None
     params = [h for name, h in hints.items() if name != "return"]

@@ -16,7 +16,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from seamq.model import ErrorCode, SeamqError
+from seamq.model import ErrorCode, SeamqError, describe
 from seamq.redact import redact
 from seamq.settings import Settings, load_settings
 from seamq.topology import Topology, load_topology
@@ -69,7 +69,7 @@ def coded(exc: BaseException) -> SeamqError | None:
     if isinstance(exc, (psycopg.OperationalError, PoolTimeout)):
         return SeamqError(ErrorCode.DATABASE_UNAVAILABLE, f"{exc} (check SEAMQ_DATABASE_URL)".strip())
     if isinstance(exc, psycopg.Error):
-        return SeamqError(ErrorCode.DATABASE_ERROR, f"{type(exc).__name__}: {exc}".strip())
+        return SeamqError(ErrorCode.DATABASE_ERROR, describe(exc))
     if isinstance(exc, (NoServersError, OSError)):
         return SeamqError(ErrorCode.BROKER_UNAVAILABLE, f"cannot reach NATS: {exc} (check SEAMQ_NATS__URL)")
     return None

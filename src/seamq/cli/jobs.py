@@ -11,7 +11,7 @@ import typer
 from rich.table import Table
 
 from seamq.cli.common import JsonOption, console, exit_with, print_json, run, settings
-from seamq.model import ErrorCode, SeamqError
+from seamq.model import ErrorCode, SeamqError, describe
 
 app = typer.Typer(help="Open Job Spec job server on NATS JetStream + KV.", no_args_is_help=True)
 
@@ -121,7 +121,7 @@ def _admin(url: str | None, call):
         exit_with(SeamqError(code, f"the job server answered {exc.status} {exc.code}: {exc.message}{hint}"))
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
         exit_with(SeamqError(ErrorCode.BROKER_UNAVAILABLE, f"cannot reach the job server at {url}: "
-                                                           f"{type(exc).__name__}: {exc} (check --url or SEAMQ_JOBS__URL)"))
+                                                           f"{describe(exc)} (check --url or SEAMQ_JOBS__URL)"))
 
 
 @app.command("list")

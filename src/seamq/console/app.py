@@ -25,7 +25,7 @@ from starlette.staticfiles import StaticFiles
 
 from seamq.console.auth import COOKIE, Session, Signer, Users, csrf_ok
 from seamq.jobs.client import JobsError
-from seamq.model import SeamqError
+from seamq.model import SeamqError, describe
 from seamq.observability import log
 from seamq.pg.errors import database_away
 from seamq.redact import redact
@@ -110,7 +110,7 @@ class Console:
         return endpoint
 
     def _failed(self, ctx: Ctx, exc: Exception) -> Response:
-        what = redact(f"{type(exc).__name__}: {exc}")
+        what = redact(describe(exc))
         if _away(exc):  # not the console's fault, nor the request's
             log.warning("console_backend_unavailable", path=ctx.request.url.path, error=what)
             return self.render("error.html", ctx, 503, code="UNAVAILABLE",

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from psycopg.rows import dict_row
 
+from seamq.model import describe
 from seamq.nats import partitions
 from seamq.observability import log
 from seamq.pg.sql import query
@@ -54,7 +55,7 @@ class Overview:
                 await cur.execute(query("console_processes"))
                 processes = await cur.fetchall()
         except Exception as exc:  # the page says so; it does not fail
-            errors.append(f"PostgreSQL: {type(exc).__name__}: {exc}")
+            errors.append(f"PostgreSQL: {describe(exc)}")
             published = {}
         known = {c["context"] for c in contexts}
         contexts += [{"context": name, "count": 0, "oldest_at": None, "failing": 0, "delayed": 0, "parked": 0}
@@ -72,7 +73,7 @@ class Overview:
                 try:
                     info = await self.js.consumer_info(spec.stream, durable)
                 except Exception as exc:
-                    errors.append(f"JetStream: consumer {durable}: {type(exc).__name__}: {exc}")
+                    errors.append(f"JetStream: consumer {durable}: {describe(exc)}")
                     continue
                 row["pending"] += info.num_pending or 0
                 row["ack_pending"] += info.num_ack_pending or 0
@@ -84,7 +85,7 @@ class Overview:
                 try:
                     held = {d: m["process"] for m in await partitions.members(self.nc, name) for d in m["holds"]}
                 except Exception as exc:
-                    errors.append(f"NATS: who holds {name}'s partitions: {type(exc).__name__}: {exc}")
+                    errors.append(f"NATS: who holds {name}'s partitions: {describe(exc)}")
                     held = {}
                 for durable in row["durables"]:
                     durable["held_by"] = held.get(durable["name"])
@@ -100,7 +101,7 @@ class Overview:
                     self.history.setdefault(row["consumer"], deque(maxlen=KEEP)).append(
                         (shot.at, row["handled_per_s"], row["p50"], row["p99"]))
             except Exception as exc:
-                log.warning("console_sample_failed", error=f"{type(exc).__name__}: {exc}")
+                log.warning("console_sample_failed", error=describe(exc))
             await sleep_unless_stopped(stop, EVERY)
 
 

@@ -22,6 +22,7 @@ import aiohttp
 from seamq.envelope import Envelope, HandlerResult, Outcome, Reason
 from seamq.http.signing import SIGNATURE_HEADER, sign
 from seamq.observability import log
+from seamq.model import describe
 
 _OUTCOMES = {200: Outcome.OK, 201: Outcome.OK, 202: Outcome.OK, 204: Outcome.OK,
              409: Outcome.ALREADY_PROCESSED, 422: Outcome.POISON}
@@ -75,7 +76,7 @@ class HttpHandler:
         except (asyncio.TimeoutError, TimeoutError):
             return HandlerResult.timed_out(self.timeout)
         except aiohttp.ClientError as exc:
-            return HandlerResult(Outcome.RETRY, f"handler unreachable: {type(exc).__name__}: {exc}")
+            return HandlerResult(Outcome.RETRY, f"handler unreachable: {describe(exc)}")
         if self.refusals is not None:
             self.refusals.saw(self.url, status, text)
         return result_of(status, text)

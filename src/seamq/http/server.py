@@ -31,6 +31,7 @@ from seamq.envelope import AlreadyProcessed, Envelope, Poison, Reason
 from seamq.http.signing import SIGNATURE_HEADER, verify
 from seamq.redact import redact
 from seamq.typed import model_of_handler, typed_envelope
+from seamq.model import describe
 
 # The standard library's logger: `seamq[http]` has no structlog, and uvicorn shows its warnings.
 log = logging.getLogger("seamq.handler")
@@ -67,7 +68,7 @@ def handler_router(handle: EventFunction, *, secret: str | None, path: str = "/h
             # Formatted and redacted here: the service's logging is its own, and may not redact.
             log.warning("handler_raised message_id=%s event=%s\n%s", envelope.message_id, envelope.subject,
                         redact("".join(traceback.format_exception(exc))).rstrip())
-            return JSONResponse({"error": f"{type(exc).__name__}: {exc}"}, status_code=500)
+            return JSONResponse({"error": describe(exc)}, status_code=500)
         return JSONResponse({"status": "processed"})
 
     return router

@@ -20,6 +20,7 @@ from seamq.jobs.engine import Engine
 from seamq.jobs.model import OjsError
 from seamq.nats.publisher import UNREACHABLE
 from seamq.observability import log
+from seamq.model import describe
 
 ADMIN_UI_PATH = "/ojs/admin"
 
@@ -49,13 +50,13 @@ def build_app(engine: Engine, *, test_mode: bool = False, conformance_level: int
         """NATS away or slow (a node lost, an election): a client may try again, here or at another
         server; said as OJS's backend codes, logged without a traceback."""
         timeout = isinstance(exc, TimeoutError)  # nats-py's and asyncio's are both
-        log.warning("ojs_backend_unavailable", path=request.url.path, error=f"{type(exc).__name__}: {exc}")
+        log.warning("ojs_backend_unavailable", path=request.url.path, error=describe(exc))
         error = OjsError(504, "backend_timeout", "NATS did not answer in time; try again") if timeout else \
             OjsError(503, "backend_unavailable", "NATS is unreachable; try again")
         return answer(error.body(getattr(request.state, "request_id", None)), error.status)
 
     async def crash(request: Request, exc: Exception) -> Response:
-        log.error("ojs_request_failed", path=request.url.path, error=f"{type(exc).__name__}: {exc}")
+        log.error("ojs_request_failed", path=request.url.path, error=describe(exc))
         return answer(OjsError(500, "backend_error", "internal error; see the server log").body(), 500)
 
     handlers = {OjsError: ojs_error, HTTPException: http_error, **{kind: unreachable for kind in UNREACHABLE},

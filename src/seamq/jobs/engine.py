@@ -37,7 +37,7 @@ from seamq.jobs.model import OjsError, conflict
 from seamq.jobs.operations import Operations
 from seamq.jobs.ports import Fired, JobStore
 from seamq.jobs.queues import Queues
-from seamq.model import ErrorCode, SeamqError
+from seamq.model import ErrorCode, SeamqError, describe
 from seamq.observability import log
 from seamq.stopping import wait_event
 
@@ -84,7 +84,7 @@ class Engine:
         try:
             await asyncio.wait_for(self.events.flush(), 2)  # what this server did, told before it goes
         except Exception as exc:
-            log.warning("ojs_events_unwritten", held=len(self.events.pending), error=f"{type(exc).__name__}: {exc}")
+            log.warning("ojs_events_unwritten", held=len(self.events.pending), error=describe(exc))
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -97,7 +97,7 @@ class Engine:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # NATS away: the client reconnects
-                log.warning("ojs_timers_unavailable", error=f"{type(exc).__name__}: {exc}")
+                log.warning("ojs_timers_unavailable", error=describe(exc))
                 await asyncio.sleep(0.5)
                 continue
             # Timers of different jobs concurrently, so that jobs due together come out together.
@@ -141,7 +141,7 @@ class Engine:
             if timer.handle is not None:
                 await self.store.done(timer)
         except Exception as exc:  # one bad timer never stops the clock; it comes again
-            log.error("ojs_timer_failed", key=timer.key, kind=timer.kind, error=f"{type(exc).__name__}: {exc}")
+            log.error("ojs_timer_failed", key=timer.key, kind=timer.kind, error=describe(exc))
 
     async def reset(self) -> None:
         await self.store.wipe()

@@ -24,6 +24,7 @@ from seamq.jobs import model
 from seamq.jobs.activity import Meter
 from seamq.jobs.ports import JobStore
 from seamq.observability import log
+from seamq.model import describe
 
 EVENTS_KEPT = 10_000
 PLACES = 10_000  # a cursor is a batch's sequence * PLACES + the event's place in it
@@ -62,7 +63,7 @@ class Events:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # NATS away: kept, and written with the next batch
-                log.warning("ojs_events_unwritten", held=len(self.pending), error=f"{type(exc).__name__}: {exc}")
+                log.warning("ojs_events_unwritten", held=len(self.pending), error=describe(exc))
 
     async def flush(self) -> None:
         async with self._writing:  # batches in the order gathered

@@ -19,6 +19,7 @@ import json
 from seamq.jobs import model
 from seamq.jobs.model import DISCARDED, OjsError, iso, utcnow
 from seamq.observability import log
+from seamq.model import describe
 
 RETRY_AFTER = 1.0  # seconds before a message that met a transient failure comes again
 
@@ -41,7 +42,7 @@ async def run(engine) -> None:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # NATS away: the messages wait in the stream
-            log.warning("jobs_intake_failed", error=f"{type(exc).__name__}: {exc}")
+            log.warning("jobs_intake_failed", error=describe(exc))
             await asyncio.sleep(RETRY_AFTER)
             continue
         for data, handle in taken:
@@ -50,7 +51,7 @@ async def run(engine) -> None:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                log.warning("jobs_intake_retry", error=f"{type(exc).__name__}: {exc}")
+                log.warning("jobs_intake_retry", error=describe(exc))
                 await store.later(handle, RETRY_AFTER)
                 continue
             if outcome == "not a job":

@@ -25,6 +25,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, RetentionPolic
 from seamq.jobs.nats_records import RECORD_TTL_SECONDS
 from seamq.jobs.ports import Conflict, Taken, Write
 from seamq.observability import log
+from seamq.model import describe
 
 READY, DONE, EVENTS = "OJS_READY", "OJS_DONE", "OJS_EVENTS"
 LOG_KEPT = 10_000  # batches of events
@@ -101,7 +102,7 @@ class ReadyOrder:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # NATS away: the client reconnects
-                log.warning("ojs_follow_failed", error=f"{type(exc).__name__}: {exc}")
+                log.warning("ojs_follow_failed", error=describe(exc))
             await asyncio.sleep(0.5)
 
     async def _consumer(self, subject: str) -> str:

@@ -24,7 +24,7 @@ from nats.js.errors import BadRequestError, ServiceUnavailableError
 from seamq.jobs.nats_clocks import TIMERS, Clocks
 from seamq.jobs.nats_ready import DONE, EVENTS, READY, ReadyOrder
 from seamq.jobs.nats_records import JOBS, UNIQUE, Records
-from seamq.model import JOBS_STREAM
+from seamq.model import JOBS_STREAM, describe
 from seamq.nats.provision import cluster_size
 from seamq.nats.replies import Replies
 from seamq.observability import log
@@ -51,7 +51,7 @@ class NatsJobStore(Records, ReadyOrder, Clocks):
             try:
                 return await self._start_parts()
             except (nats.errors.TimeoutError, ServiceUnavailableError) as exc:
-                log.warning("ojs_store_start_again", attempt=attempt, error=f"{type(exc).__name__}: {exc}")
+                log.warning("ojs_store_start_again", attempt=attempt, error=describe(exc))
                 await self._stop_following()
                 await asyncio.sleep(delay)
         return await self._start_parts()

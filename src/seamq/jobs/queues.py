@@ -22,6 +22,7 @@ from seamq.jobs import model
 from seamq.jobs.model import conflict, iso
 from seamq.jobs.ports import Conflict, JobStore, Write
 from seamq.observability import log
+from seamq.model import describe
 
 MAINTENANCE = "system.maintenance"
 FOLLOWED = ["queue.", "system.", "limit.", "schema.", "cron."]
@@ -59,7 +60,7 @@ class Queues:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # NATS away: the client reconnects; follow again from the start
-                log.warning("ojs_follow_failed", error=f"{type(exc).__name__}: {exc}")
+                log.warning("ojs_follow_failed", error=describe(exc))
             await asyncio.sleep(0.5)
 
     def kept(self, key: str, record: dict | None) -> None:

@@ -34,7 +34,7 @@ import aiohttp
 
 from seamq.jobs.client import JobsClient, JobsError
 from seamq.jobs.handlers import JobHandlers, UnknownJobType
-from seamq.model import ErrorCode, SeamqError
+from seamq.model import ErrorCode, SeamqError, describe
 from seamq.observability import log
 from seamq.redact import redact
 from seamq.stopping import wait_event
@@ -94,7 +94,7 @@ class Worker:
             return await self.client.fetch(list(self.config.queues), count=count, worker_id=self.worker_id,
                                            visibility_timeout_ms=int(self.config.visibility_timeout * 1000))
         except Exception as exc:  # server away: try again shortly, never die
-            log.warning("jobs_fetch_failed", error=f"{type(exc).__name__}: {exc}")
+            log.warning("jobs_fetch_failed", error=describe(exc))
             await asyncio.sleep(1.0)
             return []
 
@@ -122,7 +122,7 @@ class Worker:
                 return
             except Exception as exc:
                 log.warning("job_failed", job_id=job["id"], type=job["type"], attempt=job.get("attempt"),
-                            error=f"{type(exc).__name__}: {exc}"[:500], exc_info=exc)
+                            error=describe(exc), exc_info=exc)
                 await self._settle(self.client.nack(job["id"], exc), job, "nack")
                 return
             await self._settle(self.client.ack(job["id"], _jsonable(result)), job, "ack")
@@ -138,7 +138,7 @@ class Worker:
         except JobsError as exc:  # the job moved on without us (lease ran out, cancelled): say so
             log.warning("job_settle_refused", job_id=job["id"], what=what, error=str(exc))
         except Exception as exc:
-            log.error("job_settle_failed", job_id=job["id"], what=what, error=f"{type(exc).__name__}: {exc}")
+            log.error("job_settle_failed", job_id=job["id"], what=what, error=describe(exc))
 
     async def _heartbeats(self) -> None:
         while True:
@@ -149,7 +149,7 @@ class Worker:
                 answer = await self.client.heartbeat(self.worker_id, list(self.running),
                                                      visibility_timeout_ms=int(self.config.visibility_timeout * 1000))
             except Exception as exc:
-                log.warning("jobs_heartbeat_failed", error=f"{type(exc).__name__}: {exc}")
+                log.warning("jobs_heartbeat_failed", error=describe(exc))
                 continue
             for job_id in answer.get("jobs_cancelled") or []:  # cancelled on the server: stop that job only
                 task = self.running.get(job_id)
@@ -196,7 +196,7 @@ async def run_worker(url: str, handler: JobHandlers | Callable, config: WorkerCo
             await asyncio.wait_for(client.health(), STARTUP_WAIT)
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
             raise SeamqError(ErrorCode.BROKER_UNAVAILABLE, f"cannot reach the job server at {redact(url)}: "
-                             f"{type(exc).__name__}: {exc}") from None
+                             f"{describe(exc)}") from None
         except JobsError as exc:  # something answers, but not an OJS server's health check
             raise SeamqError(ErrorCode.INVALID_CONFIG, f"{redact(url)} is not an OJS server "
                              f"(GET /ojs/v1/health answered {exc}): give the server's root, e.g. http://host:8080") from None

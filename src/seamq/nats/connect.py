@@ -15,6 +15,7 @@ from nats.aio.client import Client
 
 from seamq.observability import log
 from seamq.settings import NatsSettings
+from seamq.model import describe
 
 _CRLF = b"\r\n"
 _RECONNECT_WAIT = 0.5  # seconds between attempts at one server
@@ -59,7 +60,7 @@ def _tls_context(settings: NatsSettings) -> ssl.SSLContext | None:
 
 async def _log_error(exc: Exception) -> None:
     # nats-py's default prints a traceback per failed attempt; one line is enough.
-    log.warning("nats_error", error=f"{type(exc).__name__}: {exc}")
+    log.warning("nats_error", error=describe(exc))
 
 
 async def connect(settings: NatsSettings, *, name: str = "seamq", persistent: bool = True, **callbacks) -> Client:

@@ -39,6 +39,7 @@ from seamq.nats.publisher import UNREACHABLE, PipelinedPublisher
 from seamq.nats.wire import Wire, header_block
 from seamq.observability import log
 from seamq.ports import OutMessage, PubResult
+from seamq.model import describe
 
 START, ADD, COMMIT, END, PING = 0, 1, 2, 3, 4  # operations in the reply subject
 MIN_SERVER = (2, 14)
@@ -63,7 +64,7 @@ async def batched_streams(nc: Client, streams: list[str]) -> set[str]:
             if (await js.stream_info(name)).config.allow_batched:
                 out.add(name)
         except Exception as exc:  # no such stream yet, or no answer: pipelined, which reports per message
-            log.info("fast_batch_unknown", stream=name, error=f"{type(exc).__name__}: {exc}")
+            log.info("fast_batch_unknown", stream=name, error=describe(exc))
     return out
 
 
@@ -182,7 +183,7 @@ class FastBatchPublisher:
                                          headers=header_block(message.headers))
             except Exception as exc:
                 transport = isinstance(exc, UNREACHABLE)
-                batch.fail(seq, f"{type(exc).__name__}: {exc}", transport=transport)
+                batch.fail(seq, describe(exc), transport=transport)
                 if seq == 1 or transport:
                     return seq - 1
                 # the message cannot be sent (too big, a bad header): end the batch before it

@@ -22,6 +22,7 @@ from seamq.nats.connect import connect
 from seamq.nats.wire import Wire, header_block
 from seamq.ports import OutMessage, PubResult
 from seamq.republish import republish
+from seamq.model import describe
 
 
 class _InFlight:
@@ -83,7 +84,7 @@ class PipelinedPublisher:
                     await publish(message.subject, message.payload, reply=f"{prefix}{base + i}",
                                   headers=header_block(message.headers))
                 except Exception as exc:  # connection closed, payload too big, bad subject
-                    batch.settle(i, PubResult(ok=False, error=f"{type(exc).__name__}: {exc}",
+                    batch.settle(i, PubResult(ok=False, error=describe(exc),
                                               transport=isinstance(exc, UNREACHABLE)))
             # No nc.flush(): each publish already kicks nats-py's flusher task,
             # and flush() is a PING/PONG round trip per batch (measured: 6.5%
