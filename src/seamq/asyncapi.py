@@ -114,8 +114,8 @@ def document(topology: Topology, subscriptions: list[tuple[str, Route]], *, vers
         }
     messages["dead_letter"] = {
         "name": "dead_letter", "title": "A dead letter", "contentType": "application/json",
-        "headers": {"type": "object", "required": ["Nats-Msg-Id", "Seamq-Dlq-Reason"], "properties": {
-            "Nats-Msg-Id": {"type": "string"}, "Seamq-Dlq-Reason": {"type": "string"}}},
+        "headers": {"type": "object", "required": [Header.MSG_ID, Header.DLQ_REASON], "properties": {
+            Header.MSG_ID: {"type": "string"}, Header.DLQ_REASON: {"type": "string"}}},
         "payload": DEAD_LETTER,
     }
     doc: dict[str, Any] = {

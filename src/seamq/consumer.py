@@ -41,9 +41,11 @@ from contextvars import ContextVar
 from datetime import datetime, timezone
 
 from seamq import dead_letter
-from seamq.envelope import REPLAY_CONSUMER, HandlerResult, Outcome, Reason, Rejected, parse_message
+from seamq.envelope import HandlerResult, Outcome, Reason, Rejected, parse_message
 from seamq.health import Beat, Health
+from seamq.handling import Handling, header_uuid, inbox_items
 from seamq.holds import Holds, Pending
+from seamq.model import Header, describe
 from seamq.observability import ConsumerMetrics, continue_trace, log
 from seamq.ports import (
     Admission, DeadLettered, Delivery, DeliverySource, HandlerLookup, InboxOutcome, InboxRepository,
@@ -52,9 +54,7 @@ from seamq.ports import (
 from seamq.settings import ConsumerSettings
 from seamq.stopping import sleep_unless_stopped
 from seamq.topology import ConsumerSpec
-from seamq.handling import Handling, header_uuid, inbox_items
 from seamq.verdict import Ack, Backoff, DeadLetter, Duplicate, Nak, dead_letter_failed, decide, lane_failed
-from seamq.model import describe
 
 
 class _Undo(Exception):
@@ -139,7 +139,7 @@ class InboxConsumer:
         parsed = parse_message(msg.subject, msg.headers, msg.data, delivered)
         if isinstance(parsed, Rejected):
             return Handling(msg, None, parsed)
-        replay_for = msg.headers.get(REPLAY_CONSUMER)  # a replay, or an edited copy, is for one consumer only
+        replay_for = msg.headers.get(Header.REPLAY_CONSUMER)  # a replay, or an edited copy, is for one consumer only
         if replay_for not in (None, self.spec.name):
             return Handling(msg, parsed, None, for_another=True)
         work = Handling(msg, parsed, None, self.handlers(parsed.event_type, parsed.event_version))

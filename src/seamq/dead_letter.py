@@ -19,12 +19,11 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Mapping
 
-from seamq.envelope import REPLAY_ATTEMPT, Reason
+from seamq.envelope import Reason
 from seamq.model import EventSubject, Header, SeamqError
 from seamq.ports import OutMessage
 from seamq.topology import ConsumerSpec, Topology
 
-REASON_HEADER = "Seamq-Dlq-Reason"
 HEADROOM = 1024  # bytes of a dead letter's size limit kept for its own headers and the protocol
 
 
@@ -47,14 +46,14 @@ def message(spec: ConsumerSpec, *, reason: Reason, detail: str, message_id: uuid
             attempts: int, max_payload: int) -> OutMessage:
     """The dead letter of one delivery, ready to publish."""
     key = str(message_id) if message_id else f"{stream}:{seq}"
-    replay = headers.get(REPLAY_ATTEMPT, "0")
+    replay = headers.get(Header.REPLAY_ATTEMPT, "0")
     body = dead_letter_body(
         message_id=message_id, original_subject=original_subject, reason=reason, detail=detail, attempts=attempts,
         consumer=spec.name, headers=headers, data=data, stream=stream, stream_seq=seq,
         limit=max_payload - HEADROOM,
     )
     return OutMessage(subject(spec, original_subject), body,
-                      {Header.MSG_ID: f"dlq:{spec.name}:{key}:{replay}", REASON_HEADER: reason.value})
+                      {Header.MSG_ID: f"dlq:{spec.name}:{key}:{replay}", Header.DLQ_REASON: reason.value})
 
 
 def read(data: bytes) -> "Original":

@@ -22,7 +22,7 @@ from typing import Any, AsyncIterator, Callable
 
 from seamq import dead_letter
 from seamq.dlq_replay import Replayer, read_original
-from seamq.envelope import EDIT_OF, REPLAY_ATTEMPT, REPLAY_CONSUMER, REPLAY_MESSAGE_ID
+
 from seamq.model import ErrorCode, Header, SeamqError, describe
 from seamq.observability import log
 from seamq.ports import OutMessage
@@ -125,8 +125,8 @@ class DeadLetterDesk:
             raise SeamqError(ErrorCode.NOT_FOUND, f"the original cannot be read: {original}")
         new_id = uuid.uuid4()
         headers = {k: v for k, v in original.headers.items()
-                   if k not in (Header.MSG_ID, REPLAY_MESSAGE_ID, REPLAY_ATTEMPT, REPLAY_CONSUMER, EDIT_OF)}
-        headers.update({Header.MSG_ID: str(new_id), EDIT_OF: str(row["message_id"]), REPLAY_CONSUMER: row["consumer"]})
+                   if k not in (Header.MSG_ID, Header.REPLAY_MESSAGE_ID, Header.REPLAY_ATTEMPT, Header.REPLAY_CONSUMER, Header.EDIT_OF)}
+        headers.update({Header.MSG_ID: str(new_id), Header.EDIT_OF: str(row["message_id"]), Header.REPLAY_CONSUMER: row["consumer"]})
         async with self.recorded(actor, "dlq.edit_replay", [row], new_message_id=str(new_id)) as record:
             # Closed and published in one transaction: closed meanwhile means nothing is sent; not sent
             # means it stays open. (A crash between the publish and the commit leaves it open, with the

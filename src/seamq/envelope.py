@@ -16,15 +16,6 @@ from typing import Any, Generic, Mapping, TypeVar
 
 from seamq.model import EventSubject, Header, SeamqError
 
-# Headers of a message published again (seamq.republish): Seamq-Message-Id keeps
-# the original's id, the inbox key; a DLQ replay's round is Seamq-Replay-Attempt,
-# and the one consumer it is for is Seamq-Replay-Consumer (every consumer of the
-# subject receives it; the others skip it).
-REPLAY_MESSAGE_ID = "Seamq-Message-Id"
-REPLAY_ATTEMPT = "Seamq-Replay-Attempt"
-REPLAY_CONSUMER = "Seamq-Replay-Consumer"
-EDIT_OF = "Seamq-Edit-Of"  # an edited copy of a dead letter names the original (seamq.dlq_desk)
-
 
 class Reason(str, Enum):
     """Why a message was dead-lettered; stable strings for filters and alerts."""
@@ -155,7 +146,7 @@ def parse_message(subject: str, headers: Mapping[str, str] | None, data: bytes,
     Whatever the bytes, this returns: hostile input is a Rejected, never an exception.
     """
     headers = headers or {}
-    raw_id = headers.get(REPLAY_MESSAGE_ID) or headers.get(Header.MSG_ID)
+    raw_id = headers.get(Header.REPLAY_MESSAGE_ID) or headers.get(Header.MSG_ID)
     if not raw_id:
         return Rejected(Reason.MISSING_MSG_ID, "no Nats-Msg-Id header")
     try:
@@ -189,7 +180,7 @@ def parse_message(subject: str, headers: Mapping[str, str] | None, data: bytes,
             correlation_id=_uuid(headers.get(Header.CORRELATION_ID), "correlation_id", optional=True),
             causation_id=_uuid(headers.get(Header.CAUSATION_ID), "causation_id", optional=True),
             aggregate_type=headers[Header.AGGREGATE_TYPE], aggregate_id=headers[Header.AGGREGATE_ID],
-            payload=payload, replay_attempt=int(headers.get(REPLAY_ATTEMPT, "0") or 0),
+            payload=payload, replay_attempt=int(headers.get(Header.REPLAY_ATTEMPT, "0") or 0),
             delivery_attempt=delivery_attempt,
             deliver_at=_time(headers[Header.DELIVER_AT], "deliver_at") if headers.get(Header.DELIVER_AT) else None,
         )

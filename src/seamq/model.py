@@ -226,6 +226,15 @@ class Header:
     CORRELATION_ID = "Seamq-Correlation-Id"
     CAUSATION_ID = "Seamq-Causation-Id"
     TRACEPARENT = "traceparent"
+    # On a message published again (seamq.republish): a copy keeps the original's id, the inbox key,
+    # in REPLAY_MESSAGE_ID; a DLQ replay says its round; a replay or an edited copy (seamq.dlq_desk,
+    # which names the original in EDIT_OF) is for one consumer, and the subject's others skip it.
+    REPLAY_MESSAGE_ID = "Seamq-Message-Id"
+    REPLAY_ATTEMPT = "Seamq-Replay-Attempt"
+    REPLAY_CONSUMER = "Seamq-Replay-Consumer"
+    EDIT_OF = "Seamq-Edit-Of"
+    DLQ_REASON = "Seamq-Dlq-Reason"  # a dead letter's reason, for filters that do not parse bodies
+    SIGNATURE = "Seamq-Signature"  # a handler request's HMAC (seamq.http.signing)
 
 
 def message_headers(event: Event | Any, traceparent: str | None = None) -> dict[str, str]:

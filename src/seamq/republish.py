@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping
 
-from seamq.envelope import REPLAY_ATTEMPT, REPLAY_CONSUMER, REPLAY_MESSAGE_ID
+
 from seamq.model import Header
 from seamq.ports import JetStreamPublisher, OutMessage, PubResult
 
@@ -32,14 +32,14 @@ class Copy:
 
     def message(self) -> OutMessage:
         headers = dict(self.headers)
-        headers.pop(REPLAY_ATTEMPT, None)
-        headers.pop(REPLAY_CONSUMER, None)
+        headers.pop(Header.REPLAY_ATTEMPT, None)
+        headers.pop(Header.REPLAY_CONSUMER, None)
         headers[Header.MSG_ID] = self.msg_id
-        headers[REPLAY_MESSAGE_ID] = self.message_id
+        headers[Header.REPLAY_MESSAGE_ID] = self.message_id
         if self.replay_attempt is not None:
-            headers[REPLAY_ATTEMPT] = str(self.replay_attempt)
+            headers[Header.REPLAY_ATTEMPT] = str(self.replay_attempt)
         if self.consumer is not None:
-            headers[REPLAY_CONSUMER] = self.consumer
+            headers[Header.REPLAY_CONSUMER] = self.consumer
         return OutMessage(self.subject, self.data, headers)
 
 

@@ -20,9 +20,9 @@ import json
 import aiohttp
 
 from seamq.envelope import Envelope, HandlerResult, Outcome, Reason
-from seamq.http.signing import SIGNATURE_HEADER, sign
+from seamq.http.signing import sign
+from seamq.model import Header, describe
 from seamq.observability import log
-from seamq.model import describe
 
 _OUTCOMES = {200: Outcome.OK, 201: Outcome.OK, 202: Outcome.OK, 204: Outcome.OK,
              409: Outcome.ALREADY_PROCESSED, 422: Outcome.POISON}
@@ -88,7 +88,7 @@ def request_of(envelope: Envelope, *, secret: str | None = None,
     body = json.dumps(envelope.to_json(), separators=(",", ":")).encode()
     headers = {"content-type": "application/json"}
     if secret:
-        headers[SIGNATURE_HEADER] = sign(secret, body)
+        headers[Header.SIGNATURE] = sign(secret, body)
     if traceparent:
         headers["traceparent"] = traceparent
     return body, headers

@@ -28,10 +28,10 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from seamq.envelope import AlreadyProcessed, Envelope, Poison, Reason
-from seamq.http.signing import SIGNATURE_HEADER, verify
+from seamq.http.signing import verify
+from seamq.model import Header, describe
 from seamq.redact import redact
 from seamq.typed import model_of_handler, typed_envelope
-from seamq.model import describe
 
 # The standard library's logger: `seamq[http]` has no structlog, and uvicorn shows its warnings.
 log = logging.getLogger("seamq.handler")
@@ -47,7 +47,7 @@ def handler_router(handle: EventFunction, *, secret: str | None, path: str = "/h
     async def _handle(request: Request) -> JSONResponse:
         body = await request.body()
         if secret:
-            problem = verify(secret, body, request.headers.get(SIGNATURE_HEADER))
+            problem = verify(secret, body, request.headers.get(Header.SIGNATURE))
             if problem:
                 return JSONResponse({"error": problem}, status_code=401)
         try:

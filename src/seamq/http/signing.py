@@ -11,7 +11,7 @@ import hashlib
 import hmac
 import time
 
-SIGNATURE_HEADER = "Seamq-Signature"
+from seamq.model import Header
 
 
 def sign(secret: str, body: bytes, timestamp: int | None = None) -> str:
@@ -23,13 +23,13 @@ def sign(secret: str, body: bytes, timestamp: int | None = None) -> str:
 def verify(secret: str, body: bytes, header: str | None, tolerance: float = 300) -> str | None:
     """None when valid, else why not."""
     if not header:
-        return f"missing {SIGNATURE_HEADER} header"
+        return f"missing {Header.SIGNATURE} header"
     try:
         parts = dict(item.split("=", 1) for item in header.split(","))
         t = int(parts["t"])
         given = parts["v1"]
     except (ValueError, KeyError):
-        return f"malformed {SIGNATURE_HEADER} header"
+        return f"malformed {Header.SIGNATURE} header"
     if abs(time.time() - t) > tolerance:
         return "signature timestamp outside tolerance"
     expected = sign(secret, body, t).split("v1=", 1)[1]

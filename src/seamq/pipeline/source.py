@@ -35,7 +35,7 @@ from typing import Iterator
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
-from seamq.model import EventSubject, SeamqError
+from seamq.model import EventSubject, Header, SeamqError
 
 SCHEMA = (
     "seq long, subject string, context string, event_type string, event_version int, message_id string, "
@@ -177,7 +177,7 @@ def _row(msg, seq: int, timestamp) -> tuple:
     return (
         seq, msg.subject, event.context if event else msg.subject.split(".", 1)[0],
         event.name if event else None, event.version if event else None,
-        headers.get("Seamq-Message-Id") or headers.get("Nats-Msg-Id"), list(headers.items()),
+        headers.get(Header.REPLAY_MESSAGE_ID) or headers.get(Header.MSG_ID), list(headers.items()),
         msg.data.decode("utf-8", errors="replace"), stamp.astimezone(timezone.utc) if stamp else None,
     )
 
