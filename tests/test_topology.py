@@ -3,7 +3,8 @@ import subprocess
 import pytest
 
 from seamq.model import ErrorCode, SeamqError
-from seamq.topology import load_topology, parse_duration, parse_size
+from seamq.topology import load_topology
+from seamq.units import parse_duration, parse_size
 
 from conftest import SEAMQ
 
@@ -78,13 +79,13 @@ def test_cli_rejects_bad_topology_with_exit_2(tmp_path):
 @pytest.mark.parametrize("seconds,text", [(604800, "7d"), (120, "2m"), (0.5, "500ms"), (90, "90s"), (3600, "1h"),
                                           (1.25, "1250ms")])
 def test_durations_are_shown_as_the_topology_writes_them(seconds, text):
-    from seamq.topology import format_duration, parse_duration
+    from seamq.units import format_duration, parse_duration
 
     assert format_duration(seconds) == text and parse_duration(text) == seconds
 
 
 def test_provision_diffs_show_durations_not_seconds():
-    from seamq.cli.workers import _shown
+    from seamq.cli.provision import _shown
 
     assert _shown("max_age", 604800.0) == "7d" and _shown("ack_wait", 120.0) == "2m"
     assert _shown("max_deliver", 20) == "20" and _shown("num_replicas", 0) == "0"

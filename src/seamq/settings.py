@@ -76,7 +76,7 @@ class RelaySettings(BaseModel):
     @classmethod
     def _duration(cls, value: str | None) -> str | None:
         if value is not None:
-            from seamq.topology import parse_duration
+            from seamq.units import parse_duration
 
             parse_duration(value)
         return value

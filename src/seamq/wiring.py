@@ -37,7 +37,8 @@ from seamq.relay import Relay
 from seamq.dlq_replay import Replayer
 from seamq.settings import Settings
 from seamq.stopping import sleep_unless_stopped
-from seamq.topology import Topology, parse_duration
+from seamq.topology import Topology
+from seamq.units import parse_duration
 
 
 ONE_SHOT_TIMEOUT = 5.0  # a command run by a person or a script says "unavailable" within seconds

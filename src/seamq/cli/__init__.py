@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from seamq.cli import console, db, dlq, jobs, maintenance, monitoring, outbox, pipeline, registry, workers
+from seamq.cli import console, db, dev, dlq, jobs, maintenance, monitoring, outbox, pipeline, provision, registry, workers
 
 app = typer.Typer(
     help="seamq: transactional outbox, JetStream relay, inbox consumers and dead letters.",
@@ -42,7 +42,7 @@ def options(
     configure_logging(log_level or os.environ.get("SEAMQ_LOG_LEVEL", "info"))
 
 
-for command in (workers.dev, workers.provision, workers.relay, workers.consume, workers.replay, maintenance.backlog):
+for command in (dev.dev, provision.provision, workers.relay, workers.consume, workers.replay, maintenance.backlog):
     app.command()(command)
 app.command()(registry.asyncapi)
 app.command()(console.console)

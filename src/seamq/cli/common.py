@@ -119,7 +119,7 @@ def _extra_for(module: str | None) -> str | None:
 
 def duration(option: str, value: str) -> float:
     """A duration option (`7d`, `1h`) in seconds, or the command ends with INVALID_CONFIG naming it."""
-    from seamq.topology import parse_duration
+    from seamq.units import parse_duration
 
     try:
         return parse_duration(value)
