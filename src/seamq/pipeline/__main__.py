@@ -7,7 +7,7 @@
 
 import sys
 
-from seamq.cli import main
+if __name__ == "__main__":  # a face, run as a script: the pipeline package itself never imports the CLI
+    from seamq.cli import main
 
-if __name__ == "__main__":
     main(["pipeline", *sys.argv[1:]])
