@@ -7,7 +7,8 @@ import random
 import pytest
 
 from seamq.envelope import HandlerResult, Outcome, Reason, Rejected
-from seamq.verdict import Ack, Backoff, DeadLetter, Duplicate, Nak, dead_letter_failed, decide, lane_failed
+from seamq.backoff import Backoff
+from seamq.verdict import Ack, DeadLetter, Duplicate, Nak, dead_letter_failed, decide, lane_failed
 
 BACKOFF = Backoff(base=1.0, cap=60.0)
 OK = HandlerResult(Outcome.OK)

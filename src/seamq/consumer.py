@@ -41,6 +41,7 @@ from contextvars import ContextVar
 from datetime import datetime, timezone
 
 from seamq import dead_letter
+from seamq.backoff import Backoff
 from seamq.envelope import HandlerResult, Outcome, Reason, Rejected, parse_message
 from seamq.health import Beat, Health
 from seamq.handling import Handling, header_uuid, inbox_items
@@ -54,7 +55,7 @@ from seamq.ports import (
 from seamq.settings import ConsumerSettings
 from seamq.stopping import sleep_unless_stopped
 from seamq.topology import ConsumerSpec
-from seamq.verdict import Ack, Backoff, DeadLetter, Duplicate, Nak, dead_letter_failed, decide, lane_failed
+from seamq.verdict import Ack, DeadLetter, Duplicate, Nak, dead_letter_failed, decide, lane_failed
 
 
 class _Undo(Exception):

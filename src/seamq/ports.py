@@ -62,9 +62,11 @@ class ClaimedBatch(Protocol):
 
     async def mark_published(self, ids: list[uuid.UUID], stream_seqs: list[int]) -> None: ...
 
-    async def mark_failed(self, ids: list[uuid.UUID], errors: list[str], retry_later: list[bool],
+    async def mark_failed(self, ids: list[uuid.UUID], errors: list[str], delays: list[float | None],
                           park: list[bool] | None = None) -> None:
-        """`park`: rows that can never be published as they are, set aside for a person."""
+        """`delays`: seconds each row waits before it is claimed again (seamq.backoff), None for no wait of
+        its own (the broker was away: the relay waits instead); `park`: rows that can never be published
+        as they are, set aside for a person."""
 
 
 class OutboxRepository(Protocol):

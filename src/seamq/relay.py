@@ -28,6 +28,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from seamq.backoff import Backoff
 from seamq.health import Beat, Health
 from seamq.model import JOBS_CONTEXT, JOBS_STREAM, JOBS_SUBJECT, SeamqError, describe, message_headers
 from seamq.observability import (
@@ -51,6 +52,7 @@ class Relay:
         self.publisher = publisher
         self.topology = topology
         self.config = settings or RelaySettings()
+        self.backoff = Backoff(1.0, self.config.max_backoff)  # a row the broker refused waits by it
         self.max_payload = max_payload
         self._connected = connected
         self.wakeup = wakeup
@@ -94,7 +96,7 @@ class Relay:
             self.due_at = None if batch.next_due is None else time.monotonic() + batch.next_due
             if not batch.rows:
                 return _Batch(0, batch.more, False)
-            marks = _Marks()
+            marks = _Marks(backoff=self.backoff)
             sendable = []
             held = set()  # aggregates with an unpublishable row: their later rows wait, in order
             for row in batch.rows:
@@ -116,7 +118,7 @@ class Relay:
             for (row, _), result in zip(sendable, results):
                 marks.result(row, result)
             await batch.mark_published(marks.ok_ids, marks.ok_seqs)
-            await batch.mark_failed(marks.fail_ids, marks.fail_errors, marks.fail_retry, marks.fail_park)
+            await batch.mark_failed(marks.fail_ids, marks.fail_errors, marks.fail_delays, marks.fail_park)
         self.published_total += len(marks.ok_ids)
         for context, count in marks.per_context.items():
             RELAY_PUBLISHED.labels(context).inc(count)
@@ -243,7 +245,8 @@ class _Marks:
     ok_seqs: list = field(default_factory=list)
     fail_ids: list = field(default_factory=list)
     fail_errors: list = field(default_factory=list)
-    fail_retry: list = field(default_factory=list)
+    backoff: Backoff = Backoff(1.0, 30.0)  # a failed row's wait, by its attempts
+    fail_delays: list = field(default_factory=list)
     fail_park: list = field(default_factory=list)
     transport_failed: bool = False
     held: int = 0
@@ -274,5 +277,5 @@ class _Marks:
     def _fail(self, row: OutboxRow, error: str, retry_later: bool, park: bool = False) -> None:
         self.fail_ids.append(row.id)
         self.fail_errors.append(error)
-        self.fail_retry.append(retry_later)
+        self.fail_delays.append(self.backoff.delay(row.publish_attempts + 1) if retry_later else None)
         self.fail_park.append(park)

@@ -41,7 +41,8 @@ from seamq.registry import Registry, import_object
 from seamq.settings import ConsumerSettings
 from seamq.topology import ConsumerSpec
 from seamq.typed import EventModel, payload_json
-from seamq.verdict import Ack, Backoff, DeadLetter, Duplicate, Nak, Verdict, decide
+from seamq.backoff import Backoff
+from seamq.verdict import Ack, DeadLetter, Duplicate, Nak, Verdict, decide
 
 __all__ = ["Delivered", "Harness", "MemoryTransaction"]
 

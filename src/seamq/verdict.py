@@ -21,6 +21,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from seamq.backoff import Backoff
 from seamq.envelope import HandlerResult, Outcome, Reason, Rejected
 
 
@@ -51,18 +52,6 @@ class DeadLetter:
 
 
 Verdict = Ack | Duplicate | Nak | DeadLetter
-
-
-@dataclass(frozen=True, slots=True)
-class Backoff:
-    """Exponential in the attempt number, capped, with equal jitter: the one retry-delay formula."""
-
-    base: float = 1.0
-    cap: float = 60.0
-
-    def delay(self, attempt: int, rng: random.Random | None = None) -> float:
-        full = min(self.cap, self.base * 2 ** (max(1, attempt) - 1))
-        return full / 2 + (rng or random).uniform(0, full / 2)
 
 
 def decide(*, duplicate: bool, rejected: Rejected | None, hold: float | None, result: HandlerResult | None,

@@ -110,7 +110,7 @@ async def run_relay(settings: Settings, topology: Topology, stop: asyncio.Event,
         async with pg_pool(dsn, max_size=settings.relay.loops + 2, configure=relay_session) as pool:
             wakeup = PgWakeup(dsn)
             relay = Relay(
-                PgOutbox(pool, max_backoff=settings.relay.max_backoff), publisher, wakeup, topology,
+                PgOutbox(pool), publisher, wakeup, topology,
                 settings.relay, max_payload=nc.max_payload, connected=lambda: nc.is_connected, health=health,
             )
             helpers = [asyncio.create_task(wakeup.listen(stop))]

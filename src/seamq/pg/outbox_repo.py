@@ -93,31 +93,25 @@ class PgClaimedBatch:
     rows: list[OutboxRow]
     more: bool
     next_due: float | None
-    base_backoff: float
-    max_backoff: float
     statements: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
 
     async def mark_published(self, ids: list[uuid.UUID], stream_seqs: list[int]) -> None:
         if ids:
             self.statements.append(("mark_published", dict(ids=ids, seqs=stream_seqs)))
 
-    async def mark_failed(self, ids: list[uuid.UUID], errors: list[str], retry_later: list[bool],
+    async def mark_failed(self, ids: list[uuid.UUID], errors: list[str], delays: list[float | None],
                           park: list[bool] | None = None) -> None:
         if ids:
-            self.statements.append(("mark_failed", dict(
-                ids=ids, errors=errors, retry_later=retry_later, park=park or [False] * len(ids),
-                base_backoff=self.base_backoff, max_backoff=self.max_backoff)))
+            self.statements.append(("mark_failed", dict(ids=ids, errors=errors, delays=delays,
+                                                        park=park or [False] * len(ids))))
 
 
 class PgOutbox:
     def __init__(
         self, pool: AsyncConnectionPool, *, buckets_per_claim: int = 16,
-        base_backoff: float = 1.0, max_backoff: float = 30.0,
     ) -> None:
         self.pool = pool
         self.buckets_per_claim = buckets_per_claim
-        self.base_backoff = base_backoff
-        self.max_backoff = max_backoff
 
     @staticmethod
     def unavailable(exc: BaseException) -> bool:
@@ -138,7 +132,7 @@ class PgOutbox:
                     cur.nextset()
                     make = OutboxRow._make
                     rows = [make(row) for row in await cur.fetchall()]
-                batch = PgClaimedBatch(rows, more, next_due, self.base_backoff, self.max_backoff)
+                batch = PgClaimedBatch(rows, more, next_due)
                 yield batch
                 async with AsyncClientCursor(conn) as cur:
                     marks = "".join(f"{_statement(cur, name, p)};\n" for name, p in batch.statements)

@@ -110,21 +110,19 @@ FROM unnest(CAST(%(ids)s AS uuid[]), CAST(%(seqs)s AS bigint[])) AS u(id, stream
 WHERE o.id = u.id
 
 -- name: mark_failed
--- A failed row backs off exponentially (capped) when `retry_later`; a
--- transport failure (broker unreachable) does not, the relay waits instead.
+-- A failed row waits the delay the relay gave it (seamq.backoff, from its attempts); a
+-- transport failure (broker unreachable) has none, the relay waits instead.
 -- A row that can never be published as it is gets parked (migration 0007).
 UPDATE outbox_events o
 SET publish_attempts = o.publish_attempts + 1,
     publish_error = left(u.error, 2000),
-    next_attempt_at = CASE WHEN u.park THEN CAST('infinity' AS timestamptz) WHEN u.retry_later THEN
-      now() + least(%(max_backoff)s, %(base_backoff)s * power(2, least(o.publish_attempts, 20)))
-              * interval '1 second'
-    END,
+    next_attempt_at = CASE WHEN u.park THEN CAST('infinity' AS timestamptz)
+                           WHEN u.delay IS NOT NULL THEN now() + u.delay * interval '1 second' END,
     parked_reason = CASE WHEN u.park THEN left(u.error, 2000) END,
     parked_at = CASE WHEN u.park THEN clock_timestamp() END
-FROM unnest(CAST(%(ids)s AS uuid[]), CAST(%(errors)s AS text[]), CAST(%(retry_later)s AS boolean[]),
+FROM unnest(CAST(%(ids)s AS uuid[]), CAST(%(errors)s AS text[]), CAST(%(delays)s AS float8[]),
             CAST(%(park)s AS boolean[]))
-  AS u(id, error, retry_later, park)
+  AS u(id, error, delay, park)
 WHERE o.id = u.id
 
 -- name: outbox_parked
