@@ -18,9 +18,19 @@ from typing import Any, Mapping
 
 # A subject token: lowercase snake case, starting with a letter. No dots,
 # wildcards or whitespace can pass this, which is what keeps subjects routable.
-_TOKEN = re.compile(r"^[a-z][a-z0-9_]*$")
+NAME = r"[a-z][a-z0-9_]*"  # a context, event or consumer part: the one name rule
+_TOKEN = re.compile(rf"^{NAME}$")
 # An optional last token `.b{bucket}` routes the event to a partition (topology `partitions`).
-_SUBJECT = re.compile(r"^([a-z][a-z0-9_]*)\.event\.([a-z][a-z0-9_]*)\.v([1-9][0-9]*)(?:\.b(\d{1,3}))?$")
+_SUBJECT = re.compile(rf"^({NAME})\.event\.({NAME})\.v([1-9][0-9]*)(?:\.b(\d{{1,3}}))?$")
+# ADR-032: a consumer is named `{target}__from_{source}`; the inbox, the DLQ lists and the KPIs read
+# its contexts back from the name.
+CONSUMER_SEPARATOR = "__from_"
+CONSUMER_NAME = re.compile(rf"^({NAME}){CONSUMER_SEPARATOR}({NAME})$")
+
+
+def is_name(value: object) -> bool:
+    """A context, event or other subject token: lowercase snake_case, starting with a letter."""
+    return isinstance(value, str) and bool(_TOKEN.match(value))
 
 # Aggregates hash into this many buckets: outbox_events.bucket (pg/migrations/0001). The relay claims
 # by bucket, and puts the bucket in the subject of a context whose consumers are partitioned.

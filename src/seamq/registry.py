@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 
 from seamq.compat import breaking_changes
-from seamq.model import ErrorCode, EventSubject, SeamqError, validate_token
+from seamq.model import ErrorCode, EventSubject, SeamqError, is_name, validate_token
 
 LOCK_FILE = "registry.lock.json"
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
@@ -109,7 +109,7 @@ def subscriptions(directory: Path) -> list[tuple[str, Route]]:
         if not isinstance(data, dict) or not isinstance(data.get("subscriptions"), list):
             raise _manifest_error(source, "subscriptions", "a list of subscribed events is required")
         context = data.get("context")
-        if not isinstance(context, str) or not re.match(r"^[a-z][a-z0-9_]*$", context):
+        if not is_name(context):
             raise _manifest_error(source, "context", "the consuming context, lowercase snake_case, is required")
         for i, sub in enumerate(data["subscriptions"]):
             key = f"subscriptions[{i}]"
@@ -120,7 +120,7 @@ def subscriptions(directory: Path) -> list[tuple[str, Route]]:
                 raise _manifest_error(source, f"{key}.{sorted(unknown)[0]}", "unknown key")
             event, producer = sub.get("event"), sub.get("source")
             for name, value in (("event", event), ("source", producer)):
-                if not isinstance(value, str) or not re.match(r"^[a-z][a-z0-9_]*$", value or ""):
+                if not is_name(value):
                     raise _manifest_error(source, f"{key}.{name}", "lowercase snake_case name required")
             versions = sub.get("versions")
             if not isinstance(versions, dict) or not versions:

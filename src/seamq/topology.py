@@ -18,12 +18,10 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from seamq.model import BUCKETS, JOBS_CONTEXT, ErrorCode, EventSubject, SeamqError
+from seamq.model import BUCKETS, CONSUMER_NAME, JOBS_CONTEXT, ErrorCode, EventSubject, SeamqError, is_name
 from seamq.units import parse_duration, parse_size
 
 _STREAM_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
-_CONTEXT = re.compile(r"^[a-z][a-z0-9_]*$")
-_CONSUMER = re.compile(r"^([a-z][a-z0-9_]*)__from_([a-z][a-z0-9_]*)$")
 
 
 class _Strict(BaseModel):
@@ -176,7 +174,7 @@ class _TopologyFile(_Strict):
     @classmethod
     def _context_names(cls, value: dict) -> dict:
         for name in value:
-            if not _CONTEXT.match(name):
+            if not is_name(name):
                 raise ValueError(f"context name {name!r} must be lowercase snake_case")
             if name == JOBS_CONTEXT:
                 raise ValueError(f"context name {name!r} is seamq's own: jobs enqueued in a transaction (docs/jobs.md)")
@@ -209,7 +207,7 @@ def _build(raw: _TopologyFile, source: str, replicas: int | None) -> Topology:
     }
     consumers = {}
     for name, spec in raw.consumers.items():
-        match = _CONSUMER.match(name)
+        match = CONSUMER_NAME.match(name)
         if not match:
             raise _KeyError(("consumers", name), "consumer name must be {target}__from_{source}")
         target, src = match[1], match[2]

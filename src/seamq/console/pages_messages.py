@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from dataclasses import replace
 from datetime import datetime, timezone
 
 from starlette.responses import RedirectResponse, Response
@@ -71,7 +72,7 @@ def routes(console: Console, desk: DeadLetterDesk, overview: Overview) -> list[R
     async def dead_letters(ctx: Ctx) -> Response:
         chosen = selection(ctx)
         rows = await desk.select(chosen)
-        groups = await desk.groups(DlqFilter(**{**chosen.params(), "cause": None, "limit": SHOWN}))
+        groups = await desk.groups(replace(chosen, cause=None))
         total = rows[0]["total"] if rows else 0
         return console.render("dead_letters.html", ctx, rows=rows, groups=groups, total=total, key=key,
                               filters={name: ctx.one(name) for name in FILTERS})

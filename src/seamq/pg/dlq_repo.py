@@ -18,7 +18,7 @@ from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from seamq.model import ReplayPolicy
+from seamq.model import CONSUMER_SEPARATOR, ReplayPolicy
 from seamq.pg.sql import query
 
 
@@ -39,7 +39,7 @@ class DlqFilter:
     limit: int = 1000
 
     def params(self) -> dict:
-        return {field.name: getattr(self, field.name) for field in fields(self)}
+        return {**{field.name: getattr(self, field.name) for field in fields(self)}, "separator": CONSUMER_SEPARATOR}
 
 
 async def schedule(conn: AsyncConnection, policy: ReplayPolicy) -> None:

@@ -362,7 +362,7 @@ WHERE consumer = %(consumer)s AND message_id = %(message_id)s
 -- (purged, or edited and replayed as a new message) only with `purged`.
 status IN ('dead_lettered', 'exhausted')
   AND (CAST(%(consumer)s AS text) IS NULL OR consumer = %(consumer)s)
-  AND (CAST(%(context)s AS text) IS NULL OR split_part(consumer, '__from_', 1) = %(context)s)
+  AND (CAST(%(context)s AS text) IS NULL OR split_part(consumer, %(separator)s, 1) = %(context)s)
   AND (CAST(%(event_type)s AS text) IS NULL OR event_type = %(event_type)s)
   AND (CAST(%(reason)s AS text) IS NULL OR dlq_metadata->>'reason' = %(reason)s)
   AND (CAST(%(older_than)s AS float8) IS NULL

@@ -25,6 +25,7 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from seamq.model import CONSUMER_SEPARATOR
 from seamq.pipeline import pg_source
 
 TARGETS = {"delivery_rate_min": 0.9999, "duplicate_rate_max": 0.0, "dlq_rate_max": 0.001, "p99_ms_max": 500.0}
@@ -46,7 +47,7 @@ def compute(spark: SparkSession, dsn: str, since: datetime | None = None, until:
                    F.percentile(_ms("due_at", "published_at"), F.array(F.lit(0.5), F.lit(0.99)))
                    .alias("relay_lag")))
     inbox = (pg_source.read(spark, dsn, "inbox_kpis", since, until, partitions)
-             .withColumn("context", F.element_at(F.split("consumer", "__from_"), 2))
+             .withColumn("context", F.element_at(F.split("consumer", CONSUMER_SEPARATOR), 2))
              .withColumn("hour", F.date_trunc("hour", "occurred_at"))
              .where(F.col("event_type").isNotNull())
              .groupBy("context", "event_type", "hour")
