@@ -267,6 +267,7 @@ def test_beyond_loopback_without_users_is_refused_with_a_coded_error_and_the_doc
     users = re.search(r'SEAMQ_CONSOLE__USERS="([^"]+)"', block)[1]
     assert {name: role for name, (_, role) in Users.parse(users).passwords.items()} == {"ada": "admin",
                                                                                         "vic": "viewer"}
+    assert Users.parse("eve:with:colons:viewer").passwords == {"eve": ("with:colons", "viewer")}
     commands = [line.split("  #")[0].strip() for line in block.splitlines() if line.startswith("seamq ")]
     assert commands == ["seamq console"]
     for command in commands:

@@ -227,7 +227,9 @@ async def test_a_clean_stop_hands_its_partitions_over_at_once(dsn, nats_server, 
     assert sorted(alone["holds"]) == sorted(topology.consumer(CONSUMER).durables()) and alone["process"].endswith(
         f"pid {os.getpid()}")
     from seamq.console.overview import Overview  # the console's overview says the same, per partition
-    shot = await Overview(None, nc, topology).snapshot()  # no database here: its part is said as an error
+    overview = Overview(None, nc, topology)
+    await overview.refresh_holders()
+    shot = await overview.snapshot()  # no database here: its part is said as an error
     [row] = [c for c in shot.consumers if c["consumer"] == CONSUMER]
     assert {d["name"]: d["held_by"] for d in row["durables"]} == {d: alone["process"] for d in alone["holds"]}
     stop.set()

@@ -256,7 +256,9 @@ async def test_an_edited_copy_runs_only_in_the_consumer_that_dead_lettered_it_an
             assert again.value.code.value == "NOT_FOUND"
             actions = await desk.actions()
         await wait_for(lambda: status("sea__from_vibespro", new_id) == "processed", what="the edited copy handled")
-        await asyncio.sleep(1.0)  # billing received it too, and must neither run nor record it
+        async def billing_acked_it():  # billing received it too, and must neither run nor record it
+            return (await js.consumer_info("VIBESPRO_EVENTS", "billing__from_vibespro")).ack_floor.stream_seq > last
+        await wait_for(billing_acked_it, what="billing's consumer past the edited copy")
         assert status("billing__from_vibespro", new_id) is None
         assert seen["billing__from_vibespro"] == [{"n": 0}]
         assert seen["sea__from_vibespro"][-1] == {"n": 1, "fixed": True}

@@ -160,16 +160,30 @@ class ConsoleSettings(BaseModel):
                                                                "start (everyone signs in again after a restart)")
     session_hours: float = Field(12, gt=0, description="how long a sign-in lasts")
 
-    @field_validator("users", "session_secret")
+    @field_validator("users")
+    @classmethod
+    def _passwords(cls, value: SecretStr | None) -> SecretStr | None:
+        for _, password, _ in console_users(value.get_secret_value() if value else None):
+            register(password)  # never in any output (seamq.redact)
+        return value
+
+    @field_validator("session_secret")
     @classmethod
     def _secret(cls, value: SecretStr | None) -> SecretStr | None:
-        for entry in (value.get_secret_value() if value else "").split(","):
-            parts = entry.strip().split(":")
-            if len(parts) > 1 and parts[1]:
-                register(parts[1])  # a password: never in any output (seamq.redact)
-            elif entry.strip():
-                register(entry.strip())
+        register(value.get_secret_value() if value else None)
         return value
+
+
+def console_users(text: str | None) -> list[tuple[str, str, str]]:
+    """`name:password:role,...` as (name, password, role); without a role, admin. A password may hold
+    colons: the role is what follows the last one."""
+    out = []
+    for entry in (text or "").split(","):
+        if entry.strip():
+            name, _, rest = entry.strip().partition(":")
+            password, _, role = rest.rpartition(":") if ":" in rest else (rest, "", "admin")
+            out.append((name, password, role or "admin"))
+    return out
 
 
 class EmbeddedSettings(BaseModel):

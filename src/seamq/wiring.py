@@ -234,24 +234,23 @@ async def replay_tools(settings: Settings, topology: Topology, *, persistent: bo
 
 
 @asynccontextmanager
-async def dlq_desk(settings: Settings, topology: Topology, *, persistent: bool = False):
+async def dlq_desk(settings: Settings, topology: Topology, *, persistent: bool = False, pool_size: int = 2):
     """What people do with dead letters (seamq.dlq_desk), on its own connections: `seamq dlq`, the console."""
     from seamq.dlq_desk import DeadLetterDesk
 
-    async with replay_tools(settings, topology, persistent=persistent) as replayer:
+    async with replay_tools(settings, topology, persistent=persistent, pool_size=pool_size) as replayer:
         yield DeadLetterDesk(replayer)
 
 
 @asynccontextmanager
 async def console_parts(settings: Settings, topology: Topology):
-    """The console's desk (seamq.dlq_desk) and overview, on one pool and one NATS connection."""
+    """The console's desk (seamq.dlq_desk) and its overview, which reads through the desk's pool."""
     from seamq.console.overview import Overview
-    from seamq.dlq_desk import DeadLetterDesk
 
-    async with replay_tools(settings, topology, persistent=True, pool_size=6) as replayer:
+    async with dlq_desk(settings, topology, persistent=True, pool_size=6) as desk:
         nc = await connect(settings.nats, name="seamq-console", persistent=True)
         try:
-            yield DeadLetterDesk(replayer), Overview(replayer.dead_letters.pool, nc, topology)
+            yield desk, Overview(desk.store.pool, nc, topology)
         finally:
             await _close(nc)
 

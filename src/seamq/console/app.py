@@ -10,7 +10,6 @@ what may be done live in seamq.dlq_desk and the job server; the pages only show 
 from __future__ import annotations
 
 import json
-import logging
 from datetime import datetime, timezone
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
@@ -76,19 +75,16 @@ class Console:
         async def endpoint(request: Request) -> Response:
             session = self.signer.load(request.cookies.get(COOKIE))
             fresh = session is None
-            if session is None or (self.users.required and not session.signed_in):
-                if self.users.required and handler != self.login:
-                    target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
-                    return self._finish(RedirectResponse(f"/login?next={quote(target)}", 303), session)
-                if session is None:  # open console: everyone is "local"; a stranger gets a CSRF token first
-                    session = self.signer.new("" if self.users.required else "local",
-                                              "" if self.users.required else "admin")
+            if fresh:  # a stranger gets a session to carry a CSRF token; on an open console, as "local", an admin
+                session = self.signer.new(*(("", "") if self.users.required else ("local", "admin")))
+            if self.users.required and not session.signed_in and handler != self.login:
+                target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+                return self._finish(RedirectResponse(f"/login?next={quote(target)}", 303), session if fresh else None)
             ctx = Ctx(request, session)
             try:
                 if request.method == "POST":
                     ctx.form = await _form(request)
-                    if not csrf_ok(session if not fresh else None,
-                                   ctx.one("csrf") or request.headers.get("x-csrf-token")):
+                    if fresh or not csrf_ok(session, ctx.one("csrf") or request.headers.get("x-csrf-token")):
                         raise Refused(403, "this request does not carry the console's CSRF token: reload the page "
                                            "and try again")
                     if action and not session.may_act:
@@ -186,7 +182,6 @@ def templates() -> Environment:
 
 
 def build(console: Console, routes: list[Route]) -> Starlette:
-    logging.getLogger("uvicorn.access").setLevel(logging.WARNING)
     return Starlette(routes=[
         Route("/login", console.page(console.login), methods=["GET", "POST"]),
         Route("/logout", console.page(console.logout), methods=["POST"]),

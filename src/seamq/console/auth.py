@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 
 from seamq.model import ErrorCode, SeamqError
+from seamq.settings import console_users
 
 COOKIE = "seamq_console"
 ROLES = ("admin", "viewer")
@@ -49,12 +50,7 @@ class Users:
     @classmethod
     def parse(cls, text: str | None) -> "Users":
         out: dict[str, tuple[str, str]] = {}
-        for entry in (text or "").split(","):
-            if not entry.strip():
-                continue
-            name, _, rest = entry.strip().partition(":")
-            password, _, role = rest.rpartition(":") if rest.count(":") else (rest, "", "admin")
-            role = role or "admin"
+        for name, password, role in console_users(text):
             if not name or not password or role not in ROLES:
                 raise SeamqError(ErrorCode.INVALID_CONFIG, f"console.users: an entry for {name or '?'!r} is not "
                                                            "name:password:role with role admin or viewer")
@@ -84,7 +80,8 @@ class Signer:
         return Session(user, role, secrets.token_urlsafe(24), time.time() + self.seconds)
 
     def dump(self, session: Session) -> str:
-        body = base64.urlsafe_b64encode(json.dumps([session.user, session.role, session.csrf, session.expires]).encode())
+        fields = [session.user, session.role, session.csrf, session.expires]
+        body = base64.urlsafe_b64encode(json.dumps(fields).encode())
         body = body.rstrip(b"=")  # a cookie value without characters that need quoting
         return f"{body.decode()}.{self._mac(body)}"
 
@@ -105,5 +102,5 @@ class Signer:
         return hmac.new(self.key, body, hashlib.sha256).hexdigest()
 
 
-def csrf_ok(session: Session | None, given: str | None) -> bool:
-    return bool(session and given and hmac.compare_digest(session.csrf.encode(), given.encode()))
+def csrf_ok(session: Session, given: str | None) -> bool:
+    return bool(given and hmac.compare_digest(session.csrf.encode(), given.encode()))

@@ -40,6 +40,7 @@ class Overview:
     def __init__(self, pool, nc, topology: Topology) -> None:
         self.pool, self.nc, self.js, self.topology = pool, nc, nc.jetstream(), topology
         self.history: dict[str, deque] = {}
+        self.holders: dict[str, str] = {}  # partition (durable) -> the process holding it
 
     async def snapshot(self) -> Snapshot:
         errors: list[str] = []
@@ -68,34 +69,35 @@ class Overview:
             row = {"consumer": name, "handled": 0, "p50": None, "p99": None, "dead_open": 0, "dead_last_hour": 0,
                    **inbox.get(name, {})}
             row["handled_per_s"] = row["handled"] / 60
-            row.update(pending=0, ack_pending=0, redelivered=0, waiting=0, durables=[])
+            durables = []
             for durable in spec.durables():
                 try:
                     info = await self.js.consumer_info(spec.stream, durable)
                 except Exception as exc:
                     errors.append(f"JetStream: consumer {durable}: {describe(exc)}")
                     continue
-                row["pending"] += info.num_pending or 0
-                row["ack_pending"] += info.num_ack_pending or 0
-                row["redelivered"] += info.num_redelivered or 0
-                row["waiting"] += info.num_waiting or 0
-                row["durables"].append({"name": durable, "pending": info.num_pending or 0,
-                                        "ack_pending": info.num_ack_pending or 0, "waiting": info.num_waiting or 0})
-            if spec.partitions:  # which process holds which partition, as each says (seamq.nats.partitions)
-                try:
-                    held = {d: m["process"] for m in await partitions.members(self.nc, name) for d in m["holds"]}
-                except Exception as exc:
-                    errors.append(f"NATS: who holds {name}'s partitions: {describe(exc)}")
-                    held = {}
-                for durable in row["durables"]:
-                    durable["held_by"] = held.get(durable["name"])
+                durables.append({"name": durable, "pending": info.num_pending or 0,
+                                 "ack_pending": info.num_ack_pending or 0, "redelivered": info.num_redelivered or 0,
+                                 "waiting": info.num_waiting or 0, "held_by": self.holders.get(durable)})
+            row.update({key: sum(d[key] for d in durables) for key in ("pending", "ack_pending", "redelivered",
+                                                                      "waiting")}, durables=durables)
             consumers.append(row)
         return Snapshot(time.time(), contexts, consumers, processes, errors)
 
+    async def refresh_holders(self) -> None:
+        """Which process holds each partition, as each process says (seamq.nats.partitions). Asked by the
+        sampler, not by a page: every ask waits a moment for the answers."""
+        held = {}
+        for name, spec in self.topology.consumers.items():
+            if spec.partitions:
+                held.update({d: m["process"] for m in await partitions.members(self.nc, name) for d in m["holds"]})
+        self.holders = held
+
     async def sample(self, stop: asyncio.Event) -> None:
-        """Keep the charts' history until `stop`."""
+        """Keep the charts' history, and who holds which partition, until `stop`."""
         while not stop.is_set():
             try:
+                await self.refresh_holders()
                 shot = await self.snapshot()
                 for row in shot.consumers:
                     self.history.setdefault(row["consumer"], deque(maxlen=KEEP)).append(

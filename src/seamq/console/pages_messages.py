@@ -58,7 +58,8 @@ def keys_of(ctx: Ctx) -> list[tuple[str, uuid.UUID]]:
 async def rows_of(desk: DeadLetterDesk, keys: list[tuple[str, uuid.UUID]]) -> list[dict]:
     """Exactly the dead letters named, still open; the others are left out (and counted by the caller)."""
     wanted = set(keys)
-    rows = await desk.select(DlqFilter(ids=sorted({m for _, m in keys}), limit=len(keys) * 4 + 10))
+    ids = sorted({m for _, m in keys})  # each may be a dead letter of several consumers
+    rows = await desk.select(DlqFilter(ids=ids, limit=len(ids) * max(1, len(desk.topology.consumers))))
     return [row for row in rows if (row["consumer"], row["message_id"]) in wanted]
 
 
