@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-unit install browser clean bench bench-quick soak
+.PHONY: run test test-unit install browser redis bench-peers clean bench bench-quick soak
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,7 +26,7 @@ install: $(STAMP)
 run: $(STAMP)
 	$(BIN)/seamq dev
 
-test: $(STAMP) browser
+test: $(STAMP) browser bench-peers
 	$(BIN)/pytest
 
 # The unit tier only: pure logic on in-memory fakes, in seconds (tests/conftest.py, UNIT_MODULES).
@@ -43,13 +43,32 @@ browser:
 	  { apt-get update -q >/dev/null && apt-get install -y -q chromium chromium-driver >/dev/null; }; \
 	fi
 
-clean:
-	rm -rf $(VENV) .seamq .pytest_cache
+# Debian's redis-server, for the Redis job queues (saq, arq) bench/peers_jobs.py measures seamq against.
+redis:
+	@if ! command -v redis-server >/dev/null; then \
+	  if [ "$$(id -u)" != 0 ]; then echo "note: the saq and arq peers need Debian's redis-server (sudo apt-get install redis-server)" >&2; exit 0; fi; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get install -y -q redis-server >/dev/null 2>&1 || \
+	  { apt-get update -q >/dev/null && apt-get install -y -q redis-server >/dev/null; }; \
+	fi
 
-bench: $(STAMP)
+# Oban for Python needs Python >= 3.12: a venv of its own, from the first such Python that runs (on PATH,
+# or one pyenv installed without putting it on PATH).
+OBAN_PYTHON ?= $(shell for p in python3.13 python3.12 $$HOME/.pyenv/versions/3.1[2-9]*/bin/python3; do \
+  "$$p" -c 'import sys; assert sys.version_info >= (3, 12)' 2>/dev/null && { echo "$$p"; break; }; done)
+bench-peers: $(STAMP) redis
+	@if [ -n "$(OBAN_PYTHON)" ] && [ ! -x .venv-oban/bin/python ]; then \
+	  $(OBAN_PYTHON) -m venv .venv-oban && .venv-oban/bin/pip install --quiet 'oban==0.6.*' || \
+	  { rm -rf .venv-oban; echo "note: Oban for Python could not be installed; the bench reports it as not run" >&2; }; \
+	fi
+
+clean:
+	rm -rf $(VENV) .venv-oban .seamq .pytest_cache
+
+bench: bench-peers
 	$(BIN)/python -m bench.run
 
-bench-quick: $(STAMP)
+bench-quick: $(STAMP) redis
 	$(BIN)/python -m bench.run --quick
 
 soak: $(STAMP)

@@ -46,12 +46,12 @@ async def run(count: int, size: int) -> Result:
                                   event_type="vibe_created", payload=payload(size, n))
                     at = start + timedelta(seconds=spread * n / delayed_count)
                     outbox.add(conn, event, deliver_at=at)
-                    due[event.id] = at.timestamp()
+                    due[str(event.id)] = at.timestamp()
             (commits, offered), floor = await asyncio.gather(
                 offer(dsn, 1000, spread + 2, size), timer_lateness(list(due.values())))
             await asyncio.sleep(2.0)
             with psycopg.connect(dsn, autocommit=True) as conn:
-                rows = dict(conn.execute("SELECT message_id, extract(epoch FROM processed_at)::float8 FROM inbox_messages "
+                rows = dict(conn.execute("SELECT message_id::text, extract(epoch FROM processed_at)::float8 FROM inbox_messages "
                                          "WHERE processed_at IS NOT NULL").fetchall())
         finally:
             relay_rss, consumer_rss = stop(relay), stop(consumer)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
-import uuid
+from contextlib import asynccontextmanager
 
 import psycopg
 
@@ -22,30 +22,46 @@ from seamq.model import Event
 TICK = 0.005
 
 
-async def offer(dsn: str, rate: int, seconds: float, size: int, writers: int = 4) -> tuple[dict, float]:
+def seamq_writer(dsn: str, size: int, context: str = "vibespro"):
+    """seamq's producer path: `outbox.add_many_async` in the writer's own transaction."""
+
+    @asynccontextmanager
+    async def connect():
+        async with await psycopg.AsyncConnection.connect(dsn) as conn:
+            async def write(count: int, first: int) -> list[str]:
+                events = [Event(context=context, aggregate_type="vibe", aggregate_id=f"v-{(first + i) % 500}",
+                                event_type="vibe_created", payload=payload(size, i)) for i in range(count)]
+                async with conn.transaction():
+                    await outbox.add_many_async(conn, events)
+                return [str(e.id) for e in events]
+
+            yield write
+
+    return connect
+
+
+async def offer(dsn: str, rate: int, seconds: float, size: int, writers: int = 4, writer=None) -> tuple[dict, float]:
     """Commit rate*TICK events every TICK seconds, spread over `writers` connections so a
-    slow commit delays nothing else (open loop); returns commit times and the rate achieved."""
-    commits: dict[uuid.UUID, float] = {}
+    slow commit delays nothing else (open loop); returns commit times by event id (str) and the
+    rate achieved. `writer` (default seamq's outbox) opens a connection and gives its write."""
+    writer = writer or seamq_writer(dsn, size)
+    commits: dict[str, float] = {}
     per_tick = max(1, round(rate * TICK))
     ticks = int(seconds / TICK)
     started = time.monotonic()
 
-    async def writer(lane: int) -> None:
-        async with await psycopg.AsyncConnection.connect(dsn) as conn:
-            for tick in range(lane, ticks, writers):
+    async def lane(number: int) -> None:
+        async with writer() as write:
+            for tick in range(number, ticks, writers):
                 delay = started + tick * TICK - time.monotonic()
                 if delay > 0:
                     await asyncio.sleep(delay)
-                events = [Event(context="vibespro", aggregate_type="vibe",
-                                aggregate_id=f"v-{(tick * per_tick + i) % 500}", event_type="vibe_created",
-                                payload=payload(size, i)) for i in range(per_tick)]
-                async with conn.transaction():
-                    await outbox.add_many_async(conn, events)
+                ids = await write(per_tick, tick * per_tick)
                 now = time.time()
-                for e in events:
-                    commits[e.id] = now
+                for event_id in ids:
+                    commits[event_id] = now
 
-    await asyncio.gather(*(writer(lane) for lane in range(writers)))
+    await asyncio.gather(*(lane(number) for number in range(writers)))
     return commits, len(commits) / (time.monotonic() - started)
 
 
@@ -73,11 +89,11 @@ async def run(count: int, size: int) -> Result:
                     while True:
                         rows = conn.execute(
                             "SELECT message_id, extract(epoch FROM processed_at) FROM inbox_messages "
-                            "WHERE message_id = ANY(%s) AND processed_at IS NOT NULL", (list(commits),)).fetchall()
+                            "WHERE message_id = ANY(%s::uuid[]) AND processed_at IS NOT NULL", (list(commits),)).fetchall()
                         if len(rows) == len(commits) or time.monotonic() > drained_by:
                             break
                         await asyncio.sleep(0.2)
-                latencies = [float(t) - commits[m] for m, t in rows]
+                latencies = [float(t) - commits[str(m)] for m, t in rows]
                 kept_up = len(rows) == len(commits) and percentile(latencies, 0.99) < 1.0
                 sustained = max(sustained, round(offered)) if kept_up else sustained
                 ms = lambda v: round(v * 1000, 1)  # noqa: E731

@@ -6,8 +6,7 @@ client like a user's: enqueue one job per request (64 in flight) and 100 per bat
 end to end (16 workers, each fetching 10 and acking them one by one); timer lateness with 300 jobs/s
 scheduled 1 s ahead; processed with two servers on the same NATS; peak RSS with 10k, 100k and 1M jobs
 waiting, and the time a restart takes with them.
-The peer: procrastinate (PostgreSQL job queue) deferring the same jobs and running them with 16
-concurrent no-op tasks, on the same machine in the same run.
+The job queues users would install instead are in bench/peers_jobs.py.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ from datetime import datetime, timedelta, timezone
 import aiohttp
 import nats
 
-from bench.common import Result, fresh_database, peak_rss_mb, services, wait_until
+from bench.common import Result, peak_rss_mb, services
 from seamq.embedded import NatsServer
 from seamq.jobs.model import parse_time
 
@@ -237,39 +236,6 @@ async def processed_synced(svc, count: int) -> float:
         nats_server.stop()
 
 
-# ---- the peer ----------------------------------------------------------------------------------------
-
-async def procrastinate_rates(svc, count: int) -> tuple[float, float, float]:
-    import procrastinate
-
-    dsn = await fresh_database(svc, "procrastinate_bench")
-    app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=dsn, min_size=4, max_size=20))
-    done = 0
-
-    @app.task(name="noop", queue="bench")
-    async def noop(n: int) -> None:
-        nonlocal done
-        done += 1
-
-    async with app.open_async():
-        await app.schema_manager.apply_schema_async()
-        started = time.perf_counter()
-        await _gather_limited(((lambda n=n: noop.defer_async(n=n)) for n in range(count)), CONCURRENCY)
-        single = _rate(count, started)
-        started = time.perf_counter()
-        for start in range(0, count, 100):
-            await noop.batch_defer_async(*({"n": n} for n in range(start, min(count, start + 100))))
-        batched = _rate(count, started)
-        started = time.perf_counter()
-        worker = asyncio.create_task(app.run_worker_async(queues=["bench"], concurrency=WORKERS, wait=True,
-                                                          install_signal_handlers=False, fetch_job_polling_interval=0.05))
-        await wait_until(lambda: done >= 2 * count, timeout=600, interval=0.01)
-        processed = _rate(2 * count, started)
-        worker.cancel()
-        await asyncio.gather(worker, return_exceptions=True)
-    return single, batched, processed
-
-
 # ---- the scenario ------------------------------------------------------------------------------------
 
 async def run(count: int, size: int) -> Result:
@@ -287,17 +253,7 @@ async def run(count: int, size: int) -> Result:
         result.add(case="processed end to end, nats-server fsync on every write (sync: always)",
                    jobs_per_s=round(synced), target="-",
                    vs_raw=f"{synced / ours['processed']:.2f} of the default (fsync every 2 min)")
-        ours["synced"] = synced
-        single, batched, processed = await procrastinate_rates(svc, count)
-        for label, rate, mine in [("enqueue, 1 job per call (64 in flight)", single, ours["single"]),
-                                  ("enqueue, batch_defer of 100", batched, ours["batched"]),
-                                  (f"processed ({WORKERS} concurrent tasks)", processed, ours["processed"])]:
-            result.add(case=f"peer: procrastinate {label}", jobs_per_s=round(rate),
-                       target=">= 3x peer" if "processed" in label else "-",
-                       vs_raw=f"seamq is {mine / rate:.1f}x" + (f", {ours['synced'] / rate:.1f}x fsync always"
-                                                                if "processed" in label else ""))
-    result.notes.append("procrastinate runs on PostgreSQL with fsync and synchronous_commit on (every commit durable); "
-                        "compare its processed rate with both seamq rows")
+    result.notes.append("the job queues users would install instead are measured beside seamq in `peers_jobs`")
     result.notes.append("one aiohttp client in the bench process drives the server over HTTP on the same 2 cores; "
                         "RSS is the server's VmHWM")
     return result

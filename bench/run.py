@@ -19,8 +19,20 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.common import machine
+from bench.summary import summary
 
-SCENARIOS = ["relay", "consumer", "e2e", "delayed", "http", "spark", "peer", "jobs", "floors"]
+SCENARIOS = ["relay", "consumer", "e2e", "delayed", "http", "spark", "peer", "peers_relay", "jobs", "peers_jobs",
+             "floors"]
+
+
+def show(console: Console, result, title: str) -> None:
+    columns = list(dict.fromkeys(k for row in result.rows for k in row))  # rows may differ in columns
+    table = Table(*columns, title=title)
+    for row in result.rows:
+        table.add_row(*(str(row.get(k, "")) for k in columns))
+    console.print(table)
+    for note in result.notes:
+        console.print(f"  note: {note}")
 
 
 async def main() -> None:
@@ -43,13 +55,9 @@ async def main() -> None:
         produced = await module.run(count=count, size=args.size)
         for result in produced if isinstance(produced, list) else [produced]:  # a scenario may have tables
             results.append(result)
-            columns = list(dict.fromkeys(k for row in result.rows for k in row))  # rows may differ in columns
-            table = Table(*columns, title=f"{result.scenario} ({count} events, {args.size} B payloads)")
-            for row in result.rows:
-                table.add_row(*(str(row.get(k, "")) for k in columns))
-            console.print(table)
-            for note in result.notes:
-                console.print(f"  note: {note}")
+            show(console, result, f"{result.scenario} ({count} events, {args.size} B payloads)")
+    results.insert(0, summary(results))  # where seamq stands: first in the report, last on the screen
+    show(console, results[0], "where seamq stands (this run)")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     report = {"machine": machine(), "quick": args.quick, "count": count, "payload_bytes": args.size,

@@ -67,3 +67,45 @@ def test_an_error_is_described_once_the_same_way_and_never_longer_than_the_limit
     assert describe(TimeoutError()) == "TimeoutError"  # no dangling ": " for an exception without text
     assert len(describe(RuntimeError("x" * 100_000))) == ERROR_LIMIT
     assert describe(RuntimeError("abcdef"), 10) == "RuntimeErr"
+
+
+# ---- the HTTP request body: the payload sent as its producer encoded it ----------------------------
+
+def _envelope(data: bytes):
+    from seamq.envelope import parse_message
+
+    event = Event(context="sea", aggregate_type="order", aggregate_id="o-1", event_type="order_placed", payload={})
+    return parse_message(str(event.subject), message_headers(event), data)
+
+
+@pytest.mark.parametrize("data", [
+    b'{"a": 1, "b": [true, null, "\\u00e9"], "c": {"d": 1.5e3}}',  # escapes and spacing kept as they came
+    '{"name": "Zoë 🎉", "n": -0}'.encode(),  # plain UTF-8
+])
+def test_the_body_splices_the_payload_as_it_came_and_means_the_same(data):
+    import json
+
+    envelope = _envelope(data)
+    assert envelope.payload_json == data
+    body = envelope.body()
+    assert data in body  # not encoded a second time
+    assert json.loads(body) == json.loads(json.dumps(envelope.to_json()))  # the same document as before
+
+
+@pytest.mark.parametrize("data", [
+    '{"name": "Zoë"}'.encode("utf-16"),  # json.loads takes UTF-16 and 32: not sendable as they are
+    '{"name": "Zoë"}'.encode("utf-32-le"),
+    b'\xef\xbb\xbf{"a": 1}',  # a BOM
+    b'{"a": "\xed\xa0\x80"}',  # a surrogate in UTF-8 (json.loads decodes with surrogatepass)
+])
+def test_a_payload_that_is_not_plain_utf8_is_encoded_again(data):
+    import json
+
+    from seamq.envelope import Envelope
+
+    envelope = _envelope(data)
+    assert isinstance(envelope, Envelope), envelope  # taken, as before
+    assert envelope.payload_json is None
+    body = envelope.body()
+    body.decode()  # strict UTF-8 on the wire
+    assert json.loads(body)["payload"] == envelope.payload

@@ -147,4 +147,4 @@ def typed_envelope(model: type[EventModel], envelope: Any) -> Any:
             (subject.context, subject.name, subject.version):
         return f"the handler takes {subject}, not {envelope.subject}"
     parsed = parse_payload(model, envelope.payload)
-    return parsed if isinstance(parsed, str) else dataclasses.replace(envelope, payload=parsed)
+    return parsed if isinstance(parsed, str) else dataclasses.replace(envelope, payload=parsed, payload_json=None)

@@ -26,6 +26,7 @@ from seamq.observability import log
 
 _OUTCOMES = {200: Outcome.OK, 201: Outcome.OK, 202: Outcome.OK, 204: Outcome.OK,
              409: Outcome.ALREADY_PROCESSED, 422: Outcome.POISON}
+_QUIET = {status: HandlerResult(Outcome.OK) for status in (200, 201, 202, 204)}  # one result, shared
 
 
 def http_client(max_connections: int = 64) -> aiohttp.ClientSession:
@@ -63,6 +64,7 @@ class HttpHandler:
                  timeout: float = 10.0, refusals: Refusals | None = None) -> None:
         self.url, self.client, self.secret, self.timeout = url, client, secret, timeout
         self.refusals = refusals
+        self._timeout = aiohttp.ClientTimeout(total=timeout)  # one for every call
 
     def __repr__(self) -> str:
         return f"HttpHandler({self.url})"
@@ -70,13 +72,17 @@ class HttpHandler:
     async def __call__(self, envelope: Envelope, conn=None, traceparent: str | None = None) -> HandlerResult:
         body, headers = request_of(envelope, secret=self.secret, traceparent=traceparent)
         try:
-            async with self.client.post(self.url, data=body, headers=headers,
-                                        timeout=aiohttp.ClientTimeout(total=self.timeout)) as response:
-                status, text = response.status, await response.text()
+            async with self.client.post(self.url, data=body, headers=headers, timeout=self._timeout) as response:
+                status, answer = response.status, await response.read()
         except (asyncio.TimeoutError, TimeoutError):
             return HandlerResult.timed_out(self.timeout)
         except aiohttp.ClientError as exc:
             return HandlerResult(Outcome.RETRY, f"handler unreachable: {describe(exc)}")
+        if status in _QUIET:  # the common answer: nothing in its body is read
+            if self.refusals is not None and self.refusals.refusing:
+                self.refusals.saw(self.url, status, "")
+            return _QUIET[status]
+        text = answer.decode(errors="replace")
         if self.refusals is not None:
             self.refusals.saw(self.url, status, text)
         return result_of(status, text)
@@ -85,7 +91,7 @@ class HttpHandler:
 def request_of(envelope: Envelope, *, secret: str | None = None,
                traceparent: str | None = None) -> tuple[bytes, dict[str, str]]:
     """The body and headers of the POST for this envelope (seamq.testing sends the same)."""
-    body = json.dumps(envelope.to_json(), separators=(",", ":")).encode()
+    body = envelope.body()
     headers = {"content-type": "application/json"}
     if secret:
         headers[Header.SIGNATURE] = sign(secret, body)
