@@ -27,7 +27,7 @@ from browser import Browser
 from conftest import FAST_TOPOLOGY, SEAMQ
 from handler_service import HandlerService
 from jobs_harness import JobServer
-from test_consumer import CONSUMER, vibe
+from helpers.consumer import CONSUMER, vibe
 
 SHOTS = Path(__file__).resolve().parent.parent / "docs" / "images"
 USERS = "ada:ada-pass-7:admin,vic:vic-pass-9:viewer"

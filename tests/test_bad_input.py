@@ -24,7 +24,7 @@ from seamq.wiring import build_handlers, pg_pool
 
 from conftest import SEAMQ
 from helpers import read_stream, scalar, wait_for
-from test_consumer import CONSUMER, consuming, inbox, publish, settled, vibe
+from helpers.consumer import CONSUMER, consuming, inbox, publish, settled, vibe
 
 SUBJECT = "vibespro.event.vibe_created.v1"
 

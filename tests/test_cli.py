@@ -156,7 +156,7 @@ def test_json_output_for_scripts(dsn, nats_server, tmp_path):
 
     import psycopg
 
-    from test_consumer import CONSUMER
+    from helpers.consumer import CONSUMER
 
     env = dict(SEAMQ_DATABASE_URL=dsn, SEAMQ_NATS__URL=nats_server.url)
     plan = json.loads(seamq("provision", "--dry-run", "--json", **env).stdout)
@@ -220,7 +220,7 @@ def _people_find_a_message_by_the_start_of_its_id_and_see_every_failed_attempt(d
 
     import psycopg
 
-    from test_consumer import CONSUMER
+    from helpers.consumer import CONSUMER
 
     handled, twin_a, twin_b = uuid.uuid4(), uuid.UUID("abcd0000-0000-4000-8000-000000000001"), \
         uuid.UUID("abcd0000-0000-4000-8000-000000000002")

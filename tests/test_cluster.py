@@ -25,7 +25,7 @@ from seamq.topology import load_topology
 
 from conftest import SEAMQ
 from helpers import read_stream, scalar, wait_for
-from test_relay import check_exactly_once_in_order, events_for, unpublished
+from helpers.relay import check_exactly_once_in_order, events_for, unpublished
 
 CONSUMER = "sea__from_vibespro"
 # Redeliveries during a failover must not use up max_deliver: a node loss is not a handler's fault.

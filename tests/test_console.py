@@ -28,7 +28,7 @@ from browser import Browser
 from conftest import SEAMQ
 from console_harness import SHOTS, Stack, button, post, sign_in, sign_in_redirect, wait_until
 from helpers import read_stream
-from test_consumer import CONSUMER, vibe
+from helpers.consumer import CONSUMER, vibe
 
 
 @pytest.fixture(scope="module")
@@ -251,7 +251,7 @@ def test_a_dead_job_is_retried_from_the_jobs_page(stack, browser):
 
 def test_beyond_loopback_without_users_is_refused_with_a_coded_error_and_the_docs_commands_parse(tmp_path):
     from seamq.console.auth import Users
-    from test_readme import parse_command
+    from helpers.cli import parse_command
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("SEAMQ_")}
     result = subprocess.run([*SEAMQ, "console", "--host", "0.0.0.0"], env=env, capture_output=True, text=True,

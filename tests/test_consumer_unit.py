@@ -7,19 +7,13 @@ which is only possible because no driver type reaches the worker.
 from __future__ import annotations
 
 import asyncio
-import json
 
 from seamq.consumer import InboxConsumer
 from seamq.envelope import HandlerResult, Outcome
-from seamq.model import Event, message_headers
 from seamq.settings import ConsumerSettings
-from seamq.topology import ConsumerSpec
 
+from helpers.lane import SPEC, event, publish
 from memory import MemoryDeliveries, MemoryInbox, MemoryPublisher
-
-SPEC = ConsumerSpec(name="sea__from_vibespro", target="sea", source="vibespro", stream="VIBESPRO_EVENTS",
-                    filter_subject="vibespro.event.>", max_deliver=3)
-
 
 class Script:
     """A handler that answers from a script per (aggregate, n) and attempt, and notes each call."""
@@ -36,15 +30,6 @@ class Script:
         script = self.answers.get(key, [])
         attempt = sum(1 for c in self.calls if c == key)
         return script[attempt - 1] if attempt <= len(script) else HandlerResult(Outcome.OK)
-
-
-def event(aggregate: str, n: int) -> Event:
-    return Event(context="vibespro", aggregate_type="vibe", aggregate_id=aggregate, event_type="vibe_created",
-                 payload={"n": n})
-
-
-def publish(source: MemoryDeliveries, e: Event) -> None:
-    source.publish(str(e.subject), message_headers(e), json.dumps(e.payload).encode())
 
 
 async def run(source, inbox, dlq, handler, until, **config) -> None:

@@ -17,7 +17,7 @@ from seamq.settings import NatsSettings, RelaySettings, Settings
 from seamq.wiring import run_relay
 
 from helpers import scalar, wait_for
-from test_consumer import consuming, vibe
+from helpers.consumer import consuming, vibe
 
 handled: dict[uuid.UUID, datetime] = {}
 

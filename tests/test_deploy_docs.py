@@ -12,37 +12,20 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import typer
 import yaml
 from pydantic import BaseModel
 
-from seamq.cli import app
 from seamq.embedded import nats_server_binary
 from seamq.settings import Settings, load_settings
 
+from helpers.cli import parse_command
+
 DOC = (Path(__file__).parent.parent / "docs" / "deploy.md").read_text()
 BLOCKS = re.findall(r"```(\w+)\n(.*?)```", DOC, re.S)
-CLI = typer.main.get_command(app)
 
 
 def blocks(kind: str) -> list[str]:
     return [text for lang, text in BLOCKS if lang == kind]
-
-
-def parse_command(argv: list[str]) -> None:
-    """As `seamq argv...` would parse it, without running it; fails naming what is wrong."""
-    assert argv[0].endswith("seamq"), argv
-    command, args = CLI, argv[1:]
-    path = ["seamq"]
-    while hasattr(command, "get_command"):  # a group (typer carries its own copy of click)
-        name, args = args[0], args[1:]
-        sub = command.get_command(command.context_class(command), name)
-        assert sub is not None, f"{' '.join(path)} has no command {name!r}"
-        command, path = sub, path + [name]
-    try:
-        command.make_context(" ".join(path), list(args))
-    except Exception as exc:  # the usage error, as the user would see it
-        raise AssertionError(f"{' '.join(argv)}: {exc}") from None
 
 
 def is_setting(name: str) -> bool:

@@ -3,7 +3,6 @@ every state, the retry rules, the clocks a job needs, and the stored form round-
 
 from __future__ import annotations
 
-import random
 from datetime import timedelta
 
 import pytest

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-import re
 from datetime import datetime, timedelta, timezone
 
 import pytest

@@ -15,7 +15,7 @@ from seamq.consumer import InboxConsumer
 from seamq.settings import ConsumerSettings
 
 from memory import MemoryDeliveries, MemoryInbox, MemoryPublisher
-from test_consumer_unit import SPEC, event, publish
+from helpers.lane import SPEC, event, publish
 
 _SUFFIXES = ("_bucket", "_count", "_sum", "_total", "_created")
 

@@ -27,8 +27,8 @@ from seamq.wiring import run_relay  # noqa: E402
 from conftest import SEAMQ  # noqa: E402
 from helpers import wait_for  # noqa: E402
 from spark_cluster import CHECKOUT, SparkCluster  # noqa: E402
-from test_pipeline_kpis import seed  # noqa: E402
-from test_relay import events_for, unpublished, write  # noqa: E402
+from helpers.pipeline import seed  # noqa: E402
+from helpers.relay import events_for, unpublished, write  # noqa: E402
 
 LOST = [5, 77, 150]  # stream sequences the broker "loses"
 

@@ -16,7 +16,7 @@ pytest.importorskip("pyspark")
 from conftest import SEAMQ, spark_scratch  # noqa: E402
 from seamq.settings import NatsSettings  # noqa: E402
 from helpers import wait_for  # noqa: E402
-from test_pipeline_source import publish  # noqa: E402
+from helpers.pipeline import publish  # noqa: E402
 
 
 def committed_batches(checkpoint) -> int:
@@ -64,7 +64,7 @@ async def test_replay_from_the_lake_restores_a_window_processed_once(spark, dsn,
     from seamq.pipeline.lake import follow, start_lake
     from seamq.pipeline.lake_replay import replay
     from seamq.registry import Registry
-    from test_consumer import consuming
+    from helpers.consumer import consuming
 
     events = await publish(nc, 400)
     lake = tmp_path / "lake"

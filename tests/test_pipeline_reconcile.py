@@ -12,8 +12,8 @@ from seamq.registry import Registry  # noqa: E402
 from seamq.settings import NatsSettings  # noqa: E402
 
 from helpers import scalar, wait_for  # noqa: E402
-from test_consumer import consuming  # noqa: E402
-from test_relay import events_for, relay_running, unpublished, write  # noqa: E402
+from helpers.consumer import consuming  # noqa: E402
+from helpers.relay import events_for, relay_running, unpublished, write  # noqa: E402
 
 
 async def test_reconcile_finds_deleted_messages_and_repair_processes_them_once(spark, dsn, nats_server, nc,

@@ -8,22 +8,7 @@ import pytest
 
 pytest.importorskip("pyspark", reason="the pipeline extra is part of make test's install")
 
-from seamq.model import Event, message_headers  # noqa: E402
-from seamq.nats.publisher import PipelinedPublisher  # noqa: E402
-from seamq.ports import OutMessage  # noqa: E402
-
-
-async def publish(nc, count: int, context: str = "vibespro", start: int = 0) -> list[Event]:
-    publisher = await PipelinedPublisher(nc, timeout=30).start()
-    events = [Event(context=context, aggregate_type="vibe", aggregate_id=f"v-{n % 100}", event_type="vibe_created",
-                    payload={"n": n}) for n in range(start, start + count)]
-    for i in range(0, count, 5000):
-        chunk = events[i:i + 5000]
-        results = await publisher.publish_many([
-            OutMessage(str(e.subject), json.dumps(e.payload).encode(), message_headers(e)) for e in chunk])
-        assert all(r.ok for r in results)
-    await publisher.close()
-    return events
+from helpers.pipeline import publish  # noqa: E402
 
 
 def read(spark, url: str, stream: str, **options):

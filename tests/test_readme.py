@@ -16,7 +16,7 @@ import psycopg
 from seamq.testing import Harness
 
 from helpers import scalar
-from test_deploy_docs import parse_command
+from helpers.cli import parse_command
 
 ROOT = Path(__file__).parent.parent
 README = (ROOT / "README.md").read_text()

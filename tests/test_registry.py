@@ -13,7 +13,7 @@ import pytest
 
 from conftest import FAST_TOPOLOGY, SEAMQ
 from helpers import scalar, wait_for
-from test_consumer import CONSUMER, inbox, publish, settled, vibe
+from helpers.consumer import CONSUMER, inbox, publish, settled, vibe
 
 SCHEMA_V1 = """
         schema:

@@ -15,7 +15,7 @@ from seamq.settings import ReplaySettings
 
 from conftest import SEAMQ
 from helpers import read_stream, wait_for
-from test_consumer import consuming, inbox, publish, settings, vibe
+from helpers.consumer import consuming, inbox, publish, settings, vibe
 
 FAST = dict(base_delay=1.0, factor=2.0, max_delay=4.0, jitter=0.5, interval=0.1,
             reasons=["max_deliver", "handler_rejected"])  # handler_rejected too: its replays are what is tested

@@ -23,7 +23,7 @@ from seamq.settings import NatsSettings, RelaySettings, Settings
 from seamq.wiring import run_relay
 
 from helpers import wait_for
-from test_consumer import consuming, vibe
+from helpers.consumer import consuming, vibe
 
 seen: dict[str, trace.SpanContext] = {}
 

@@ -15,7 +15,7 @@ from seamq.registry import Registry, Route
 
 from handler_service import HandlerService
 from helpers import read_stream, wait_for
-from test_consumer import consuming, inbox, publish, vibe
+from helpers.consumer import consuming, inbox, publish, vibe
 
 
 class VibeCreatedV1(EventModel, context="vibespro", name="vibe_created", version=1,

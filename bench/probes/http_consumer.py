@@ -25,7 +25,7 @@ async def main():
             await publish_events(svc.nats.url, N, 256)
             dsn = await fresh_database(svc, "http")
             env = svc.env(SEAMQ_TOPOLOGY_FILE=topology_file, SEAMQ_CONSUMER__HANDLER_URL=f"http://127.0.0.1:{port}/handle",
-                          SEAMQ_CONSUMER__CONCURRENCY=32, SEAMQ_CONSUMER__BATCH_SIZE=500, PYTHONPATH=os.getcwd())
+                          SEAMQ_CONSUMER__CONCURRENCY=int(os.environ.get("LANES", "32")), SEAMQ_CONSUMER__BATCH_SIZE=500, PYTHONPATH=os.getcwd())
             consumer = spawn([sys.executable, "-m", "seamq", "consume", "--consumer", "sea__from_vibespro"], env)
             spy = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "py-spy"), "record", "--pid",
                                     str(consumer.pid), "-o", PROFILE, "--rate", "1000", *(["-f", "raw"] if PROFILE.endswith(".txt") else [])],

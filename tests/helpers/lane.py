@@ -1,0 +1,23 @@
+"""Helpers for the lane's tests over the in-memory ports (tests/memory.py): a consumer spec, events,
+and publishing into the in-memory deliveries. No services: the unit tier uses them."""
+
+from __future__ import annotations
+
+import json
+
+from seamq.model import Event, message_headers
+from seamq.topology import ConsumerSpec
+
+from memory import MemoryDeliveries
+
+SPEC = ConsumerSpec(name="sea__from_vibespro", target="sea", source="vibespro", stream="VIBESPRO_EVENTS",
+                    filter_subject="vibespro.event.>", max_deliver=3)
+
+
+def event(aggregate: str, n: int) -> Event:
+    return Event(context="vibespro", aggregate_type="vibe", aggregate_id=aggregate, event_type="vibe_created",
+                 payload={"n": n})
+
+
+def publish(source: MemoryDeliveries, e: Event) -> None:
+    source.publish(str(e.subject), message_headers(e), json.dumps(e.payload).encode())
