@@ -169,7 +169,7 @@ def parse_message(subject: str, headers: Mapping[str, str] | None, data: bytes,
     except SeamqError as exc:
         return Rejected(Reason.INVALID_SUBJECT, exc.message, message_id)
     try:
-        payload = json.loads(data)
+        payload, payload_json = _load(data)
     except (ValueError, UnicodeDecodeError) as exc:
         return Rejected(Reason.INVALID_JSON, f"payload is not JSON: {exc}", message_id)
     except RecursionError:
@@ -177,7 +177,6 @@ def parse_message(subject: str, headers: Mapping[str, str] | None, data: bytes,
     if not isinstance(payload, dict):
         return Rejected(Reason.INVALID_JSON, f"payload must be a JSON object, got {type(payload).__name__}",
                         message_id)
-    payload_json = data if _utf8_json(data) else None
     missing = [h for h in (Header.AGGREGATE_TYPE, Header.AGGREGATE_ID, Header.OCCURRED_AT) if not headers.get(h)]
     if missing:
         return Rejected(Reason.INVALID_ENVELOPE, f"missing headers: {', '.join(missing)}", message_id)
@@ -201,16 +200,17 @@ def parse_message(subject: str, headers: Mapping[str, str] | None, data: bytes,
         return Rejected(Reason.INVALID_ENVELOPE, str(exc), message_id)
 
 
-def _utf8_json(data: bytes | str) -> bool:
-    """JSON that json.loads took from bytes may be UTF-16 or 32, carry a BOM, or hold surrogates
-    (it decodes with surrogatepass): only strict UTF-8 without a BOM may be sent on as it is."""
-    if not isinstance(data, bytes) or json.detect_encoding(data) != "utf-8":
-        return False
-    try:
-        data.decode()
-    except UnicodeDecodeError:
-        return False
-    return True
+def _load(data: bytes | str) -> tuple[Any, bytes | None]:
+    """The payload, and its bytes when they may be sent on as they are: strict UTF-8 without a BOM,
+    decoded once. Other bytes json.loads takes (UTF-16 or 32, a BOM, surrogates: it decodes with
+    surrogatepass) are loaded as before and encoded again when sent."""
+    if isinstance(data, bytes) and json.detect_encoding(data) == "utf-8":
+        try:
+            text = data.decode()
+        except UnicodeDecodeError:
+            return json.loads(data), None
+        return json.loads(text), data
+    return json.loads(data), None
 
 
 class Outcome(str, Enum):

@@ -26,7 +26,8 @@ from seamq.observability import log
 
 _OUTCOMES = {200: Outcome.OK, 201: Outcome.OK, 202: Outcome.OK, 204: Outcome.OK,
              409: Outcome.ALREADY_PROCESSED, 422: Outcome.POISON}
-_QUIET = {status: HandlerResult(Outcome.OK) for status in (200, 201, 202, 204)}  # one result, shared
+_QUIET = {status: HandlerResult(outcome) for status, outcome in _OUTCOMES.items()  # the OK answers:
+          if outcome == Outcome.OK}  # one shared result each, their bodies unread
 
 
 def http_client(max_connections: int = 64) -> aiohttp.ClientSession:
