@@ -3,6 +3,7 @@ every state, the retry rules, the clocks a job needs, and the stored form round-
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import timedelta
 
 import pytest
@@ -109,3 +110,11 @@ def test_each_state_needs_its_clocks():
     done = J.completed(active(), NOW, None)
     assert [(t.kind, t.at) for t in J.timers(done)] == [("forget", NOW + J.RECORD_TTL)]
     assert J.timers(new()) == []
+
+
+def test_replace_changes_only_what_it_is_given_and_refuses_a_field_a_job_has_not():
+    job = J.from_record(model.new_record({"type": "a.b", "args": [1], "options": {"queue": "q"}}, NOW))
+    moved = J.replace(job, state=J.State.ACTIVE, attempt=2)
+    assert moved == dataclasses.replace(job, state=J.State.ACTIVE, attempt=2) and job.state == J.State.AVAILABLE
+    with pytest.raises(TypeError):
+        J.replace(job, stat=J.State.ACTIVE)

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import random
 from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from seamq.jobs import attempts, model, unique
+from starlette.requests import Request
+
+from seamq.jobs import attempts, codec, model, unique
+from seamq.jobs.api import body_of
 from seamq.jobs.model import OjsError, RetryPolicy
 
 NOW = datetime(2026, 11, 23, 12, 0, 0, tzinfo=timezone.utc)
@@ -128,3 +133,47 @@ def test_fingerprint_ignores_key_order():
     a = push(args=[{"x": 1, "y": 2}], options={"unique": {"keys": ["type", "args"]}})
     b = push(args=[{"y": 2, "x": 1}], options={"unique": {"keys": ["type", "args"]}})
     assert unique.fingerprint(a) == unique.fingerprint(b)
+
+
+@pytest.mark.parametrize("text", [b'{"args":[123456789012345678901234567890]}', b'{"args":[18446744073709551616]}',
+                                  b'{"args":["\\ud800"]}', b'\xef\xbb\xbf{"args":[1]}', '{"args":["é"]}'.encode("utf-16"),
+                                  b'{"args":[1.5,-0,1e16,"\\u00e9",{"a":1,"a":2}]}'])
+def test_codec_reads_what_the_standard_library_reads_and_gives_the_same_job_back(text):
+    """orjson would read an integer beyond 64 bits as a float; the codec reads it exactly."""
+    value = codec.loads(text)
+    assert value == json.loads(text) and type(value["args"][0]) is type(json.loads(text)["args"][0])
+    assert json.loads(codec.dumps(value)) == value
+
+
+@pytest.mark.parametrize("text", [b'{"args":[NaN]}', b'{"args":[Infinity]}', b'{"args":[-Infinity]}',
+                                  b'{"args":[1e400]}', b'{"args":[1e400, 12345678901234567890123]}', b'', b'{'])
+def test_codec_refuses_what_is_not_json(text):
+    with pytest.raises(ValueError):
+        codec.loads(text)
+
+
+def test_a_body_with_nan_is_refused_as_invalid_payload():
+    """Before, it was taken and written back as `NaN`, which neither SDK's parser reads."""
+    with pytest.raises(OjsError) as refused:
+        asyncio.run(body_of(_request(b'{"type":"a.b","args":[NaN]}')))
+    assert (refused.value.status, refused.value.code) == (400, "invalid_payload")
+
+
+def _request(body: bytes) -> Request:
+    async def receive() -> dict:
+        return {"type": "http.request", "body": body, "more_body": False}
+    return Request({"type": "http", "method": "POST", "headers": []}, receive)
+
+
+@pytest.mark.parametrize("text, expected", [("2026-11-24T12:00:00.123Z", "2026-11-24T12:00:00.123Z"),
+                                            ("2026-11-24t14:00:00.5+02:00", "2026-11-24T12:00:00.500Z"),
+                                            ("2026-11-24T12:00:00z", "2026-11-24T12:00:00.000Z"),
+                                            ("2026-11-24T12:00:00", "2026-11-24T12:00:00.000Z")])
+def test_times_are_read_in_any_rfc_3339_form_and_written_in_utc_with_z(text, expected):
+    assert model.iso(model.parse_time(text)) == expected
+
+
+@pytest.mark.parametrize("text", ["yesterday", "", 12, None])
+def test_a_time_that_is_not_one_is_refused(text):
+    with pytest.raises(OjsError):
+        model.parse_time(text)

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import asyncio
 
-import uvicorn
 
 from seamq.console import pages_jobs, pages_messages
 from seamq.console.app import Console, build, templates
 from seamq.console.auth import Signer, Users
-from seamq.http.listen import listening_socket, server as uvicorn_server
+from seamq.http.listen import config as uvicorn_config, listening_socket, server as uvicorn_server
 from seamq.jobs.client import JobsClient
 from seamq.observability import log
 from seamq.settings import Settings
@@ -31,7 +30,7 @@ async def serve(settings: Settings, topology: Topology, *, host: str, port: int,
         console = Console(users, signer, templates())
         app = build(console, [*pages_messages.routes(console, desk, overview),
                               *pages_jobs.routes(console, desk, jobs)])
-        config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="off")
+        config = uvicorn_config(app, host, port)
         server = uvicorn_server(config, stop)
         sampler = asyncio.create_task(overview.sample(sampling))
         log.info("console_serving", host=host, port=port, users=len(users.passwords))

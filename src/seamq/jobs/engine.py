@@ -25,7 +25,7 @@ import random
 import time
 from dataclasses import replace
 from datetime import datetime
-from typing import Any, Callable
+from typing import Callable
 
 from seamq.jobs import intake, model
 from seamq.jobs import job as J

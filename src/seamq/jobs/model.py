@@ -14,7 +14,6 @@ fetch; `errors[].type` is derived when the client sends none.
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import re
@@ -23,6 +22,8 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
+
+from seamq.jobs import codec
 
 SCHEDULED, AVAILABLE, ACTIVE, RETRYABLE = "scheduled", "available", "active", "retryable"
 COMPLETED, DISCARDED, CANCELLED = "completed", "discarded", "cancelled"
@@ -96,14 +97,18 @@ def iso(moment: datetime) -> str:
     """RFC 3339, UTC, milliseconds, `Z` (isoformat: a third of strftime's time, on every record written)."""
     if moment.utcoffset():
         moment = moment.astimezone(timezone.utc)
-    return moment.replace(tzinfo=None).isoformat(timespec="milliseconds") + "Z"
+    text = moment.isoformat(timespec="milliseconds")
+    return text[:-6] + "Z" if moment.tzinfo else text + "Z"  # "+00:00" when aware
 
 
 def parse_time(text: str) -> datetime:
     try:
-        moment = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
-    except (ValueError, AttributeError):
-        raise invalid(f"{text!r} is not an RFC 3339 time") from None
+        moment = datetime.fromisoformat(text)  # what this server writes: "Z" read since Python 3.11
+    except (ValueError, TypeError):
+        try:
+            moment = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
+        except (ValueError, AttributeError):
+            raise invalid(f"{text!r} is not an RFC 3339 time") from None
     return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
 
 
@@ -253,11 +258,11 @@ def encode(record: dict) -> bytes:
     usual nulls; decode() gives back exactly the record."""
     if "_kind" not in record:
         record = {k: v for k, v in record.items() if v is not None or k not in NULLABLE}
-    return json.dumps(record, separators=(",", ":")).encode()
+    return codec.dumps(record)
 
 
 def decode(data: bytes) -> dict:
-    record = json.loads(data)
+    record = codec.loads(data)
     if "_kind" not in record:
         for key in NULLABLE:
             record.setdefault(key, None)
@@ -286,7 +291,7 @@ def new_record(body: Any, now: datetime) -> dict:
     args = body["args"]
     if not isinstance(args, list):
         raise invalid("args must be a JSON array")
-    if len(json.dumps(args)) > MAX_ARGS_BYTES:
+    if len(codec.dumps(args)) > MAX_ARGS_BYTES:
         raise invalid(f"args larger than {MAX_ARGS_BYTES} bytes")
     job_id = body.get("id")
     if job_id is not None and not is_job_id(job_id):

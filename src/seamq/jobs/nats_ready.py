@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import deque
 
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, RetentionPolicy, StorageType, StreamConfig
 
@@ -41,6 +42,30 @@ def _subject(queue: str, priority: int, job_id: str = "*") -> str:
     return f"ojs.ready.{queue}.p{priority + 100:03d}.{job_id}"
 
 
+class _PullInbox:
+    """A pull's own inbox, read as its deliveries come. (nats-py's `next_msg` makes a UUID and an
+    `asyncio.wait_for` for each message: 3% of the job server's CPU per job, measured.)"""
+
+    __slots__ = ("subject", "sub", "messages", "arrived")
+
+    @classmethod
+    async def open(cls, nc) -> "_PullInbox":
+        inbox = cls()
+        inbox.subject, inbox.messages, inbox.arrived = nc.new_inbox(), deque(), asyncio.Event()
+        inbox.sub = await nc.subscribe(inbox.subject, cb=inbox._delivered)
+        return inbox
+
+    async def _delivered(self, message) -> None:
+        self.messages.append(message)
+        self.arrived.set()
+
+    async def next(self):
+        while not self.messages:
+            self.arrived.clear()
+            await self.arrived.wait()
+        return self.messages.popleft()
+
+
 class ReadyOrder:
     async def _start_ready(self) -> None:
         self._made: set[str] = set()  # consumers known to exist
@@ -61,8 +86,8 @@ class ReadyOrder:
         self._tasks.append(asyncio.create_task(self._follow_priorities()))
 
     async def _close_ready(self) -> None:
-        for _, sub in self._inboxes:
-            await sub.unsubscribe()
+        for inbox in self._inboxes:
+            await inbox.sub.unsubscribe()
 
     async def offer(self, queue: str, priority: int, job_id: str) -> None:
         if priority not in self._priorities.get(queue, ()):
@@ -118,26 +143,23 @@ class ReadyOrder:
         """What the consumer can deliver now, up to `count`: one `no_wait` pull, answered at once.
         (nats-py's fetch adds `expires`, with which the server lets the pull linger, and it can then
         deliver an entry whose hold ends meanwhile.)"""
-        inbox, sub = self._inboxes.pop() if self._inboxes else await self._new_inbox()
+        inbox = self._inboxes.pop() if self._inboxes else await _PullInbox.open(self.nc)
         try:
             await self.nc.publish(f"$JS.API.CONSUMER.MSG.NEXT.{READY}.{durable}",
-                                  json.dumps({"batch": count, "no_wait": True}).encode(), reply=inbox)
+                                  b'{"batch":%d,"no_wait":true}' % count, reply=inbox.subject)
             out = []
-            while len(out) < count:
-                message = await sub.next_msg(timeout=REPLY_WAIT)
-                if message.headers and message.headers.get("Status"):  # 404 no messages, 408 done
-                    break
-                if message.reply and message.reply.startswith("$JS.ACK."):  # else a stray, not an entry
-                    out.append(message)
-            self._inboxes.append((inbox, sub))  # a stray status later only ends a later pull early
+            async with asyncio.timeout(REPLY_WAIT):
+                while len(out) < count:
+                    message = await inbox.next()
+                    if message.headers and message.headers.get("Status"):  # 404 no messages, 408 done
+                        break
+                    if message.reply and message.reply.startswith("$JS.ACK."):  # else a stray, not an entry
+                        out.append(message)
+            self._inboxes.append(inbox)  # a stray status later only ends a later pull early
             return out
-        except Exception:
-            await sub.unsubscribe()  # a late answer must not reach the next pull on this inbox
+        except BaseException:
+            await inbox.sub.unsubscribe()  # a late answer must not reach the next pull on this inbox
             raise
-
-    async def _new_inbox(self):
-        inbox = self.nc.new_inbox()
-        return inbox, await self.nc.subscribe(inbox)
 
     async def take(self, queue: str, count: int, hold_seconds: float) -> list[Taken]:
         out: list[Taken] = []
@@ -158,7 +180,7 @@ class ReadyOrder:
         return out
 
     async def hold(self, hold: str, seconds: float) -> None:
-        await self.nc.publish(hold, b"-NAK " + json.dumps({"delay": int(seconds * 1e9)}).encode())
+        await self.nc.publish(hold, b'-NAK {"delay":%d}' % int(seconds * 1e9))
 
     async def settle(self, hold: str) -> None:
         await self.nc.publish(hold, b"+ACK")

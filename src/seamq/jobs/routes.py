@@ -171,12 +171,12 @@ def core(engine: Engine, conformance_level: int) -> list[Route]:
         })
 
     return [
+        Route("/ojs/v1/workers/ack", ack, methods=["POST"]),  # first: routes are matched in order, and these
+        Route("/ojs/v1/workers/fetch", fetch, methods=["POST"]),  # two are most of a busy server's requests
         Route("/ojs/v1/jobs", push, methods=["POST"]),
         Route("/ojs/v1/jobs/batch", push_batch, methods=["POST"]),
         Route("/ojs/v1/jobs/{job_id}", info, methods=["GET"]),
         Route("/ojs/v1/jobs/{job_id}", cancel, methods=["DELETE"]),
-        Route("/ojs/v1/workers/fetch", fetch, methods=["POST"]),
-        Route("/ojs/v1/workers/ack", ack, methods=["POST"]),
         Route("/ojs/v1/workers/nack", nack, methods=["POST"]),
         Route("/ojs/v1/workers/heartbeat", heartbeat, methods=["POST"]),
         Route("/ojs/v1/events", events, methods=["GET"]),

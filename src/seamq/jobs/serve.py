@@ -7,9 +7,8 @@ import asyncio
 import gc
 from pathlib import Path
 
-import uvicorn
 
-from seamq.http.listen import listening_socket, server as uvicorn_server
+from seamq.http.listen import config as uvicorn_config, listening_socket, server as uvicorn_server
 from seamq.jobs.app import build_app
 from seamq.jobs.auth import Tokens
 from seamq.jobs.engine import Engine
@@ -32,7 +31,7 @@ async def serve(settings: Settings, *, host: str, port: int, test_mode: bool = F
             tokens = Tokens.parse(*(t.get_secret_value() if t else None for t in (settings.jobs.tokens,
                                                                                    settings.jobs.read_tokens)))
             app = build_app(engine, test_mode=test_mode, admin_ui=admin_ui, tokens=tokens)
-            config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="off")
+            config = uvicorn_config(app, host, port)
             if stop is None:
                 # What exists now (modules, the app) lives as long as the process:
                 # out of the collector's sight, a full collection stops taking 30-50 ms (measured), which
