@@ -12,6 +12,7 @@ import pytest
 from seamq.jobs.engine import Engine
 from seamq.jobs.memory_store import Clock, MemoryJobStore
 from seamq.jobs.model import OjsError
+from seamq.jobs.ports import TAKEN_HOLD
 
 
 @pytest.fixture
@@ -102,6 +103,21 @@ async def test_a_lease_that_runs_out_comes_back_to_another_worker_with_the_attem
     assert again["id"] == got["id"] and again["attempt"] == 2 and again["worker_id"] == "w2"
     assert [(e["code"], e["attempt"]) for e in again["errors"]] == [("lease_expired", 1)]
     assert (await one.ops.ack(again["id"]))["state"] == "completed"  # acked at a server whose copy was stale
+
+
+async def test_a_lease_longer_than_the_entrys_hold_is_kept_when_the_entry_comes_again(servers, store, clock):
+    """A claim holds no entry for a lease longer than TAKEN_HOLD (most jobs end first): when the entry
+    comes again the job is not handed out twice, and its entry is held for what remains of the lease."""
+    one, other = servers
+    await push(one, job())
+    [got] = await one.ops.fetch(["q"], 1, "w-long", 120_000)
+    clock.advance(TAKEN_HOLD + 1)
+    assert await other.ops.fetch(["q"], 1, "w2") == []  # the entry came again, and was held
+    clock.advance(120 - TAKEN_HOLD - 2)
+    assert await other.ops.fetch(["q"], 1, "w2") == [] and (await one.ops.info(got["id"]))["state"] == "active"
+    clock.advance(2)
+    [again] = await other.ops.fetch(["q"], 1, "w2")
+    assert (again["id"], again["attempt"], again["errors"][0]["code"]) == (got["id"], 2, "lease_expired")
 
 
 async def test_heartbeats_keep_the_lease_and_name_a_cancelled_job(engine, clock):
@@ -295,9 +311,9 @@ async def test_a_fetch_slower_than_its_lease_hands_each_job_out_once(store, cloc
     answers, the entry comes again within the same fetch, and the job is claimed anew. The worker gets
     it once, as last claimed (seen on a 2-core machine running three R3 kill tests at once)."""
 
-    class Starved(Clock):  # every read of the time finds it 0.4 s later
+    class Starved(Clock):  # every read of the time finds it 1.1 s later: past a lease of 1 s, and its hold
         def __call__(self):
-            self.advance(0.4)
+            self.advance(1.1)
             return self.now
 
     slow = Starved(clock())

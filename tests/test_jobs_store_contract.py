@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 
 from seamq.jobs.memory_store import MemoryJobStore
-from seamq.jobs.ports import Conflict, Write
+from seamq.jobs.ports import TAKEN_HOLD, Conflict, Write
 
 
 @pytest.fixture(params=["memory", "nats"])
@@ -87,10 +87,10 @@ async def test_entries_come_by_priority_then_first_in_first_out(store):
         await offer(store, "q", priority, f"j{n}")
     await offer(store, "other", 9, "x")
     assert await store.waiting("q") == {0: 2, 5: 2, -3: 1}
-    taken = await store.take("q", 10, 30 * store.unit)
+    taken = await store.take("q", 10)
     assert [t.job_id for t in taken] == ["j1", "j3", "j0", "j2", "j4"]
     assert {t.deliveries for t in taken} == {1}
-    assert await store.take("q", 10, 30 * store.unit) == []  # all held
+    assert await store.take("q", 10) == []  # all held
     for t in taken:
         await store.settle(t.hold)
     await later(store, 0.2)
@@ -101,35 +101,57 @@ async def test_a_held_entry_comes_again_when_its_hold_runs_out_unless_extended_o
     u = store.unit
     for n in range(3):
         await offer(store, "q", 0, f"j{n}")
-    a, b, c = await store.take("q", 3, 10 * u)
+    a, b, c = await store.take("q", 3)
+    for taken in (a, b, c):
+        await store.hold(taken.hold, 10 * u)  # as a claim holds an entry for a lease shorter than TAKEN_HOLD
     await later(store, 6)
     await store.hold(b.hold, 10 * u)  # a heartbeat
     await store.settle(c.hold)  # its job finished
-    assert await store.take("q", 3, 10 * u) == []  # all three still held
+    assert await store.take("q", 3) == []  # all three still held
     await later(store, 5)  # a's hold ran out; b's runs 5 more units
-    [again] = await store.take("q", 3, 10 * u)
+    [again] = await store.take("q", 3)
     assert (again.job_id, again.entry, again.deliveries) == ("j0", a.entry, 2) and again.hold != a.hold
     await later(store, 6)
-    assert [t.job_id for t in await store.take("q", 3, 10 * u)] == ["j1"]
+    assert [t.job_id for t in await store.take("q", 3)] == ["j1"]  # `again` is held TAKEN_HOLD
+
+
+async def test_an_entry_taken_is_held_for_taken_hold_and_then_comes_again(store):
+    """TAKEN_HOLD is 30 s: slept on NATS it would be the suite's longest wait, so there the consumer
+    that holds the entries is asked for its ack wait, which is that hold."""
+    await offer(store, "t", 0, "j")
+    [taken] = await store.take("t", 1)
+    if isinstance(store, MemoryJobStore):
+        await later(store, TAKEN_HOLD - 1)
+        assert await store.take("t", 1) == []
+        await later(store, 1)
+        [again] = await store.take("t", 1)
+        assert (again.job_id, again.deliveries) == ("j", 2)
+    else:
+        from seamq.jobs.nats_ready import READY, _subject
+
+        info = await store.js.consumer_info(READY, await store._consumer(_subject("t", 0)))
+        assert info.config.ack_wait == TAKEN_HOLD
 
 
 async def test_entries_that_come_again_go_before_later_ones(store):
     await offer(store, "q", 0, "early")
-    [held] = await store.take("q", 1, 5 * store.unit)
+    [held] = await store.take("q", 1)
+    await store.hold(held.hold, 5 * store.unit)
     await offer(store, "q", 0, "late")
     await later(store, 6)
-    assert [t.job_id for t in await store.take("q", 2, 5 * store.unit)] == ["early", "late"]
+    assert [t.job_id for t in await store.take("q", 2)] == ["early", "late"]
 
 
 async def test_a_withdrawn_entry_is_never_taken_and_no_longer_counted(store):
     for n in range(3):
         await offer(store, "w", 0, f"j{n}")
-    [held] = await store.take("w", 1, 5 * store.unit)
+    [held] = await store.take("w", 1)
+    await store.hold(held.hold, 5 * store.unit)
     await store.withdraw("w", 0, "j1")  # waiting
     await store.withdraw("w", 0, "j0")  # held: its job was cancelled while it ran
     assert await store.ready_counts("w") == (1, 0)
     await later(store, 6)
-    assert [t.job_id for t in await store.take("w", 3, 5 * store.unit)] == ["j2"]
+    assert [t.job_id for t in await store.take("w", 3)] == ["j2"]
 
 
 async def test_counts_of_finished_jobs_and_armed_timers_by_queue(store):

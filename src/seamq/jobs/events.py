@@ -14,13 +14,12 @@ and stays each server's own (the admin API says `scope: server`).
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import uuid
 from datetime import datetime, timezone
 from typing import Any, Callable
 
-from seamq.jobs import model
+from seamq.jobs import codec, model
 from seamq.jobs.activity import Meter
 from seamq.jobs.ports import JobStore
 from seamq.observability import log
@@ -88,7 +87,7 @@ class Events:
         while len(found) <= limit:
             batches = await self.store.logged(start, READ)
             for seq, data in batches:
-                body = json.loads(data[data.index(b"\n") + 1:])
+                body = codec.loads(data[data.index(b"\n") + 1:])
                 for place, e in enumerate(body["e"]):
                     cursor = seq * PLACES + place
                     if cursor > after and (not types or e[0] in types) and (not queues or e[1] in queues):
@@ -118,7 +117,7 @@ def _parts(nonce: int, events: list[list]) -> list[bytes]:
     """A batch as stored: its count of events on the first line (counted without reading the rest),
     then the events; split in two while larger than BATCH_BYTES, and one event's data cut if alone
     it is."""
-    data = b"%d\n" % len(events) + json.dumps({"n": nonce, "e": events}, separators=(",", ":"), default=str).encode()
+    data = b"%d\n" % len(events) + codec.dumps({"n": nonce, "e": events}, default=str)
     if len(data) <= BATCH_BYTES:
         return [data]
     if len(events) > 1:
@@ -126,7 +125,7 @@ def _parts(nonce: int, events: list[list]) -> list[bytes]:
         return _parts(nonce, events[:half]) + _parts(nonce, events[half:])
     *head, extra = events[0]
     cut = {k: v for k, v in (extra or {}).items() if k != "result"} | {"result_omitted": f"{len(data)} bytes"}
-    return [b"1\n" + json.dumps({"n": nonce, "e": [[*head, cut]]}, default=str).encode()]
+    return [b"1\n" + codec.dumps({"n": nonce, "e": [[*head, cut]]}, default=str)]
 
 
 def _cloud_event(e: list, cursor: int, nonce: int) -> dict:

@@ -11,7 +11,7 @@ import itertools
 from collections import Counter, deque
 from datetime import datetime, timedelta, timezone
 
-from seamq.jobs.ports import Conflict, Fired, Taken, Write
+from seamq.jobs.ports import TAKEN_HOLD, Conflict, Fired, Taken, Write
 
 
 ACK_WAIT = timedelta(seconds=30)  # a fired timer not `done` by then is handed out again (a server died)
@@ -130,7 +130,7 @@ class MemoryJobStore:
                 waiting.append(entry)
                 self.ready[queue][priority] = deque(sorted(waiting))
 
-    async def take(self, queue: str, count: int, hold_seconds: float) -> list[Taken]:
+    async def take(self, queue: str, count: int) -> list[Taken]:
         self._expire_holds()
         out = []
         for priority in sorted(self.ready.get(queue, {}), reverse=True):
@@ -139,7 +139,7 @@ class MemoryJobStore:
                 seq, job_id, revision, deliveries = waiting.popleft()
                 hold = f"hold.{queue}.{seq}.{deliveries + 1}"
                 entry = (seq, job_id, revision, deliveries + 1)
-                self.held[hold] = (self.clock() + timedelta(seconds=hold_seconds), queue, priority, entry)
+                self.held[hold] = (self.clock() + timedelta(seconds=TAKEN_HOLD), queue, priority, entry)
                 out.append(Taken(job_id, f"{queue}.{seq}", hold, deliveries + 1))
         return out
 

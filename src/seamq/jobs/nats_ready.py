@@ -4,10 +4,10 @@ seamq.jobs.nats_store's adapter.
 - Stream `OJS_READY` (work queue): an empty entry per available job, on
   `ojs.ready.{queue}.p{priority + 100:03d}.{id}`, written before the record that makes the job
   available; one durable pull consumer per queue and priority (`...p{nnn}.*`), shared by every
-  server. A taken entry is held by a NAK with the visibility timeout as its delay (the consumer's
-  own ack wait, 30 s, covers the moment between the pull and the NAK). JetStream delivers it
-  again when the hold ends unless it is acked first (`+ACK`, from any connection, to the reply subject the job's record keeps). A
-  heartbeat is another NAK with a delay. A job cancelled while it waits has its entry purged.
+  server. A taken entry is held by the consumer's ack wait (30 s, ports.TAKEN_HOLD), or by a NAK
+  with a delay (`hold`: a lease shorter than that, a heartbeat, what remains of a lease). JetStream
+  delivers it again when the hold ends unless it is acked first (`+ACK`, from any connection, to
+  the reply subject the job's record keeps). A job cancelled while it waits has its entry purged.
 - The order between priorities is the store's: a queue's priorities are a record (`prio.{queue}`)
   that every server follows, and a take pulls from the highest first; within a priority,
   JetStream's order is first in, first out, with entries that come again before later ones.
@@ -24,18 +24,16 @@ from collections import deque
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, RetentionPolicy, StorageType, StreamConfig
 
 from seamq.jobs.nats_records import RECORD_TTL_SECONDS
-from seamq.jobs.ports import Conflict, Taken, Write
+from seamq.jobs.ports import TAKEN_HOLD, Conflict, Taken, Write
 from seamq.observability import log
 from seamq.model import describe
 
 READY, DONE, EVENTS = "OJS_READY", "OJS_DONE", "OJS_EVENTS"
 LOG_KEPT = 10_000  # batches of events
 REPLY_WAIT = 5.0  # seconds for the server's answer to a no_wait pull (it answers at once; this only bounds it)
-# A ready consumer's ack wait: how long an entry pulled but never held waits before it comes again.
-# Short, because the server that pulled it may die before its NAK sets the hold (kill -9 mid-fetch),
-# or its pull may fail half answered; as long as the default visibility timeout (1,800 s), that left
-# jobs unseen for half an hour (the R3 kill test: 19 of 5,000 still available at its end).
-PULLED_WAIT = 30
+# A ready consumer's ack wait is the hold of an entry taken (ports.TAKEN_HOLD). As long as the default
+# visibility timeout (1,800 s), it left jobs unseen for half an hour when the server that pulled them
+# died before claiming them (the R3 kill test: 19 of 5,000 still available at its end).
 
 
 def _subject(queue: str, priority: int, job_id: str = "*") -> str:
@@ -134,7 +132,7 @@ class ReadyOrder:
         durable = "ready-" + subject.removeprefix("ojs.ready.").removesuffix(".*").encode().hex()
         if subject not in self._made:
             await self.js.add_consumer(READY, ConsumerConfig(
-                durable_name=durable, filter_subject=subject, ack_policy=AckPolicy.EXPLICIT, ack_wait=PULLED_WAIT,
+                durable_name=durable, filter_subject=subject, ack_policy=AckPolicy.EXPLICIT, ack_wait=TAKEN_HOLD,
                 max_deliver=-1, deliver_policy=DeliverPolicy.ALL, max_ack_pending=100_000))
             self._made.add(subject)
         return durable
@@ -161,7 +159,7 @@ class ReadyOrder:
             await inbox.sub.unsubscribe()  # a late answer must not reach the next pull on this inbox
             raise
 
-    async def take(self, queue: str, count: int, hold_seconds: float) -> list[Taken]:
+    async def take(self, queue: str, count: int) -> list[Taken]:
         out: list[Taken] = []
         # The queue's priorities as last stored, not as the watch has told this server so far: a job
         # pushed through another server a moment ago may be at a priority (or in a queue) this one
@@ -174,7 +172,6 @@ class ReadyOrder:
                 break
             durable = await self._consumer(_subject(queue, priority))
             for m in await self._pull_now(durable, count - len(out)):
-                await self.hold(m.reply, hold_seconds)
                 out.append(Taken(m.subject.rsplit(".", 1)[1], str(m.metadata.sequence.stream), m.reply,
                                  m.metadata.num_delivered))
         return out

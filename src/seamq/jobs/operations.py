@@ -5,9 +5,10 @@ Each state change is a transition of seamq.jobs.job, stored by compare-and-set.
 What a new state needs is written before it: the entry of a job that becomes available, the timers
 of one that waits. A server that dies between the two leaves an entry or a timer that is dropped
 when it comes (its job never moved), never a job that waits for nothing; and the request or the
-timer that made the change gets no answer, so it comes again. A running job's entry is held as
+timer that made the change gets no answer, so it comes again. A running job's entry is held for
 its lease: when the hold runs out, the entry comes again to whichever server fetches next, which
-records the attempt as `lease_expired` and claims the job anew.
+holds it for what remains of the lease, or records the attempt as `lease_expired` and claims the
+job anew.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from seamq.jobs.activity import Workers
 from seamq.jobs.events import Events
 from seamq.jobs.job_clocks import JobClocks
 from seamq.jobs.model import OjsError, conflict, not_found
-from seamq.jobs.ports import Conflict, JobStore, Taken, Write
+from seamq.jobs.ports import TAKEN_HOLD, Conflict, JobStore, Taken, Write
 from seamq.jobs.queues import Queues
 from seamq.observability import log
 
@@ -252,7 +253,6 @@ class Operations(JobClocks):
         model.check_fetch(queues, count)
         self.workers.seen(worker_id, self.clock(), queues)
         worker = worker_id if isinstance(worker_id, str) else None
-        hold = model.visibility_ms({}, visibility) / 1000
         out: list[dict] = []
         for queue in queues:
             if len(out) >= count:
@@ -262,11 +262,11 @@ class Operations(JobClocks):
             allowed = await self.queues.take_tokens(queue, count - len(out))
             got = 0
             while got < allowed:
-                taken = await self.store.take(queue, allowed - got, hold)
+                taken = await self.store.take(queue, allowed - got)
                 if not taken:
                     break
                 held = await self.store.get_many([t.job_id for t in taken])
-                for claimed in await asyncio.gather(*(self._claim(t, held.get(t.job_id), worker, visibility, hold)
+                for claimed in await asyncio.gather(*(self._claim(t, held.get(t.job_id), worker, visibility)
                                                       for t in taken)):
                     if claimed is not None:
                         out.append(model.public(claimed))
@@ -276,8 +276,8 @@ class Operations(JobClocks):
         # claim the job anew: the worker gets the job once, as last claimed.
         return list({job["id"]: job for job in out}.values())
 
-    async def _claim(self, taken: Taken, held: tuple[dict, int] | None, worker_id: str | None, visibility: Any,
-                     hold: float) -> dict | None:
+    async def _claim(self, taken: Taken, held: tuple[dict, int] | None, worker_id: str | None,
+                     visibility: Any) -> dict | None:
         """Claim the job of an entry taken, read with the fetch's batch (`get_many`, which may lag the
         last write): what that read shows is tried, and anything else is decided again on the record
         as last stored, so no entry is dropped for a record a replica had not yet applied."""
@@ -287,7 +287,7 @@ class Operations(JobClocks):
             job, revision = (J.from_record(held[0]), held[1]) if held else (None, 0)
             now = self.clock()
             if job is not None and job.state == J.State.ACTIVE and job.entry == taken.entry:
-                if job.lease_until and job.lease_until > now:  # extended while the hold was running out
+                if job.lease_until and job.lease_until > now:  # a lease longer than the hold, or extended
                     if latest:
                         await self.store.hold(taken.hold, (job.lease_until - now).total_seconds())
                         return None
@@ -305,15 +305,18 @@ class Operations(JobClocks):
                 if await self._expire_taken(job, revision, taken):
                     return None
                 continue
-            claimed = await self._claimed(job, revision, taken, worker_id, visibility, hold)
+            claimed = await self._claimed(job, revision, taken, worker_id, visibility)
             if claimed is not None:
                 return claimed
         await self.store.settle(taken.hold)  # claimed through another entry of it, or moved on, as it was read
         return None
 
-    async def _claimed(self, job: J.Job, revision: int, taken: Taken, worker_id: str | None, visibility: Any,
-                       hold: float) -> dict | None:
-        """The claim's CAS; None when it lost (claimed through another entry of it, or moved on)."""
+    async def _claimed(self, job: J.Job, revision: int, taken: Taken, worker_id: str | None,
+                       visibility: Any) -> dict | None:
+        """The claim's CAS; None when it lost (claimed through another entry of it, or moved on). A
+        lease shorter than the entry's hold holds it for the lease; a longer one (the default, 30
+        minutes) meets its entry again when the hold ends, and is held then for what remains of it
+        (`_claim`): most jobs end first, and their entries need no hold of their own."""
         lease = self._lease(job, visibility)
         claimed = J.claimed(job, self.clock(), worker_id, lease, taken.entry, taken.hold)
         record = J.to_record(claimed)
@@ -325,7 +328,7 @@ class Operations(JobClocks):
         except Conflict:
             return None
         self._keep(claimed, stored)
-        if abs(lease.total_seconds() - hold) > 0.001:
+        if lease.total_seconds() < TAKEN_HOLD:
             await self.store.hold(taken.hold, lease.total_seconds())
         await self.events.emit("job.started", record)
         return record

@@ -20,6 +20,11 @@ from datetime import datetime
 from typing import AsyncIterator, Protocol
 
 
+# How long an entry taken is held before it comes again, unless held anew: long enough for a server
+# to claim its job, short enough that one killed meanwhile delays the job by no more (kill -9
+# mid-fetch). Most jobs end within it, so their entries need no other hold.
+TAKEN_HOLD = 30
+
 class Conflict(Exception):
     """A compare-and-set lost: someone else changed the record (or created the key) first."""
 
@@ -85,9 +90,9 @@ class JobStore(Protocol):
     async def withdraw(self, queue: str, priority: int, job_id: str) -> None:
         """The job will not run (cancelled or expired while it waited): its entry goes."""
 
-    async def take(self, queue: str, count: int, hold_seconds: float) -> list[Taken]:
+    async def take(self, queue: str, count: int) -> list[Taken]:
         """Up to `count` entries of `queue`, highest priority first, then in the order offered; each
-        held for `hold_seconds`, then offered again unless settled."""
+        held for TAKEN_HOLD seconds, then offered again unless settled or held anew (`hold`)."""
 
     async def hold(self, hold: str, seconds: float) -> None:
         """Extend a hold (a heartbeat): it now ends `seconds` from now."""
