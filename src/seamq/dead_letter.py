@@ -17,17 +17,24 @@ import json
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Mapping
+from typing import Any, Mapping, Protocol
 
 from seamq.envelope import Reason
-from seamq.model import EventSubject, Header, SeamqError
-from seamq.ports import OutMessage
-from seamq.topology import ConsumerSpec, Topology
+from seamq.model import EventSubject, Header, OutMessage, SeamqError
 
 HEADROOM = 1024  # bytes of a dead letter's size limit kept for its own headers and the protocol
 
 
-def subject(spec: ConsumerSpec, original_subject: str) -> str:
+class Owner(Protocol):
+    """The consumer whose dead letter it is, as far as a dead letter knows it (a topology's
+    ConsumerSpec is one): its name, its own context, and the context it reads from."""
+
+    name: str
+    target: str
+    source: str
+
+
+def subject(spec: Owner, original_subject: str) -> str:
     prefix = f"{spec.target}.dlq.{spec.source}"
     try:
         event = EventSubject.parse(original_subject)
@@ -36,12 +43,7 @@ def subject(spec: ConsumerSpec, original_subject: str) -> str:
     return f"{prefix}.{event.name}.v{event.version}"
 
 
-def stream_of(topology: Topology, consumer: str) -> str:
-    """The stream that holds this consumer's dead letters."""
-    return topology.contexts[topology.consumer(consumer).target].dlq.name
-
-
-def message(spec: ConsumerSpec, *, reason: Reason, detail: str, message_id: uuid.UUID | None,
+def message(spec: Owner, *, reason: Reason, detail: str, message_id: uuid.UUID | None,
             original_subject: str, headers: Mapping[str, str], data: bytes, stream: str, seq: int,
             attempts: int, max_payload: int) -> OutMessage:
     """The dead letter of one delivery, ready to publish."""

@@ -70,7 +70,7 @@ class DeadLetterDesk:
         seq = (row["dlq_metadata"] or {}).get("dlq_seq")
         if seq is None:
             return {"error": "no DLQ copy recorded"}
-        stream = dead_letter.stream_of(self.topology, row["consumer"])
+        stream = self.topology.dlq_stream(row["consumer"])
         stored = await self.messages.get(stream, int(seq))
         if stored is None:
             return {"error": f"DLQ copy gone from {stream} (seq {seq}): expired or purged"}
@@ -104,7 +104,7 @@ class DeadLetterDesk:
             for row in rows:
                 seq = (row["dlq_metadata"] or {}).get("dlq_seq")
                 if seq is not None:  # gone already (max_age, an earlier purge) is fine
-                    await self.messages.delete(dead_letter.stream_of(self.topology, row["consumer"]), int(seq))
+                    await self.messages.delete(self.topology.dlq_stream(row["consumer"]), int(seq))
                 async with self.store.transaction() as tx:
                     await self.store.mark_purged(tx, row["consumer"], row["message_id"])
                 record.done += 1

@@ -86,7 +86,7 @@ class Replayer:
         meta = row["dlq_metadata"] or {}
         if row["consumer"] not in self.topology.consumers or meta.get("dlq_seq") is None:
             return "unknown consumer or DLQ copy"
-        copy = await self.messages.get(dead_letter.stream_of(self.topology, row["consumer"]), int(meta["dlq_seq"]))
+        copy = await self.messages.get(self.topology.dlq_stream(row["consumer"]), int(meta["dlq_seq"]))
         if copy is None:
             return "DLQ copy expired or purged"
         original = await read_original(self.messages, dead_letter.read(copy.data))

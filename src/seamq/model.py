@@ -148,6 +148,28 @@ def _parse_subject(subject: str) -> EventSubject:
 
 
 @dataclass(frozen=True, slots=True)
+class OutMessage:
+    """A message to publish: what the relay, a dead letter and a replay hand to a publisher."""
+
+    subject: str
+    payload: bytes
+    headers: dict[str, str]
+    stream: str | None = None  # the stream that takes the subject, when known: it can be published in batches
+
+
+@dataclass(frozen=True, slots=True)
+class PubResult:
+    """What became of one OutMessage."""
+
+    ok: bool
+    seq: int | None = None  # where the stream stored it (from a fast batch: at or before; seamq.nats.fast_batch)
+    duplicate: bool = False  # JetStream had it already (same Nats-Msg-Id inside the duplicate window)
+    error: str | None = None
+    transport: bool = False  # the broker was unreachable or did not answer: not the message's fault
+    held: bool = False  # not stored because an earlier message of its batch was not: send again, nothing counted
+
+
+@dataclass(frozen=True, slots=True)
 class Event:
     """A domain event as the caller writes it to the outbox.
 

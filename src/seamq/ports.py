@@ -15,23 +15,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Callable, NamedTuple, Protocol
 
-
-@dataclass(frozen=True, slots=True)
-class OutMessage:
-    subject: str
-    payload: bytes
-    headers: dict[str, str]
-    stream: str | None = None  # the stream that takes the subject, when known: it can be published in batches
-
-
-@dataclass(frozen=True, slots=True)
-class PubResult:
-    ok: bool
-    seq: int | None = None  # where the stream stored it (from a fast batch: at or before; seamq.nats.fast_batch)
-    duplicate: bool = False  # JetStream had it already (same Nats-Msg-Id inside the duplicate window)
-    error: str | None = None
-    transport: bool = False  # the broker was unreachable or did not answer: not the message's fault
-    held: bool = False  # not stored because an earlier message of its batch was not: send again, nothing counted
+from seamq.model import OutMessage, PubResult  # the publisher port's values live in the core
 
 
 class OutboxRow(NamedTuple):

@@ -11,11 +11,12 @@ inbox row, and Seamq-Replay-Consumer, the one consumer it is for.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping
 
+from seamq.model import Header, OutMessage, PubResult
 
-from seamq.model import Header
-from seamq.ports import JetStreamPublisher, OutMessage, PubResult
+if TYPE_CHECKING:  # a port as a type: the core calls the publisher it is handed, and knows no adapter
+    from seamq.ports import JetStreamPublisher
 
 CHUNK = 1000  # copies per publish_many: bounded memory for any number of copies
 

@@ -114,6 +114,10 @@ class Topology(_Strict):
                 ErrorCode.INVALID_TOPOLOGY, f"{self.source}: no consumer {name!r} (known: {known})"
             ) from None
 
+    def dlq_stream(self, consumer: str) -> str:
+        """The stream that holds this consumer's dead letters: its own context's."""
+        return self.contexts[self.consumer(consumer).target].dlq.name
+
 
 # The YAML shape: contexts: {name: {stream: {...}, dlq: {...}}}, consumers: {name: {...}}.
 # Units are parsed here, so a bad value is reported at its own key.

@@ -13,7 +13,6 @@ from typing import AsyncIterator
 
 from psycopg_pool import AsyncConnectionPool
 
-from seamq import dead_letter
 from seamq.consumer import InboxConsumer
 from seamq.health import Health
 from seamq.inprocess import InProcessHandler, SchemaChecked
@@ -162,7 +161,7 @@ async def run_consumer(
         await migrate.require_current(settings.database_dsn())
     secret = cfg.handler_secret.get_secret_value() if cfg.handler_secret else None
     nc = await connect(settings.nats, name=f"seamq-consumer-{name}")
-    dlq_stream = dead_letter.stream_of(topology, spec.name)
+    dlq_stream = topology.dlq_stream(spec.name)
     health = health or Health(settings.health_stale_after)
     ping = _readiness(health, stop, nc, settings.database_dsn() if cfg.inbox else None,
                       [spec.stream, dlq_stream], [(spec.stream, d) for d in spec.durables()])
