@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import socket
 
-from seamq.http.listen import listening_socket
+from seamq.http.listen import _OneSend, listening_socket
 
 
 async def test_accepted_connections_have_nagle_off():
@@ -27,3 +27,37 @@ async def test_accepted_connections_have_nagle_off():
     finally:
         server.close()
         await server.wait_closed()
+
+
+class _Recording:
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(data)
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+    def get_extra_info(self, name: str):
+        return f"info {name}"
+
+
+async def test_what_one_turn_of_the_loop_writes_is_sent_at_once_and_a_close_sends_what_waits():
+    """uvicorn writes an answer's head and its body apart: two sends, two packets, a client woken twice."""
+    sent = _Recording()
+    transport = _OneSend(sent, asyncio.get_running_loop())
+    transport.write(b"HTTP/1.1 200 OK\r\n\r\n")
+    transport.write(b"{}")
+    assert sent.writes == []
+    await asyncio.sleep(0)
+    assert sent.writes == [b"HTTP/1.1 200 OK\r\n\r\n{}"] and transport.get_extra_info("peername") == "info peername"
+    transport.write(b"last")
+    transport.close()
+    assert sent.writes[-1] == b"last" and sent.closed
+    await asyncio.sleep(0)
+    assert len(sent.writes) == 2  # nothing sent twice, nothing after the close
