@@ -28,16 +28,18 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+# The topology as resolved: every value known. What a file may leave out, and what it then is, is
+# said once, in the file's shape below (_StreamFile, _ConsumerFile).
 class StreamSpec(_Strict):
     name: str
     subjects: tuple[str, ...]
-    retention: Literal["limits", "interest", "workqueue"] = "limits"
-    max_age: float = 7 * 86400  # seconds
-    max_bytes: int = -1
-    max_msg_size: int = -1
-    storage: Literal["file", "memory"] = "file"
-    replicas: int = 1
-    duplicate_window: float = 120  # seconds
+    retention: Literal["limits", "interest", "workqueue"]
+    max_age: float  # seconds
+    max_bytes: int
+    max_msg_size: int
+    storage: Literal["file", "memory"]
+    replicas: int
+    duplicate_window: float  # seconds
 
 
 class ConsumerSpec(_Strict):
@@ -46,12 +48,12 @@ class ConsumerSpec(_Strict):
     source: str
     stream: str
     filter_subject: str
-    ack_wait: float = 120  # seconds
-    max_deliver: int = 20
-    max_ack_pending: int = 50
-    partitions: int = 0  # 0: one durable consumer shared by all processes; N: N pinned partitions
-    pinned_ttl: float = 10  # seconds without a pull before a partition's pin moves to another process
-    replicas: int = 1  # its stream's: a consumer's state must survive what the stream survives
+    ack_wait: float  # seconds
+    max_deliver: int
+    max_ack_pending: int
+    partitions: int  # 0: one durable consumer shared by all processes; N: N pinned partitions
+    pinned_ttl: float  # seconds without a pull before a partition's pin moves to another process
+    replicas: int  # its stream's: a consumer's state must survive what the stream survives
 
     def fetch_batch(self, wanted: int) -> int:
         """A fetch never asks for more than the server lets one consumer hold unacknowledged."""
@@ -189,17 +191,8 @@ class _TopologyFile(_Strict):
 
 def _build(raw: _TopologyFile, source: str, replicas: int | None) -> Topology:
     def stream(spec: _StreamFile, name: str, subject: str) -> StreamSpec:
-        return StreamSpec(
-            name=spec.name or name,
-            subjects=(subject,),
-            retention=spec.retention,
-            max_age=spec.max_age,
-            max_bytes=spec.max_bytes,
-            max_msg_size=spec.max_msg_size,
-            storage=spec.storage,
-            replicas=replicas or spec.replicas or raw.defaults.replicas,
-            duplicate_window=spec.duplicate_window,
-        )
+        return StreamSpec(**{**spec.model_dump(), "name": spec.name or name, "subjects": (subject,),
+                             "replicas": replicas or spec.replicas or raw.defaults.replicas})
 
     contexts = {
         name: ContextSpec(
@@ -226,12 +219,10 @@ def _build(raw: _TopologyFile, source: str, replicas: int | None) -> Topology:
             raise _KeyError(
                 ("consumers", name, "filter_subject"), f"must lie within {src}.event.> (the source stream)"
             )
-        consumers[name] = ConsumerSpec(
-            name=name, target=target, source=src, stream=stream_name, filter_subject=filter_subject,
-            ack_wait=spec.ack_wait, max_deliver=spec.max_deliver, max_ack_pending=spec.max_ack_pending,
-            partitions=spec.partitions, pinned_ttl=spec.pinned_ttl,
-            replicas=next(c.stream.replicas for c in contexts.values() if c.stream.name == stream_name),
-        )
+        consumers[name] = ConsumerSpec(**{
+            **spec.model_dump(), "name": name, "target": target, "source": src, "stream": stream_name,
+            "filter_subject": filter_subject,
+            "replicas": next(c.stream.replicas for c in contexts.values() if c.stream.name == stream_name)})
         if spec.partitions:
             try:
                 events_pattern(filter_subject)

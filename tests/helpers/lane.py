@@ -11,7 +11,8 @@ from seamq.topology import ConsumerSpec
 from memory import MemoryDeliveries
 
 SPEC = ConsumerSpec(name="sea__from_vibespro", target="sea", source="vibespro", stream="VIBESPRO_EVENTS",
-                    filter_subject="vibespro.event.>", max_deliver=3)
+                    filter_subject="vibespro.event.>", ack_wait=120, max_deliver=3, max_ack_pending=50, partitions=0,
+                    pinned_ttl=10, replicas=1)
 
 
 def event(aggregate: str, n: int) -> Event:
