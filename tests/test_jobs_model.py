@@ -157,6 +157,7 @@ def test_a_body_with_nan_is_refused_as_invalid_payload():
     with pytest.raises(OjsError) as refused:
         asyncio.run(body_of(_request(b'{"type":"a.b","args":[NaN]}')))
     assert (refused.value.status, refused.value.code) == (400, "invalid_payload")
+    assert "NaN is not JSON" in refused.value.message
 
 
 def _request(body: bytes) -> Request:

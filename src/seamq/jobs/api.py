@@ -52,8 +52,10 @@ async def body_of(request: Request) -> dict:
         raise OjsError(400, "invalid_payload", "the request body is empty: send a JSON object")
     try:
         body = codec.loads(raw)
-    except (ValueError, RecursionError):
-        raise OjsError(400, "invalid_payload", "the request body is not valid JSON") from None
+    except RecursionError:
+        raise OjsError(400, "invalid_payload", "the request body is not valid JSON: nested too deeply") from None
+    except ValueError as exc:  # the parser's reason and where (never the body's content)
+        raise OjsError(400, "invalid_payload", f"the request body is not valid JSON: {str(exc)[:200]}") from None
     if not isinstance(body, dict):
         raise OjsError(400, "invalid_payload", "the request body must be a JSON object")
     return body

@@ -19,18 +19,17 @@ from typing import Any, Callable
 
 import orjson
 
-JSONDecodeError = json.JSONDecodeError  # orjson's is a subclass: one `except` for both
 _LONG_INTEGER = re.compile(rb"\d{20}")
 
 
 def _refuse(constant: str) -> Any:
-    raise JSONDecodeError(f"{constant} is not JSON", constant, 0)
+    raise ValueError(f"{constant} is not JSON")
 
 
 def _finite(text: str) -> float:
     number = float(text)
     if not math.isfinite(number):
-        raise JSONDecodeError("number is infinity when parsed as double", text, 0)
+        raise ValueError(f"the number {text[:30]} is beyond a double")
     return number
 
 
