@@ -39,7 +39,7 @@ from seamq.envelope import Envelope, HandlerResult, Reason, Rejected, parse_mess
 from seamq.model import Event, message_headers, traceparent_for
 from seamq.registry import Registry, import_object
 from seamq.settings import ConsumerSettings
-from seamq.topology import ConsumerSpec
+from seamq.topology import MAX_DELIVER
 from seamq.typed import EventModel, payload_json
 from seamq.backoff import Backoff
 from seamq.verdict import Ack, DeadLetter, Duplicate, Nak, Verdict, decide
@@ -109,7 +109,7 @@ class Harness:
 
     def __init__(self, *, max_deliver: int | None = None, handler_timeout: float | None = None) -> None:
         defaults = ConsumerSettings()
-        self.max_deliver = max_deliver or ConsumerSpec.model_fields["max_deliver"].default
+        self.max_deliver = max_deliver or MAX_DELIVER
         self.handler_timeout = handler_timeout or defaults.handler_timeout
         self.backoff = Backoff(defaults.nak_base, defaults.nak_max)
 

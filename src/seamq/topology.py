@@ -155,11 +155,14 @@ class _ContextFile(_Strict):
     dlq: _StreamFile = _StreamFile(max_age=30 * 86400)
 
 
+MAX_DELIVER = 20  # a consumer's deliveries of one message, unless its topology says otherwise (the testing kit's too)
+
+
 class _ConsumerFile(_Strict):
     stream: str | None = None
     filter_subject: str | None = None
     ack_wait: float = 120
-    max_deliver: int = Field(20, ge=1)
+    max_deliver: int = Field(MAX_DELIVER, ge=1)
     max_ack_pending: int = Field(50, ge=1)
     partitions: int = Field(0, ge=0, le=BUCKETS)
     pinned_ttl: float = Field(10, ge=3)  # a pinned process renews its pull every ~2 s (nats.pull.EXPIRES)
