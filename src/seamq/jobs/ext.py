@@ -8,7 +8,6 @@ naming one is checked without a read.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from seamq.jobs import job as J
@@ -115,7 +114,7 @@ async def report_progress(engine: "Engine", job_id: Any, body: Any) -> dict:
     def move(job: J.Job) -> J.Job:
         if job.state != J.State.ACTIVE:
             raise conflict(f"cannot report progress of job {job.id}: it is {job.state.value}, not active")
-        return replace(job, extra={**job.extra, "progress": value, "progress_message": message,
+        return J.replace(job, extra={**job.extra, "progress": value, "progress_message": message,
                                    "progress_data": data, "progress_updated_at": iso(utcnow())})
 
     _, _, record = await engine.ops.change(job_id, move)
