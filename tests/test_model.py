@@ -109,3 +109,17 @@ def test_a_payload_that_is_not_plain_utf8_is_encoded_again(data):
     body = envelope.body()
     body.decode()  # strict UTF-8 on the wire
     assert json.loads(body)["payload"] == envelope.payload
+
+
+def test_a_dead_letters_stored_state_is_read_typed_and_a_wrong_value_is_left_out():
+    from datetime import datetime, timezone
+
+    from seamq.dead_letter import State
+
+    state = State.of({"reason": "max_deliver", "dlq_seq": "42", "replay_attempts": 2, "purged_at": None,
+                      "dead_lettered_at": "2026-11-26T15:00:00.123456+00:00", "next_replay_at": "not a time",
+                      "edited_as": "b7f0", "somebody_elses": 1})
+    assert state.reason == "max_deliver" and state.dlq_seq == 42 and state.replay_attempts == 2
+    assert state.dead_lettered_at == datetime(2026, 11, 26, 15, 0, 0, 123456, tzinfo=timezone.utc)
+    assert state.next_replay_at is None and state.closed and state.edited_as == "b7f0"
+    assert State.of(None) == State() and not State().closed and State().replay_attempts == 0

@@ -7,7 +7,9 @@ and how their original is read back. No I/O: the consumer publishes them, the re
 - Nats-Msg-Id `dlq:{consumer}:{message id or stream:seq}:{replay round}`: one dead letter per
   message and replay round, even when a crash makes the consumer route it twice;
 - header `Seamq-Dlq-Reason`: the reason, for filters that do not parse bodies;
-- body: the reason, the detail, the original (embedded, or where to find it when too big).
+- body: the reason, the detail, the original (embedded, or where to find it when too big);
+- its inbox row's state (`State`): where its copy is, its replays, whether people closed it;
+- when it is replayed by itself (`ReplayPolicy`, REQ-059).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import base64
 import json
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime, timezone
 from typing import Any, Mapping, Protocol
 
@@ -131,3 +133,71 @@ def original_message(body: Mapping[str, Any]) -> Original:
     headers = body.get("original_headers")
     return Original(body["original_subject"], dict(headers) if headers is not None else None, data,
                     body.get("original_stream"), body.get("stream_seq"))
+
+
+@dataclass(frozen=True, slots=True)
+class State:
+    """A dead-lettered inbox row's state, as every reader sees it: typed, and its keys named here
+    once. PostgreSQL keeps it as the row's `dlq_metadata` (JSONB, written by queries.sql); the CLI,
+    the console and the replay worker read it through `State.of`, never by key."""
+
+    reason: str | None = None
+    detail: str | None = None
+    dlq_subject: str | None = None  # where its copy is: subject and sequence in the DLQ stream
+    dlq_seq: int | None = None
+    dead_lettered_at: datetime | None = None
+    replay_attempts: int = 0  # automatic and by people (REQ-059)
+    replay_delay: float | None = None  # seconds, as drawn for the next automatic replay
+    next_replay_at: datetime | None = None
+    last_replayed_at: datetime | None = None
+    last_reason: str | None = None  # the reason before the last replay
+    exhausted_at: datetime | None = None  # out of automatic replays
+    purged_at: datetime | None = None  # closed: its copy deleted, its row kept to deduplicate
+    edited_as: str | None = None  # closed: replayed as a new message of this id
+    edited_at: datetime | None = None
+    edited_by: str | None = None
+
+    @classmethod
+    def of(cls, stored: Mapping[str, Any] | None) -> "State":
+        """The state as stored (a JSON object; None or unknown keys are nothing); a value of the
+        wrong type is left out rather than trusted."""
+        values = {}
+        for field in fields(cls):
+            value = (stored or {}).get(field.name)
+            if value is None:
+                continue
+            try:
+                if field.name.endswith("_at"):
+                    value = value if isinstance(value, datetime) else datetime.fromisoformat(value)
+                elif field.name in ("dlq_seq", "replay_attempts"):
+                    value = int(value)
+                elif field.name == "replay_delay":
+                    value = float(value)
+                else:
+                    value = str(value)
+            except (TypeError, ValueError):
+                continue
+            values[field.name] = value
+        return cls(**values)
+
+    @property
+    def closed(self) -> bool:
+        """People closed it: purged, or edited and replayed as another message."""
+        return self.purged_at is not None or self.edited_as is not None
+
+
+@dataclass(frozen=True)
+class ReplayPolicy:
+    """REQ-059: when a dead letter is replayed, and how often (defaults: ReplaySettings, the one place)."""
+
+    base: float
+    factor: float
+    max_delay: float
+    max_attempts: int
+    jitter: float  # delay x [1 - jitter, 1]
+    reasons: tuple[str, ...]
+
+    def bounds(self, attempt: int) -> tuple[float, float]:
+        """Earliest and latest delay of replay number `attempt` (0-based)."""
+        delay = min(self.max_delay, self.base * self.factor ** attempt)
+        return delay * (1 - self.jitter), delay

@@ -67,11 +67,11 @@ class DeadLetterDesk:
 
     async def copy_of(self, row: dict) -> dict:
         """The DLQ copy's body; an original too big for it is read from its own stream."""
-        seq = (row["dlq_metadata"] or {}).get("dlq_seq")
+        seq = dead_letter.State.of(row["dlq_metadata"]).dlq_seq
         if seq is None:
             return {"error": "no DLQ copy recorded"}
         stream = self.topology.dlq_stream(row["consumer"])
-        stored = await self.messages.get(stream, int(seq))
+        stored = await self.messages.get(stream, seq)
         if stored is None:
             return {"error": f"DLQ copy gone from {stream} (seq {seq}): expired or purged"}
         copy = json.loads(stored.data)
@@ -102,9 +102,9 @@ class DeadLetterDesk:
         """Delete the DLQ copies; the inbox rows stay (marked purged) to keep deduplicating."""
         async with self.recorded(actor, "dlq.purge", rows) as record:
             for row in rows:
-                seq = (row["dlq_metadata"] or {}).get("dlq_seq")
+                seq = dead_letter.State.of(row["dlq_metadata"]).dlq_seq
                 if seq is not None:  # gone already (max_age, an earlier purge) is fine
-                    await self.messages.delete(self.topology.dlq_stream(row["consumer"]), int(seq))
+                    await self.messages.delete(self.topology.dlq_stream(row["consumer"]), seq)
                 async with self.store.transaction() as tx:
                     await self.store.mark_purged(tx, row["consumer"], row["message_id"])
                 record.done += 1

@@ -20,8 +20,8 @@ import asyncio
 
 from seamq import dead_letter
 from seamq.health import Health
-from seamq.dead_letter import Original
-from seamq.model import ReplayPolicy, describe
+from seamq.dead_letter import Original, ReplayPolicy
+from seamq.model import describe
 from seamq.observability import log
 from seamq.ports import DeadLetterRepository, JetStreamPublisher, MessageStore
 from seamq.republish import Copy, republish
@@ -83,10 +83,10 @@ class Replayer:
 
     async def original(self, row: dict) -> Original | str:
         """The message a dead-lettered inbox row stands for, whole; else why it cannot be had."""
-        meta = row["dlq_metadata"] or {}
-        if row["consumer"] not in self.topology.consumers or meta.get("dlq_seq") is None:
+        seq = dead_letter.State.of(row["dlq_metadata"]).dlq_seq
+        if row["consumer"] not in self.topology.consumers or seq is None:
             return "unknown consumer or DLQ copy"
-        copy = await self.messages.get(self.topology.dlq_stream(row["consumer"]), int(meta["dlq_seq"]))
+        copy = await self.messages.get(self.topology.dlq_stream(row["consumer"]), seq)
         if copy is None:
             return "DLQ copy expired or purged"
         original = await read_original(self.messages, dead_letter.read(copy.data))
@@ -95,12 +95,11 @@ class Replayer:
         return original
 
     async def _copy(self, row: dict) -> Copy | None:
-        meta = row["dlq_metadata"] or {}
         original = await self.original(row)
         if isinstance(original, str):
             log.warning("replay_skipped", message_id=str(row["message_id"]), why=original)
             return None
-        attempt = int(meta.get("replay_attempts") or 0) + 1
+        attempt = dead_letter.State.of(row["dlq_metadata"]).replay_attempts + 1
         return Copy(original.subject, original.headers, original.data, str(row["message_id"]),
                     msg_id=f"replay:{row['consumer']}:{row['message_id']}:{attempt}", replay_attempt=attempt,
                     consumer=row["consumer"])

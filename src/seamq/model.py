@@ -227,23 +227,6 @@ def check_outbox_policies(event: Event, now: datetime | None = None) -> Event:
     return event
 
 
-@dataclass(frozen=True)
-class ReplayPolicy:
-    """REQ-059: when a dead letter is replayed, and how often (defaults: ReplaySettings, the one place)."""
-
-    base: float
-    factor: float
-    max_delay: float
-    max_attempts: int
-    jitter: float  # delay x [1 - jitter, 1]
-    reasons: tuple[str, ...]
-
-    def bounds(self, attempt: int) -> tuple[float, float]:
-        """Earliest and latest delay of replay number `attempt` (0-based)."""
-        delay = min(self.max_delay, self.base * self.factor ** attempt)
-        return delay * (1 - self.jitter), delay
-
-
 # Headers on the wire. The relay sets MSG_ID, the aggregate's and the ids' (message_headers); type
 # and version travel in the subject, and a publisher that does send EVENT_TYPE/EVENT_VERSION must
 # agree with it (envelope.parse_message checks).

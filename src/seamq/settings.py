@@ -16,7 +16,8 @@ import yaml
 from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from seamq.model import ErrorCode, ReplayPolicy, SeamqError
+from seamq.dead_letter import ReplayPolicy
+from seamq.model import ErrorCode, SeamqError
 from seamq.redact import conninfo_password, redact, register, url_password
 
 

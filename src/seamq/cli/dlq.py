@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import getpass
 import json
 import re
@@ -13,6 +15,7 @@ from rich.progress import Progress
 from rich.syntax import Syntax
 from rich.table import Table
 
+from seamq import dead_letter
 from seamq.cli.common import JsonOption, TopologyOption, console, duration, exit_with, print_json, run, settings, topology
 from seamq.model import ErrorCode, SeamqError
 
@@ -86,12 +89,12 @@ def list_(consumer: Optional[str] = Consumer, context: Optional[str] = Context, 
                  "dead-lettered"):
         table.add_column(name, overflow="fold")
     for row in rows:
-        meta = row["dlq_metadata"] or {}
+        state = dead_letter.State.of(row["dlq_metadata"])
         event = f"{row['event_type']}.v{row['event_version']}" if row["event_type"] else row["subject"]
-        status = "purged" if meta.get("purged_at") else row["status"]
-        table.add_row(str(row["message_id"])[:13], row["consumer"], event, meta.get("reason", "?"), status,
-                      str(row["attempts"]), str(meta.get("replay_attempts", 0)),
-                      _minute(meta.get("next_replay_at")), _minute(meta.get("dead_lettered_at")))
+        status = "purged" if state.purged_at else row["status"]
+        table.add_row(str(row["message_id"])[:13], row["consumer"], event, state.reason or "?", status,
+                      str(row["attempts"]), str(state.replay_attempts),
+                      _minute(state.next_replay_at), _minute(state.dead_lettered_at))
     console.print(table)
 
 
@@ -124,8 +127,11 @@ def record_table(row: dict, title: str) -> Table:
     for key in ("subject", "status", "attempts", "last_error", "received_at", "processed_at"):
         if key in row:
             table.add_row(key, str(row[key]))
-    for key, value in sorted((row.get("dlq_metadata") or {}).items()):
-        table.add_row(f"dlq.{key}", str(value))
+    if "dlq_metadata" in row:
+        state = dead_letter.State.of(row["dlq_metadata"])
+        for field in dataclasses.fields(state):
+            if (value := getattr(state, field.name)) is not None:
+                table.add_row(f"dlq.{field.name}", str(value))
     for attempt in row.get("failed_attempts", []):
         table.add_row(f"attempt {attempt['attempt']}", f"{str(attempt['failed_at'])[:23]}  {attempt['error']}")
     return table

@@ -12,6 +12,7 @@ from datetime import datetime, timezone
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
+from seamq import dead_letter
 from seamq.console.app import Console, Ctx, Refused
 from seamq.console.overview import Overview, sparkline
 from seamq.dlq_desk import DeadLetterDesk
@@ -91,8 +92,7 @@ def routes(console: Console, desk: DeadLetterDesk, overview: Overview) -> list[R
         except ValueError:
             pass  # shown as it is: it was not JSON (that may be why it is here)
         return console.render("message.html", ctx, row=row, copy=copy, body=body, key=key(row),
-                              closed=bool((row["dlq_metadata"] or {}).get("purged_at")
-                                          or (row["dlq_metadata"] or {}).get("edited_as")))
+                              state=dead_letter.State.of(row["dlq_metadata"]))
 
     async def confirm(ctx: Ctx) -> Response:
         action = _action(ctx)

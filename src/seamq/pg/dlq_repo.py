@@ -18,7 +18,8 @@ from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from seamq.model import CONSUMER_SEPARATOR, ReplayPolicy
+from seamq.dead_letter import ReplayPolicy
+from seamq.model import CONSUMER_SEPARATOR
 from seamq.pg.sql import query
 
 
