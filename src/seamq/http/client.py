@@ -20,6 +20,7 @@ import json
 import aiohttp
 
 from seamq.envelope import Envelope, HandlerResult, Outcome, Reason
+from seamq.http import CLIENT_IDLE
 from seamq.http.signing import sign
 from seamq.model import Header, describe
 from seamq.observability import log
@@ -32,7 +33,7 @@ _QUIET = {status: HandlerResult(outcome) for status, outcome in _OUTCOMES.items(
 
 def http_client(max_connections: int = 64) -> aiohttp.ClientSession:
     """One pooled keep-alive client per consumer process (create it inside the event loop)."""
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=max_connections))
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=max_connections, keepalive_timeout=CLIENT_IDLE))
 
 
 class Refusals:

@@ -16,6 +16,7 @@ import socket
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from seamq.http import SERVER_IDLE
 from seamq.model import ErrorCode, SeamqError
 
 
@@ -78,9 +79,10 @@ class OneSendProtocol(HttpToolsProtocol):
 
 
 def config(app, host: str, port: int) -> uvicorn.Config:
-    """uvicorn's settings for a seamq server: quiet (seamq logs what matters), no lifespan, one send per answer."""
+    """uvicorn's settings for a seamq server: quiet (seamq logs what matters), no lifespan, one send per answer,
+    idle connections kept longer than clients keep them (seamq.http.SERVER_IDLE)."""
     return uvicorn.Config(app, host=host, port=port, http=OneSendProtocol, log_level="warning", access_log=False,
-                          lifespan="off")
+                          lifespan="off", timeout_keep_alive=SERVER_IDLE)
 
 
 class EmbeddedServer(uvicorn.Server):

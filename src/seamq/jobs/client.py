@@ -18,6 +18,8 @@ from urllib.parse import quote, urlencode
 
 import aiohttp
 
+from seamq.http import CLIENT_IDLE
+
 MEDIA_TYPE = "application/openjobspec+json"
 
 
@@ -36,7 +38,8 @@ class JobsClient:
         headers = {"Content-Type": MEDIA_TYPE, "Accept": MEDIA_TYPE}
         if token:
             headers["Authorization"] = f"Bearer {token}"
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout), headers=headers)
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout), headers=headers,
+                                              connector=aiohttp.TCPConnector(keepalive_timeout=CLIENT_IDLE))
 
     async def __aenter__(self) -> "JobsClient":
         return self
