@@ -26,8 +26,12 @@ install: $(STAMP)
 run: $(STAMP)
 	$(BIN)/seamq dev
 
+# The suite on TEST_WORKERS pytest-xdist workers: most tests wait on services far more than they
+# compute, so even 2 cores run several at once (tests/conftest.py keeps the ones that share a costly
+# service together). TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 4
 test: $(STAMP) browser bench-peers
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup
 
 # The unit tier only: pure logic on in-memory fakes, in seconds (tests/conftest.py, UNIT_MODULES).
 test-unit: $(STAMP)

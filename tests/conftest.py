@@ -37,12 +37,42 @@ SERVICES = {"dsn", "empty_dsn", "pg_server", "nats_server", "nats_cluster", "nat
             "seamq_nats", "seamq_topology"}
 
 
+# `make test` runs the suite on several pytest-xdist workers (`--dist loadgroup`): each test goes to
+# whichever worker is free, except these modules, whose tests share one costly service (a module
+# fixture, or the session's Spark JVM) and so stay together on one worker, in order.
+TOGETHER = {"test_pipeline_cluster": "spark-cluster", "test_pipeline_kpis": "spark", "test_pipeline_lake": "spark",
+            "test_pipeline_source": "spark", "test_pipeline_reconcile": "spark", "test_console": "console",
+            "test_jobs_admin_ui": "admin-ui", "test_jobs_sdk_js": "sdk-js", "test_jobs_sdk_python": "sdk-py"}
+
+
+# The other tiers, by what a test needs (pyproject.toml's markers): `pytest -m "not spark and not
+# cluster"`, say, runs what needs only one nats-server and PostgreSQL.
+SPARK_MODULES = {"test_pipeline_cluster", "test_pipeline_kpis", "test_pipeline_lake", "test_pipeline_source",
+                 "test_pipeline_reconcile"}
+CLUSTER_MODULES = {"test_cluster", "test_jobs_cluster", "test_pipeline_cluster"}
+SOAK_MODULES = {"test_soak"}
+
+
+def _tier(module: str, fixtures: set[str]) -> str:
+    if module in UNIT_MODULES:
+        used = SERVICES & fixtures
+        assert not used, f"{module} is in the unit tier but asks for {sorted(used)}"
+        return "unit"
+    if module in SOAK_MODULES:
+        return "soak"
+    if module in CLUSTER_MODULES or "nats_cluster" in fixtures:
+        return "cluster"
+    return "spark" if module in SPARK_MODULES or "spark" in fixtures else "integration"
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if item.module.__name__ in UNIT_MODULES:
-            used = SERVICES & set(item.fixturenames)
-            assert not used, f"{item.nodeid} is in the unit tier but asks for {sorted(used)}"
-            item.add_marker(pytest.mark.unit)
+        module = item.module.__name__
+        item.add_marker(getattr(pytest.mark, _tier(module, set(item.fixturenames))))
+        if module in SPARK_MODULES and module in CLUSTER_MODULES:
+            item.add_marker(pytest.mark.spark)  # the Spark cluster's tests are both
+        if module in TOGETHER:
+            item.add_marker(pytest.mark.xdist_group(TOGETHER[module]))
 
 
 @pytest.fixture(scope="session")

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -15,9 +17,23 @@ JS_BUILD = ROOT / "build" / "ojs-js-sdk"
 NODE_TIMEOUT = 240
 
 
+@contextlib.contextmanager
+def _building():
+    """One build at a time: tests on several pytest workers may ask for the same build at once."""
+    (ROOT / "build").mkdir(exist_ok=True)
+    with open(ROOT / "build" / ".sdk-build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def js_sdk() -> Path:
     """The JS SDK's folder with node_modules and dist/esm, built once (again when the source changes).
     Its build reports three TypeScript errors of its own and still emits dist/esm (../shared/ojs-sdks)."""
+    with _building():
+        return _js_sdk()
+
+
+def _js_sdk() -> Path:
     source = SDKS / "js"
     assert (source / "package.json").is_file(), f"the JS SDK is not at {source} (../shared/ojs-sdks/js)"
     stamp = JS_BUILD / ".built-from"
@@ -42,6 +58,11 @@ def admin_ui() -> Path:
     """The official admin UI built from its source (npm ci, vite build) once; returns its dist-app.
     Its `build:app` script runs `tsc -b` first, which stops at an unused variable of its own
     (src/components/audit/AuditExplorer.tsx); vite's build of the same source is what it would ship."""
+    with _building():
+        return _admin_ui()
+
+
+def _admin_ui() -> Path:
     assert (ADMIN_UI / "package.json").is_file(), f"the admin UI is not at {ADMIN_UI} (../shared/ojs-admin-ui)"
     stamp = ADMIN_UI_BUILD / ".built-from"
     mark = str(max(p.stat().st_mtime_ns for p in (ADMIN_UI / "src").rglob("*") if p.is_file()))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -126,6 +127,11 @@ def test_every_command_without_its_service_ends_in_a_coded_error_within_10s(scen
         env["SEAMQ_DATABASE_URL" if down == "db" else "SEAMQ_NATS__URL"] = (
             f"postgresql://app:pw@127.0.0.1:{_closed_port()}/x" if down == "db" else f"nats://127.0.0.1:{_closed_port()}")
     (tmp_path / "lake" / "context=sea").mkdir(parents=True)  # so lake replay gets as far as NATS
+    # 10 s is the commands' own waiting; what starting Python and the CLI takes on this machine right
+    # now (a command that waits for nothing, timed) comes on top, so a busy machine fails nothing.
+    started = time.monotonic()
+    subprocess.run([*SEAMQ, "monitoring", "rules"], capture_output=True, timeout=120, stdin=subprocess.DEVNULL)
+    limit = 10 + 2 * (time.monotonic() - started)
     failures = []
     for command, needs in NEEDS.items():
         if scenario != "nothing configured" and down not in needs:
@@ -134,9 +140,9 @@ def test_every_command_without_its_service_ends_in_a_coded_error_within_10s(scen
         clean = {k: v for k, v in os.environ.items() if not k.startswith("SEAMQ_")}
         try:
             result = subprocess.run([*SEAMQ, *args], env={**clean, **env}, capture_output=True, text=True,
-                                    timeout=10, cwd=tmp_path, stdin=subprocess.DEVNULL)
+                                    timeout=limit, cwd=tmp_path, stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
-            failures.append(f"{command}: still running after 10 s")
+            failures.append(f"{command}: still running after {limit:.1f} s")
             continue
         found = re.search(r"error\[([A-Z_]+)\]", result.stderr)
         if "error connecting in" in result.stderr:  # psycopg's pool said it six times before the coded line

@@ -18,7 +18,7 @@ from seamq.registry import Registry, Route
 from seamq.wiring import run_consumer
 
 from conftest import FAST_TOPOLOGY, SEAMQ
-from helpers import read_stream, scalar, wait_for
+from helpers import fetch_one, read_stream, scalar, wait_for
 from helpers.consumer import CONSUMER, _pulls, attempts, consuming, inbox, publish, settings, settled, vibe
 
 async def test_two_copies_with_one_msg_id_are_handled_once(dsn, nats_server, nc, topo, service):
@@ -274,8 +274,7 @@ async def test_kill_9_mid_batch_then_restart_side_effects_exactly_once(dsn, nats
     finally:
         worker.send_signal(signal.SIGTERM)
         assert worker.wait(30) == 0
-    total, distinct = psycopg.connect(dsn).execute(
-        "SELECT count(*), count(DISTINCT message_id) FROM side_effects").fetchone()
+    total, distinct = fetch_one(dsn, "SELECT count(*), count(DISTINCT message_id) FROM side_effects")
     assert (total, distinct) == (1500, 1500)
     assert scalar(dsn, "SELECT count(*) FROM inbox_messages WHERE status = 'processed'") == 1500
 

@@ -150,6 +150,6 @@ def test_dev_runs_the_job_server_too(tmp_path, pg_data):
         assert [j["id"] for j in fetch_until(url, "dev")] == [job["id"]]
     finally:
         dev.terminate()
-        dev.wait(60)
-    assert dev.returncode == 0, dev.stderr.read()[-3000:]
+        _, errors = dev.communicate(timeout=60)  # reads what is left, and closes both pipes
+    assert dev.returncode == 0, errors[-3000:]
     assert port_is_free(nats_port) and port_is_free(pg_port) and port_is_free(int(url.rsplit(":", 1)[1]))

@@ -41,8 +41,8 @@ def test_the_quick_start_runs_as_written(nats_server, tmp_path):
     started = []
     try:
         for command in (serve, worker):
-            log = open(tmp_path / f"{command[2]}.log", "wb")
-            started.append(subprocess.Popen(command, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT))
+            with open(tmp_path / f"{command[2]}.log", "wb") as log:  # the child keeps its own copy
+                started.append(subprocess.Popen(command, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT))
             time.sleep(0.5)
         job_id = None
         for _ in range(100):  # until the server answers

@@ -97,6 +97,7 @@ def test_a_url_that_is_no_ojs_server_is_said_at_start(tmp_path):
                                 timeout=30)
     finally:
         server.shutdown()
+        server.server_close()
     assert result.returncode == 2 and "error[INVALID_CONFIG]" in result.stderr
     assert "is not an OJS server" in " ".join(result.stderr.split()) and "Traceback" not in result.stderr
 

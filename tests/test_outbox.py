@@ -9,7 +9,7 @@ import pytest
 from seamq import outbox
 from seamq.model import ErrorCode, Event, SeamqError
 
-from helpers import scalar
+from helpers import fetch_one, scalar
 
 
 def make_event(**overrides) -> Event:
@@ -38,10 +38,8 @@ def test_psycopg_sync_commit_and_rollback(dsn):
             outbox.add(conn, rolled_back)
             raise Rollback
     assert count(dsn, committed.id) == 1 and count(dsn, rolled_back.id) == 0
-    row = psycopg.connect(dsn).execute(
-        "SELECT context, event_type, event_version, payload, published_at FROM outbox_events WHERE id = %s",
-        (committed.id,),
-    ).fetchone()
+    row = fetch_one(dsn, "SELECT context, event_type, event_version, payload, published_at FROM outbox_events "
+                    "WHERE id = %s", (committed.id,))
     assert row == ("sea", "order_placed", 1, {"total": 42, "items": ["a", "b"]}, None)
 
 

@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 from conftest import FAST_TOPOLOGY, SEAMQ
-from helpers import scalar, wait_for
+from helpers import fetch_all, scalar, wait_for
 from helpers.consumer import CONSUMER, inbox, publish, settled, vibe
 
 SCHEMA_V1 = """
@@ -133,7 +133,7 @@ async def test_v1_and_v2_run_side_by_side_and_payloads_are_validated(project, ds
     finally:
         worker.send_signal(signal.SIGTERM)
         worker.wait(30)
-    rows = dict(psycopg.connect(dsn).execute("SELECT message_id, handler FROM handled").fetchall())
+    rows = dict(fetch_all(dsn, "SELECT message_id, handler FROM handled"))
     assert rows == {v1.id: "v1", v2.id: "v2"}
     for bad, where in ((bad_v1, "n"), (bad_v2, "payload")):
         meta = inbox(dsn, bad.id)["dlq_metadata"]

@@ -15,7 +15,7 @@ from seamq import outbox
 from seamq.model import Event
 
 from conftest import SEAMQ
-from helpers import read_stream, scalar, wait_for
+from helpers import fetch_all, fetch_one, read_stream, scalar, wait_for
 from helpers.relay import check_exactly_once_in_order, events_for, relay_running, unpublished, write
 
 
@@ -44,8 +44,7 @@ async def test_committed_event_published_once_with_headers(dsn, nats_server, nc,
     assert msg.headers["Seamq-Correlation-Id"] == str(committed.correlation_id)
     assert msg.headers["traceparent"].startswith(f"00-{committed.id.hex}-")
     assert json.loads(msg.data) == {"total": 1}
-    row = psycopg.connect(dsn).execute(
-        "SELECT publish_attempts, stream_seq FROM outbox_events WHERE id = %s", (committed.id,)).fetchone()
+    row = fetch_one(dsn, "SELECT publish_attempts, stream_seq FROM outbox_events WHERE id = %s", (committed.id,))
     assert row == (1, msg.metadata.sequence.stream)
 
 
@@ -274,9 +273,8 @@ async def test_bad_row_blocks_only_its_own_aggregate(dsn, nats_server, nc, provi
     async with relay_running(dsn, nats_server.url, provisioned):
         await wait_for(lambda: unpublished(dsn) <= 2 + 3, what="other aggregates published")
         await asyncio.sleep(0.5)
-    rows = psycopg.connect(dsn).execute(
-        "SELECT aggregate_id, publish_attempts, publish_error, parked_reason = publish_error FROM outbox_events "
-        "WHERE published_at IS NULL ORDER BY seq").fetchall()
+    rows = fetch_all(dsn, "SELECT aggregate_id, publish_attempts, publish_error, parked_reason = publish_error "
+                     "FROM outbox_events WHERE published_at IS NULL ORDER BY seq")
     bad = [r for r in rows if r[2]]
     assert {r[0] for r in bad} == {"o-0", "x-1"}
     assert all(r[1] == 1 and r[3] for r in bad)  # tried once, then parked: never retried in a loop
@@ -301,8 +299,7 @@ async def test_rows_after_a_refused_one_in_a_fast_batch_go_out_at_once(dsn, nats
         await asyncio.sleep(0.5)  # idle, so one NOTIFY starts one claim
         write(dsn, events[:10] + [big] + events[10:])
         await wait_for(lambda: unpublished(dsn) == 1, timeout=30, what="the rows after the refused one")
-    attempts, error = psycopg.connect(dsn).execute(
-        "SELECT publish_attempts, publish_error FROM outbox_events WHERE published_at IS NULL").fetchone()
+    attempts, error = fetch_one(dsn, "SELECT publish_attempts, publish_error FROM outbox_events WHERE published_at IS NULL")
     assert attempts == 1 and "10054" in error
     check_exactly_once_in_order(await read_stream(js, "SEA_EVENTS"), events)
 

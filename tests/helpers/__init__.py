@@ -62,3 +62,14 @@ async def wait_for(predicate, timeout: float = 30.0, interval: float = 0.05, wha
 def scalar(dsn: str, sql: str, params=None):
     with psycopg.connect(dsn) as conn:
         return conn.execute(sql, params).fetchone()[0]
+
+
+def fetch_one(dsn: str, sql: str, params=None):
+    """One row of a query, on a connection closed before it returns."""
+    with psycopg.connect(dsn) as conn:
+        return conn.execute(sql, params).fetchone()
+
+
+def fetch_all(dsn: str, sql: str, params=None) -> list:
+    with psycopg.connect(dsn) as conn:
+        return conn.execute(sql, params).fetchall()
