@@ -1,4 +1,4 @@
-"""The consumer's lane through its ports alone: in-memory inbox, deliveries and DLQ (tests/memory.py).
+"""The consumer's lane through its ports alone: in-memory inbox, deliveries and DLQ (seamq.memory).
 
 What the end-to-end tests show against real servers, shown here in milliseconds and without them,
 which is only possible because no driver type reaches the worker.
@@ -13,7 +13,7 @@ from seamq.envelope import HandlerResult, Outcome
 from seamq.settings import ConsumerSettings
 
 from helpers.lane import SPEC, event, publish
-from memory import MemoryDeliveries, MemoryInbox, MemoryPublisher
+from seamq.memory import MemoryDeliveries, MemoryInbox, MemoryPublisher
 
 class Script:
     """A handler that answers from a script per (aggregate, n) and attempt, and notes each call."""
@@ -130,3 +130,37 @@ async def test_holds_cost_no_attempts_a_good_message_held_many_times_is_never_de
     assert {d.seq: d.delivered for d in source.acked}[2] > SPEC.max_deliver, "held, then failed twice"
     assert [inbox.rows[e.id].attempts for e in events] == [3, 3, 1]
     assert inbox.rows[events[2].id].history == [], "held, never failed: no attempt in its history"
+
+
+async def test_a_slow_lane_keeps_order_the_grace_runs_from_when_a_message_was_fetched(monkeypatch):
+    """A lane that reaches a later message long after it was fetched (a busy machine, a deep queue)
+    must still hold it behind its aggregate's failed one, redelivered on time but queued behind it.
+    Judged by the clock when the lane got to it, the grace had run out and it overtook the failed one
+    (seen: the partitions soak, on a machine slowed down several times)."""
+    import seamq.holds
+
+    monkeypatch.setattr(seamq.holds, "HOLD_GRACE", 0.05)
+    source, inbox, dlq = MemoryDeliveries(), MemoryInbox(), MemoryPublisher()
+
+    class Slow(Script):
+        async def __call__(self, envelope, conn, traceparent=None):
+            if envelope.aggregate_id == "f":
+                await asyncio.sleep(0.03)  # ten of them: the lane reaches a-1 0.3 s after fetching it
+            return await super().__call__(envelope, conn, traceparent)
+
+    handler = Slow({("a", 0): [HandlerResult(Outcome.RETRY, "503")]})
+    publish(source, event("a", 0))
+    for n in range(10):
+        publish(source, event("f", n))
+    publish(source, event("a", 1))
+    consumer = InboxConsumer(SPEC, source, inbox, dlq, lambda t, v: handler,
+                             ConsumerSettings(nak_base=0.01, nak_max=0.02, concurrency=1, lane_batch=1))
+    stop = asyncio.Event()
+    task = asyncio.create_task(consumer.run(stop))
+    for _ in range(400):
+        if len(source.acked) == 12:
+            break
+        await asyncio.sleep(0.01)
+    stop.set()
+    await asyncio.wait_for(task, 5)
+    assert [n for aggregate, n in handler.calls if aggregate == "a"] == [0, 0, 1]

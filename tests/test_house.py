@@ -19,7 +19,7 @@ CORE = {"stopping", "units", "backoff", "health", "model", "envelope", "dead_let
         "typed", "compat", "republish"}
 JOBS_CORE = {"jobs.model", "jobs.job", "jobs.attempts", "jobs.cron", "jobs.workflows", "jobs.schemas", "jobs.admin",
              "jobs.activity", "jobs.codec"}
-WORKERS = {"relay", "consumer", "handling", "dlq_replay", "dlq_desk", "jobs.operations", "jobs.job_clocks",
+WORKERS = {"relay", "consumer", "handling", "metered", "dlq_replay", "dlq_desk", "jobs.operations", "jobs.job_clocks",
            "jobs.flows", "jobs.crontab", "jobs.queues", "jobs.events", "jobs.unique", "jobs.ext", "jobs.engine",
            "jobs.intake"}
 DRIVERS = ("nats", "psycopg", "psycopg_pool", "sqlalchemy", "asyncpg", "aiohttp", "seamq.nats", "seamq.pg",

@@ -14,7 +14,7 @@ from seamq.cli.monitoring import shipped
 from seamq.consumer import InboxConsumer
 from seamq.settings import ConsumerSettings
 
-from memory import MemoryDeliveries, MemoryInbox, MemoryPublisher
+from seamq.memory import MemoryDeliveries, MemoryInbox, MemoryPublisher
 from helpers.lane import SPEC, event, publish
 
 _SUFFIXES = ("_bucket", "_count", "_sum", "_total", "_created")

@@ -74,6 +74,30 @@ async def test_a_registry_route_checks_its_schema_and_an_unrouted_event_has_no_h
     assert (await harness.deliver(registry, other)).reason == "no_handler"
 
 
+async def test_the_kit_is_the_real_consumer_a_failed_handler_runs_again_in_a_savepoint_and_writes_nothing():
+    """Nothing of the lane's rules is the kit's own: a failing in-process handler is called again with
+    `rerun` (the fast path rolled back), its writes of both calls vanish, and the dead letter is the
+    one the consumer publishes."""
+    import json
+
+    calls = []
+
+    async def refuses(envelope, conn):
+        calls.append(envelope.rerun)
+        await conn.execute("INSERT INTO handled VALUES (1)")
+        raise Poison("not this one")
+
+    out = await Harness().deliver(refuses, event(1))
+    assert calls == [False, True]
+    assert out.dead_lettered and out.statements == [] and not out.committed
+    body = json.loads(out.dead_letter.payload)
+    assert out.dead_letter.subject == "vibespro.dlq.vibespro.vibe_created.v1"
+    assert body["reason"] == "handler_rejected" and body["detail"] == "not this one"
+    assert body["message_id"] == str(out.envelope.message_id)
+    ok = await Harness().deliver(record, event(1))
+    assert ok.acked and ok.committed and len(ok.statements) == 1 and ok.dead_letter is None
+
+
 @pytest.mark.parametrize("headers,reason", [({}, "missing_msg_id"), ({"Nats-Msg-Id": "x"}, "invalid_msg_id")])
 async def test_hostile_messages_are_judged_as_the_consumer_judges_them(headers, reason):
     out = await Harness().deliver(record, message=("vibespro.event.vibe_created.v1", headers, b"{}"))

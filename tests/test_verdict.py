@@ -8,21 +8,21 @@ import pytest
 
 from seamq.envelope import HandlerResult, Outcome, Reason, Rejected
 from seamq.backoff import Backoff
-from seamq.verdict import Ack, DeadLetter, Duplicate, Nak, dead_letter_failed, decide, lane_failed
+from seamq.verdict import Ack, DeadLetter, Duplicate, Nak, copy_of, dead_letter_failed, decide, lane_failed
 
 BACKOFF = Backoff(base=1.0, cap=60.0)
 OK = HandlerResult(Outcome.OK)
 
 
 def verdict(**known):
-    args = dict(duplicate=False, rejected=None, hold=None, result=OK, attempt=1, max_deliver=5, backoff=BACKOFF,
+    args = dict(duplicate=False, rejected=None, after=None, result=OK, attempt=1, max_deliver=5, backoff=BACKOFF,
                 rng=random.Random(7))
     return decide(**{**args, **known})
 
 
 def test_a_message_the_inbox_has_done_is_a_duplicate_whatever_else_is_true():
     """POL-047-005: processed or dead-lettered already -> ACK without calling the handler."""
-    assert verdict(duplicate=True, rejected=Rejected(Reason.INVALID_JSON, "x", None), hold=3.0,
+    assert verdict(duplicate=True, rejected=Rejected(Reason.INVALID_JSON, "x", None), after=3.0,
                    result=HandlerResult(Outcome.RETRY, "down"), attempt=9) == Duplicate()
 
 
@@ -32,7 +32,26 @@ def test_a_message_that_can_never_be_parsed_is_dead_lettered_at_once_with_its_re
 
 
 def test_a_message_held_behind_its_aggregate_waits_for_the_hold_and_records_no_error():
-    assert verdict(hold=2.5, result=None) == Nak(2.5)
+    assert verdict(after=2.5, result=None) == Nak(2.5)
+
+
+def test_a_message_sent_back_never_comes_back_before_its_aggregates_earlier_ones():
+    """The stretch behind an earlier message of its aggregate is part of the decision, not applied after it."""
+    assert verdict(result=HandlerResult(Outcome.RETRY, "503"), attempt=1, after=30.0) == Nak(30.0, "503")
+    short = verdict(result=HandlerResult(Outcome.RETRY, "503"), attempt=1, after=0.01)
+    assert 0.5 <= short.delay <= 1.0, "its own backoff when that is the later one"
+    assert lane_failed(error="boom", alone=False, attempt=1, max_deliver=5, database_away=False, backoff=BACKOFF,
+                       after=20.0) == Nak(20.0, "boom")
+    got = dead_letter_failed(DeadLetter(Reason.INVALID_JSON, "x"), "no responders", attempt=1, backoff=BACKOFF,
+                             after=9.0)
+    assert got.delay == 9.0
+
+
+def test_a_second_copy_in_a_lane_is_settled_as_its_first_and_never_run():
+    assert copy_of(Ack(), after=None) == Duplicate()
+    assert copy_of(Duplicate(), after=None) == Duplicate()
+    assert copy_of(DeadLetter(Reason.MAX_DELIVER, "x"), after=None) == DeadLetter(Reason.MAX_DELIVER, "x")
+    assert copy_of(Nak(2.0, "503"), after=2.05) == Nak(2.05, "503"), "back just after its first"
 
 
 def test_handled_is_ack_and_already_processed_409_is_ack_too():

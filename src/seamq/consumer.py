@@ -21,7 +21,9 @@ and JetStream redelivers.
 
 What happens to each message (ACK, skip as a duplicate, NAK with a delay,
 dead-letter with a reason: POL-047-005..007) is decided in seamq.verdict, one
-value per message; the lane only gathers the facts and carries the value out.
+value per message, given once (`_conclude`); the lane only gathers the facts
+and carries the value out, in one place (`_settle`). Metrics are a wrapper
+around the lane and its handlers (seamq.metered): the lane counts nothing.
 
 Nothing about one message may end the process or touch another message:
 parsing never raises (hostile input is a dead letter with a reason), an
@@ -35,10 +37,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import time
 import uuid
 from contextvars import ContextVar
-from datetime import datetime, timezone
 
 from seamq import dead_letter
 from seamq.backoff import Backoff
@@ -46,27 +46,19 @@ from seamq.envelope import HandlerResult, Outcome, Reason, Rejected, parse_messa
 from seamq.health import Beat, Health
 from seamq.handling import Handling, header_uuid, inbox_items
 from seamq.holds import Holds, Pending
+from seamq.metered import MeteredLane
 from seamq.model import Header, describe
 from seamq.observability import ConsumerMetrics, continue_trace, log
 from seamq.ports import (
     Admission, DeadLettered, Delivery, DeliverySource, HandlerLookup, InboxOutcome, InboxRepository,
-    JetStreamPublisher,
+    JetStreamPublisher, LaneWork,
 )
 from seamq.settings import ConsumerSettings
 from seamq.stopping import sleep_unless_stopped
 from seamq.topology import ConsumerSpec
-from seamq.verdict import Ack, DeadLetter, Duplicate, Nak, dead_letter_failed, decide, lane_failed
-
-
-class _Undo(Exception):
-    """Rolls back a handler's savepoint when its outcome is not success."""
-
+from seamq.verdict import Ack, DeadLetter, Duplicate, Nak, Verdict, copy_of, dead_letter_failed, decide, lane_failed
 
 _lane_beat: ContextVar[Beat] = ContextVar("lane_beat", default=Beat(0))  # outside a lane: a beat nobody reads
-
-
-class _Redo(Exception):
-    """An in-process handler failed on the fast path: redo the lane with savepoints."""
 
 
 class InboxConsumer:
@@ -80,11 +72,13 @@ class InboxConsumer:
         self.spec = spec
         self.source = source
         self.dlq = dlq
-        self.handlers = handlers
         self.config = settings or ConsumerSettings()
         self.max_payload = max_payload
         self.inbox = inbox
         self._metrics = ConsumerMetrics(spec.name)
+        # Metrics wrap the lane and each handler (seamq.metered): the lane itself counts nothing.
+        self._metered = MeteredLane(self._metrics, self._run_lane, handlers)
+        self.handlers = self._metered.handlers
         self._holds = Holds()  # ordered mode: aggregates waiting behind a failed message
         self.backoff = Backoff(self.config.nak_base, self.config.nak_max)
 
@@ -122,6 +116,14 @@ class InboxConsumer:
                 queue.put_nowait(None)  # after what is queued: finish it, then stop
             await asyncio.gather(*lanes)
 
+    async def handle(self, messages: list[Delivery]) -> list[Handling]:
+        """One lane over `messages`, settled (ACKed or NAKed) before it returns, with each one's
+        verdict: what `run` does with what it fetched, for a caller that has the deliveries in hand
+        (seamq.testing runs handlers through it)."""
+        items = [self._prepare(msg) for msg in messages]
+        await self._metered(items)
+        return items
+
     def _prepare(self, msg: Delivery) -> Handling:
         """Never raises: a message that cannot be prepared is a dead letter, not a dead consumer."""
         try:
@@ -134,10 +136,7 @@ class InboxConsumer:
                                              message_id))
 
     def _parse(self, msg: Delivery) -> Handling:
-        delivered = msg.delivered
-        if delivered > 1:
-            self._metrics.redeliveries.inc()
-        parsed = parse_message(msg.subject, msg.headers, msg.data, delivered)
+        parsed = parse_message(msg.subject, msg.headers, msg.data, msg.delivered)
         if isinstance(parsed, Rejected):
             return Handling(msg, None, parsed)
         replay_for = msg.headers.get(Header.REPLAY_CONSUMER)  # a replay, or an edited copy, is for one consumer only
@@ -170,19 +169,16 @@ class InboxConsumer:
                     break
                 items.append(nxt)
             with beat:
-                await self._run_lane(items)
+                await self._metered(items)
 
     async def _run_lane(self, items: list[Handling]) -> None:
         """Fast path: the lane's handlers run without savepoints (two round trips per
         message saved). If an in-process handler fails, its writes cannot be undone
         alone, so the whole lane rolls back and runs again with a savepoint each."""
-        pending = Pending()
         try:
-            try:
-                await self._attempt(items, with_savepoints=False, pending=pending)
-            except _Redo:
-                pending = Pending()
-                await self._attempt(items, with_savepoints=True, pending=pending)
+            pending = await self._attempt(items, savepoints=False)
+            if pending is None:
+                pending = await self._attempt(items, savepoints=True)
         except Exception as exc:  # nothing committed
             if len(items) > 1 and not self.inbox.unavailable(exc):
                 # Not the database being away: maybe one message, maybe a bug. Try each on its own,
@@ -192,13 +188,12 @@ class InboxConsumer:
                 for item in items:
                     await self._run_lane([item])
                 return
-            await self._lane_failed(items, exc)
-            return
+            pending = await self._lane_failed(items, exc)
         if self.config.ordered:
             self._holds.record(pending)
         await self._settle(items)
 
-    async def _lane_failed(self, items: list[Handling], exc: Exception) -> None:
+    async def _lane_failed(self, items: list[Handling], exc: Exception) -> Pending:
         """Every message comes back, each aggregate's in stream order; a single message whose own
         transaction fails and has no delivery left is dead-lettered (`consumer_error`)."""
         error = describe(exc)
@@ -208,17 +203,14 @@ class InboxConsumer:
         away = self.inbox.unavailable(exc)
         alone = len(items) == 1
         for item in items:
-            item.attempted = False
+            item.attempted = item.copy = False
             if alone and not away:
                 item.attempts = await self._count_failed(item, error)
-            item.verdict = lane_failed(error=error, alone=alone, attempt=item.attempts, max_deliver=self.spec.max_deliver,
-                                       database_away=away, backoff=self.backoff)
-        await self._dead_letter([i for i in items if isinstance(i.verdict, DeadLetter)])  # nothing to record it in
-        for item in items:
-            self._follow(item, pending)
-        if self.config.ordered:
-            self._holds.record(pending)
-        await self._settle(items)
+            after = self._after(item, pending, holding=False)
+            verdict = lane_failed(error=error, alone=alone, attempt=item.attempts, max_deliver=self.spec.max_deliver,
+                                  database_away=away, backoff=self.backoff, after=after)
+            await self._conclude(item, verdict, pending, after)  # a dead letter: nothing to record it in
+        return pending
 
     async def _count_failed(self, item: Handling, error: str) -> int:
         """A message whose own transaction failed: its attempt is counted apart, so that a bug it
@@ -233,162 +225,141 @@ class InboxConsumer:
             return item.attempts
         return item.delivered if counted is None else counted
 
-    async def _attempt(self, items: list[Handling], with_savepoints: bool, pending: Pending) -> None:
+    async def _attempt(self, items: list[Handling], savepoints: bool) -> Pending | None:
+        """The lane in one transaction; None when an in-process handler failed on the fast path:
+        then nothing of it committed, and it is to be run again with savepoints."""
         for item in items:
             item.verdict = None
-            item.attempted = False
-        async with self.inbox.transaction() as tx:
-            await self._handle_lane(tx, items, with_savepoints, pending)
+            item.attempted = item.copy = False
+        pending = Pending()
+        async with self.inbox.transaction() as work:
+            if not await self._handle_lane(work, items, savepoints, pending):
+                work.abandon()
+                return None
+        return pending
 
-    async def _handle_lane(self, tx, items: list[Handling], with_savepoints: bool, pending: Pending) -> None:
-        """admit -> call -> decide, per message in order; then dead letters, then record."""
-        admissions = await self.inbox.admit(tx, inbox_items(items))
+    async def _handle_lane(self, work: LaneWork, items: list[Handling], savepoints: bool, pending: Pending) -> bool:
+        """admit -> call -> decide, per message in stream order; then record. False: redo (_attempt)."""
+        admissions = await self.inbox.admit(work, inbox_items(items))
         first_copy: dict[uuid.UUID, Handling] = {}
-        copies: list[tuple[Handling, Handling]] = []
         for item in items:
             message_id = item.message_id
-            if item.for_another:  # not ours to run, nor to record
-                item.verdict = Duplicate()
-                self._follow(item, pending)
-                continue
-            if message_id is not None and message_id in first_copy:
-                copies.append((item, first_copy[message_id]))  # settled like the first, below
+            first = first_copy.get(message_id) if message_id is not None else None
+            if item.for_another or first is not None:  # not ours to run; a copy is settled as its first
+                item.copy = first is not None
+                after = self._after(item, pending, holding=False)
+                await self._conclude(item, copy_of(first.verdict, after=after) if first else Duplicate(), pending,
+                                     after)
                 continue
             if message_id is not None:
                 first_copy[message_id] = item
             # Without an inbox (at-least-once mode) nothing counts attempts: JetStream's deliveries do.
             admission, item.attempts = admissions.get(message_id, (Admission.NEW, item.delivered - 1))
             duplicate = admission == Admission.DUPLICATE
-            hold = result = None
-            if not duplicate and not item.rejected:
-                if self.config.ordered:  # behind an earlier message of its aggregate that was sent back?
-                    hold = self._holds.delay(item.aggregate, item.seq, pending)
-                if hold is None:
-                    item.attempted = True
-                    result = await self._call(tx, item, with_savepoints)
-            item.verdict = decide(duplicate=duplicate, rejected=item.rejected, hold=hold, result=result,
-                                  attempt=item.attempt, max_deliver=self.spec.max_deliver, backoff=self.backoff)
+            after = self._after(item, pending, holding=self.config.ordered)
+            result = None
+            if not duplicate and not item.rejected and not (self.config.ordered and after is not None):
+                item.attempted = True
+                result = await self._call(work, item, savepoints)
+                if result is None:
+                    return False
+            verdict = decide(duplicate=duplicate, rejected=item.rejected, after=after, result=result,
+                             attempt=item.attempt, max_deliver=self.spec.max_deliver, backoff=self.backoff)
             if result is not None and not result.done:
-                self._failed_attempt(item, result)
-            self._follow(item, pending)  # a handled message frees what waits behind it, in this lane too
-        await self._dead_letter([i for i in items if isinstance(i.verdict, DeadLetter)], pending)
-        skipped: dict[uuid.UUID, int] = {}
-        for item, first in copies:
-            item.verdict = Duplicate() if isinstance(first.verdict, (Ack, Duplicate)) else first.verdict
-            self._follow(item, pending, copy=True)
-            if isinstance(item.verdict, Duplicate):
-                skipped[item.message_id] = skipped.get(item.message_id, 0) + 1
-        await self.inbox.record(tx, [self._outcome(item, admissions, skipped.get(message_id, 0))
-                                     for message_id, item in first_copy.items()])
+                self._failed_attempt(item, result, verdict)
+            await self._conclude(item, verdict, pending, after)  # frees what waits behind it, in this lane too
+        copies: dict[uuid.UUID, int] = {}
+        for item in items:
+            if item.copy and isinstance(item.verdict, Duplicate):
+                copies[item.message_id] = copies.get(item.message_id, 0) + 1
+        await self.inbox.record(work, [self._outcome(item, copies.get(message_id, 0))
+                                       for message_id, item in first_copy.items()])
+        return True
 
-    def _outcome(self, item: Handling, admissions: dict, copies: int) -> InboxOutcome:
+    def _after(self, item: Handling, pending: Pending, *, holding: bool) -> float | None:
+        """How long it must stay away to come back behind its aggregate's earlier ones (seamq.holds)."""
+        if not pending and not holding:  # nothing of this lane sent back yet: the usual case
+            return None
+        return self._holds.after(item.aggregate, item.seq, pending, fetched=item.fetched if holding else None)
+
+    async def _conclude(self, item: Handling, verdict: Verdict, pending: Pending, after: float | None) -> None:
+        """The one place a message's verdict is given. A dead letter is published first: if that
+        fails it is not ACKed but sent back (verdict.dead_letter_failed). Copies of one message id
+        share its dead letter's Nats-Msg-Id, so publishing one again (a lane run twice) stores nothing."""
+        if isinstance(verdict, DeadLetter) and not item.copy:
+            verdict = await self._dead_letter(item, verdict, after)
+        item.verdict = verdict
+        if isinstance(verdict, Nak):
+            pending.note(item.aggregate, item.seq, verdict.delay)
+        elif self.config.ordered:  # done: it no longer holds its aggregate back (unordered, nothing is held)
+            pending.note(item.aggregate, item.seq, None)
+
+    def _outcome(self, item: Handling, copies: int) -> InboxOutcome:
         verdict = item.verdict
         dead = None
         if isinstance(verdict, DeadLetter):
             dead = DeadLettered(verdict.reason.value, verdict.detail, dead_letter.subject(self.spec, item.msg.subject),
                                 item.dlq_seq)
-        return InboxOutcome(item.message_id, admissions.get(item.message_id, (Admission.NEW, 0))[0],
-                            done=isinstance(verdict, Ack), error=verdict.error if isinstance(verdict, Nak) else None,
-                            dead_letter=dead, copies=copies, attempts=item.attempts + item.attempted,
-                            attempted=item.attempted)
+        return InboxOutcome(item.message_id, done=isinstance(verdict, Ack),
+                            error=verdict.error if isinstance(verdict, Nak) else None, dead_letter=dead,
+                            copies=copies, attempts=item.attempts + item.attempted, attempted=item.attempted)
 
-    def _failed_attempt(self, item: Handling, result: HandlerResult) -> None:
+    def _failed_attempt(self, item: Handling, result: HandlerResult, verdict: Verdict) -> None:
         """Every failed attempt is told, with what it will cost: a retry in so long, or the DLQ."""
-        verdict = item.verdict
         log.warning("handler_failed", consumer=self.spec.name, message_id=str(item.message_id),
                     event_type=f"{item.envelope.event_type}.v{item.envelope.event_version}", attempt=item.attempt,
                     max_deliver=self.spec.max_deliver, outcome=result.outcome.value, error=result.detail,
                     then=(f"retry in {verdict.delay:.1f}s" if isinstance(verdict, Nak)
                           else f"dead letter ({verdict.reason.value})"))
 
-    def _follow(self, item: Handling, pending: Pending, *, copy: bool = False) -> None:
-        """What the verdict means for its aggregate's order: done frees it, a NAK waits in line
-        (stretched to come back after its aggregate's earlier ones); and the counters."""
-        verdict = item.verdict
-        if isinstance(verdict, Nak):
-            item.verdict = dataclasses.replace(verdict, delay=pending.send_back(item.aggregate, item.seq,
-                                                                                 verdict.delay))
-            if verdict.error is not None and not copy:
-                self._metrics.retries.inc()
-        elif item.ack:
-            pending.done(item.aggregate, item.seq)
-            if isinstance(verdict, Duplicate):
-                self._metrics.duplicates.inc()
-
-    async def _call(self, conn, item: Handling, with_savepoints: bool) -> HandlerResult:
-        """`conn` is the inbox's unit of work (None without an inbox): in-process handlers write through it."""
+    async def _call(self, work: LaneWork, item: Handling, savepoints: bool) -> HandlerResult | None:
+        """The handler's result; None when an in-process handler failed on the fast path (no savepoint
+        to undo its writes alone). `work.conn` is what in-process handlers write through."""
         envelope = item.envelope
-        if with_savepoints and item.handler.transactional:
-            envelope = dataclasses.replace(envelope, rerun=True)  # its fast-path call was rolled back
-        headers = item.msg.headers
-        started = time.perf_counter()
-        with continue_trace(envelope.subject, headers) as traceparent:
-            if not item.handler.transactional:
+        handler = item.handler
+        with continue_trace(envelope.subject, item.msg.headers) as traceparent:
+            if not handler.transactional:  # kept across a lane's redo: an HTTP handler is never called twice
                 if item.http_result is None:
-                    item.http_result = await self._guarded(item, item.handler(envelope, conn, traceparent))
-                result = item.http_result
-            elif conn is None:  # no inbox, no transaction: nothing to undo
-                result = await self._guarded(item, item.handler(envelope, conn, traceparent))
-            elif not with_savepoints:
+                    item.http_result = await self._guarded(item, handler(envelope, None, traceparent))
+                return item.http_result
+            conn = work.conn
+            if conn is None:  # no inbox, no transaction: nothing to undo
+                return await self._guarded(item, handler(envelope, conn, traceparent))
+            if not savepoints:
                 try:
-                    result = await item.handler(envelope, conn, traceparent)
-                except Exception:  # the transaction may be broken: redo with savepoints, where it is caught
-                    raise _Redo from None
-                if not result.done:
-                    raise _Redo
-            else:
-                try:
-                    async with conn.transaction():  # a savepoint: a failed handler's writes vanish
-                        result = await self._guarded(item, item.handler(envelope, conn, traceparent),
-                                                     reraise=True)
-                        if not result.done:
-                            raise _Undo
-                except _Undo:
-                    pass
-                except Exception as exc:  # rolled back to the savepoint; the lane goes on
-                    result = self._crashed(item, exc)
-        metrics = self._metrics
-        metrics.handler_seconds.observe(time.perf_counter() - started)
-        if result.done:
-            metrics.processed(envelope.event_type).inc()
-            since = max(envelope.occurred_at, envelope.deliver_at or envelope.occurred_at)  # a delayed one: its time
-            metrics.e2e_seconds.observe(max(0.0, (datetime.now(timezone.utc) - since).total_seconds()))
-        return result
+                    result = await handler(envelope, conn, traceparent)
+                except Exception:  # the transaction may be broken: the redo, with savepoints, tells it
+                    return None
+                return result if result.done else None
+            await work.savepoint()
+            result = await self._guarded(item, handler(dataclasses.replace(envelope, rerun=True), conn, traceparent))
+            await (work.release() if result.done else work.undo())  # a failed handler's writes vanish
+            return result
 
-    async def _guarded(self, item: Handling, call, reraise: bool = False) -> HandlerResult:
+    async def _guarded(self, item: Handling, call) -> HandlerResult:
         """A handler (or a wrapper of ours around it) that raises instead of returning an outcome
         failed this message's attempt, and only this message's."""
         _lane_beat.get().turn()
         try:
             return await call
         except Exception as exc:
-            if reraise:
-                raise
-            return self._crashed(item, exc)
+            detail = f"consumer error: {describe(exc)}"[:500]
+            log.error("consumer_handler_raised", consumer=self.spec.name, message_id=str(item.message_id),
+                      error=detail)
+            return HandlerResult(Outcome.RETRY, detail)
 
-    def _crashed(self, item: Handling, exc: Exception) -> HandlerResult:
-        detail = f"consumer error: {describe(exc)}"[:500]
-        log.error("consumer_handler_raised", consumer=self.spec.name, message_id=str(item.message_id), error=detail)
-        return HandlerResult(Outcome.RETRY, detail)
-
-    async def _dead_letter(self, items: list[Handling], pending: Pending | None = None) -> None:
-        """Publish EVT-047-002 for each; a failed publish turns its verdict into a retry."""
-        if not items:
-            return
-        results = await self.dlq.publish_many([i.dead_letter(self.spec, self.max_payload) for i in items])
-        for item, result in zip(items, results):
-            verdict = item.verdict
-            if result.ok:
-                item.dlq_seq = result.seq
-                self._metrics.dead_lettered(verdict.reason.value).inc()
-                log.warning("message_dead_lettered", consumer=self.spec.name, message_id=str(item.message_id),
-                            subject=item.msg.subject, reason=verdict.reason.value, detail=verdict.detail[:300])
-            else:
-                item.verdict = dead_letter_failed(verdict, result.error, attempt=item.attempt, backoff=self.backoff)
-                if pending is not None:
-                    self._follow(item, pending)
+    async def _dead_letter(self, item: Handling, verdict: DeadLetter, after: float | None) -> DeadLetter | Nak:
+        """Publish its EVT-047-002; a failed publish sends it back instead of ACKing it."""
+        (result,) = await self.dlq.publish_many([item.dead_letter(self.spec, verdict, self.max_payload)])
+        if not result.ok:
+            return dead_letter_failed(verdict, result.error, attempt=item.attempt, backoff=self.backoff, after=after)
+        item.dlq_seq = result.seq
+        log.warning("message_dead_lettered", consumer=self.spec.name, message_id=str(item.message_id),
+                    subject=item.msg.subject, reason=verdict.reason.value, detail=verdict.detail[:300])
+        return verdict
 
     async def _settle(self, items: list[Handling]) -> None:
+        """The one place a delivery is ACKed or NAKed, from its verdict alone."""
         for item in items:
             try:
                 if item.ack:

@@ -4,8 +4,9 @@ stand for."""
 
 from __future__ import annotations
 
+import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from seamq import dead_letter
 from seamq.envelope import Envelope, HandlerResult, Rejected
@@ -29,6 +30,8 @@ class Handling:
     dlq_seq: int | None = None  # where its dead letter was stored
     http_result: HandlerResult | None = None  # kept across a lane's redo: never call HTTP twice
     for_another: bool = False  # a DLQ replay or an edited copy for another consumer of the subject: skipped
+    copy: bool = False  # a further copy of a message id earlier in its lane: settled as that one
+    fetched: float = field(default_factory=time.monotonic)  # when it was fetched (seamq.holds: its grace)
 
     @property
     def ack(self) -> bool:
@@ -57,11 +60,11 @@ class Handling:
             return f"{self.envelope.aggregate_type}/{self.envelope.aggregate_id}"
         return str(self.message_id)
 
-    def dead_letter(self, spec: ConsumerSpec, max_payload: int) -> OutMessage:
-        """Its dead letter (EVT-047-002), for the verdict it was given."""
+    def dead_letter(self, spec: ConsumerSpec, verdict: DeadLetter, max_payload: int) -> OutMessage:
+        """Its dead letter (EVT-047-002), for the verdict it is given."""
         msg = self.msg
         return dead_letter.message(
-            spec, reason=self.verdict.reason, detail=self.verdict.detail, message_id=self.message_id,
+            spec, reason=verdict.reason, detail=verdict.detail, message_id=self.message_id,
             original_subject=msg.subject, headers=msg.headers, data=msg.data, stream=msg.stream, seq=msg.seq,
             attempts=self.attempt, max_payload=max_payload,
         )

@@ -14,7 +14,12 @@ held ones, not only behind the failure.
 The state outlives a lane transaction, since redelivered messages arrive in
 later ones, and lives in one consumer process. A waiting message that does not
 come back within HOLD_GRACE of its due time (it went to another process)
-stops holding the others back. A hold is not an attempt: it costs the held
+stops holding the others back: those fetched more than HOLD_GRACE after it
+was due. Fetched, not handled: on a busy machine a lane may reach a message
+long after it was fetched, while the failed one, redelivered on time, waits
+behind it in the same lane; judged by the clock when the lane reaches it, the
+later message would overtake the failed one (seen: 4 of 200 aggregates out
+of order in the partitions soak on a machine slowed down several times). A hold is not an attempt: it costs the held
 message none of its max_deliver (seamq.verdict), so a message may be held as
 often as its aggregate needs.
 """
@@ -24,7 +29,8 @@ from __future__ import annotations
 import time
 
 HOLD_MARGIN = 0.05  # a held message comes back this long after the one before it
-HOLD_GRACE = 5.0  # a waiting message that has not come back this long after it was due no longer holds others
+HOLD_GRACE = 5.0  # a waiting message no longer holds back what is fetched this long after it was due
+FORGET = 600.0  # a waiting message is forgotten this long after it was due (for memory: it holds nothing by then)
 
 
 class Holds:
@@ -33,21 +39,18 @@ class Holds:
     def __init__(self) -> None:
         self._waiting: dict[str, dict[int, float]] = {}
 
-    def delay(self, aggregate: str, seq: int, pending: "Pending") -> float | None:
-        """How long to hold this message (a NAK delay), or None to handle it now.
-
-        `pending` holds what the lane transaction in progress decided so far.
-        """
-        waiting = self._waiting.get(aggregate)
-        mine = pending.get(aggregate)
-        if not waiting and not mine:
-            return None
-        now = time.monotonic()
-        merged = {**waiting, **mine} if waiting and mine else dict(waiting or mine)
-        earlier = [due for s, due in merged.items() if s < seq and due is not None and now <= due + HOLD_GRACE]
+    def after(self, aggregate: str, seq: int, pending: "Pending", *, fetched: float | None = None) -> float | None:
+        """How long this message must stay away to come back after its aggregate's earlier ones that
+        are away (None: none is). `pending` holds what the lane transaction in progress decided so
+        far; with `fetched` (when this message was fetched, monotonic) what earlier transactions
+        sent back counts too (ordered mode: a message is held while this is not None)."""
+        mine = pending.get(aggregate) or {}
+        earlier = [due for s, due in mine.items() if s < seq and due is not None]
+        if fetched is not None and (held := self._waiting.get(aggregate)):
+            earlier += [due for s, due in held.items() if s < seq and s not in mine and fetched <= due + HOLD_GRACE]
         if not earlier:
             return None
-        return max(max(earlier) - now, 0.0) + HOLD_MARGIN
+        return max(max(earlier) - time.monotonic(), 0.0) + HOLD_MARGIN
 
     def record(self, pending: "Pending") -> None:
         """After a commit: what the lane sent back waits; what it handled or dead-lettered is done."""
@@ -59,28 +62,18 @@ class Holds:
                 else:
                     waiting[seq] = due
             now = time.monotonic()
-            for seq in [s for s, due in waiting.items() if due + HOLD_GRACE < now]:
+            for seq in [s for s, due in waiting.items() if due + FORGET < now]:
                 del waiting[seq]
             if not waiting:
                 del self._waiting[aggregate]
         if len(self._waiting) > 10_000:  # bound the memory: drop what can no longer hold anything back
             now = time.monotonic()
-            self._waiting = {a: w for a, w in self._waiting.items() if max(w.values()) + HOLD_GRACE >= now}
+            self._waiting = {a: w for a, w in self._waiting.items() if max(w.values()) + FORGET >= now}
 
 
 class Pending(dict):
     """One lane transaction's decisions: aggregate -> {seq: due back, or None once done}."""
 
-    def send_back(self, aggregate: str, seq: int, delay: float) -> float:
-        """Record a NAK of `delay`, stretched so this message comes back after its aggregate's
-        earlier ones sent back in this lane; returns the delay to NAK with."""
-        now = time.monotonic()
-        mine = self.setdefault(aggregate, {})
-        earlier = [due for s, due in mine.items() if s < seq and due is not None]
-        if earlier:
-            delay = max(delay, max(earlier) - now + HOLD_MARGIN)
-        mine[seq] = now + delay
-        return delay
-
-    def done(self, aggregate: str, seq: int) -> None:
-        self.setdefault(aggregate, {})[seq] = None
+    def note(self, aggregate: str, seq: int, away: float | None) -> None:
+        """A message sent back for `away` seconds, or done (None)."""
+        self.setdefault(aggregate, {})[seq] = None if away is None else time.monotonic() + away

@@ -157,7 +157,6 @@ class InboxOutcome:
     `attempted` whether it ran in this lane; a failed attempt is kept in its history."""
 
     message_id: uuid.UUID
-    admission: Admission
     done: bool = False
     error: str | None = None
     dead_letter: DeadLettered | None = None
@@ -166,25 +165,42 @@ class InboxOutcome:
     attempted: bool = True
 
 
+class LaneWork(Protocol):
+    """One lane's unit of work (`InboxRepository.transaction()`): the inbox's rows and an in-process
+    handler's writes (through `conn`; None where there is no database) commit together when it
+    ends, unless it was abandoned. A handler's attempt runs between `savepoint()` and either
+    `release()` (kept) or `undo()` (its writes vanish, the lane goes on)."""
+
+    conn: Any
+
+    async def savepoint(self) -> None: ...
+
+    async def release(self) -> None: ...
+
+    async def undo(self) -> None: ...
+
+    def abandon(self) -> None:
+        """Nothing of the lane commits: it ends rolled back."""
+
+
 class InboxRepository(Protocol):
     """PORT-047-002: insert (admit), markProcessed and recordError (record), in one transaction.
 
-    `transaction()` is the unit of work of one lane: an in-process handler
-    writes through what it yields, so its writes and the inbox's commit
-    together (None where there is no database). How the rows are written is
-    the repository's business.
+    `transaction()` is the unit of work of one lane (LaneWork). How the rows
+    are written is the repository's business, and so is what it admitted:
+    `record` is told what became of each message, not again how it came in.
     """
 
     def unavailable(self, exc: BaseException) -> bool:
         """True when `exc` says the database is away, not that something is wrong with the messages."""
 
-    def transaction(self) -> AbstractAsyncContextManager[Any]: ...
+    def transaction(self) -> AbstractAsyncContextManager[LaneWork]: ...
 
-    async def admit(self, tx: Any, items: list[InboxItem]) -> dict[uuid.UUID, tuple[Admission, int]]:
+    async def admit(self, tx: LaneWork, items: list[InboxItem]) -> dict[uuid.UUID, tuple[Admission, int]]:
         """Per message id: its admission and how many attempts its handler made before (0 when new or
         replayed); rows stay locked until the commit."""
 
-    async def record(self, tx: Any, outcomes: list[InboxOutcome]) -> None: ...
+    async def record(self, tx: LaneWork, outcomes: list[InboxOutcome]) -> None: ...
 
     async def failed_alone(self, item: InboxItem, error: str) -> int:
         """A message's own transaction failed, so nothing of it was recorded: count the attempt and

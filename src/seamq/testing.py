@@ -7,13 +7,14 @@
         assert outcome.acked and outcome.committed
 
 `seamq_harness` needs no services: it builds the message the relay would
-publish, parses it as the consumer does, runs the handler inside a
-transaction (the test's own PostgreSQL connection, or an in-memory one that
-records statements) and decides ACK, retry or dead letter with the
-consumer's own rules (seamq.verdict), so a test sees what production would
-do. `deliver_http` does the same for an HTTP handler service: it posts the
-consumer's request to the service's ASGI app in process (no server, no
-port) and reads the answer with the consumer's own mapping. For tests that
+publish and hands it to the real consumer (seamq.consumer.InboxConsumer)
+over in-memory ports (seamq.memory), which parses it, runs the handler inside
+a transaction (the test's own PostgreSQL connection, or an in-memory one that
+records statements) and decides ACK, retry or dead letter, so a test sees
+what production would do: the kit has no rules of its own to drift from it.
+`deliver_http` does the same for an HTTP handler service: the consumer's
+request goes to the service's ASGI app in process (no server, no port) and
+its answer is read with the consumer's own mapping. For tests that
 do want the real thing, `seamq_nats`, `seamq_postgres`, `seamq_database` (a
 migrated database of the test's own) and `seamq_topology` (provisioned)
 start embedded services on free ports, once per session, and remove them
@@ -29,57 +30,36 @@ import json
 import shutil
 import tempfile
 import uuid
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 import pytest
 
-from seamq.envelope import Envelope, HandlerResult, Reason, Rejected, parse_message
-from seamq.model import Event, message_headers, traceparent_for
+from seamq.consumer import InboxConsumer
+from seamq.envelope import Envelope, HandlerResult, Rejected, parse_message
+from seamq.memory import MemoryDeliveries, MemoryLaneWork, MemoryPublisher, MemoryTransaction
+from seamq.model import Event, OutMessage, message_headers, traceparent_for
 from seamq.registry import Registry, import_object
 from seamq.settings import ConsumerSettings
-from seamq.topology import MAX_DELIVER
+from seamq.topology import MAX_DELIVER, ConsumerSpec
 from seamq.typed import EventModel, payload_json
-from seamq.backoff import Backoff
-from seamq.verdict import Ack, DeadLetter, Duplicate, Nak, Verdict, decide
+from seamq.verdict import Ack, DeadLetter, Duplicate, Nak, Verdict
 
 __all__ = ["Delivered", "Harness", "MemoryTransaction"]
 
 
-class MemoryTransaction:
-    """Stands in for the consumer's database connection: records what the handler executes."""
-
-    def __init__(self) -> None:
-        self.statements: list[tuple[str, Any]] = []
-
-    async def execute(self, query: Any, params: Any = None, **kwargs: Any) -> "MemoryTransaction":
-        self.statements.append((str(query), params))
-        return self
-
-    def cursor(self, *args: Any, **kwargs: Any) -> "MemoryTransaction":
-        return self
-
-    async def __aenter__(self) -> "MemoryTransaction":
-        return self
-
-    async def __aexit__(self, *exc: Any) -> None:
-        return None
-
-    async def executemany(self, query: Any, params_seq: Any) -> None:
-        for params in params_seq:
-            self.statements.append((str(query), params))
-
-
 @dataclass(frozen=True)
 class Delivered:
-    """What the consumer would do with one delivery, and what the handler saw."""
+    """What the consumer did with one delivery, and what the handler saw."""
 
     verdict: Verdict
     envelope: Envelope | None  # as the handler received it (payload typed for a typed handler)
     result: HandlerResult | None  # the handler's, None when it was not called
     committed: bool  # the handler's transaction committed (only with an ACK)
     statements: list = field(default_factory=list)  # what it executed, with the in-memory transaction
+    dead_letter: OutMessage | None = None  # the dead letter as the consumer published it (EVT-047-002)
 
     @property
     def acked(self) -> bool:
@@ -105,13 +85,12 @@ class Delivered:
 
 
 class Harness:
-    """Drives in-process handlers as the consumer would, one delivery at a time."""
+    """Drives handlers through the real consumer, one delivery at a time."""
 
     def __init__(self, *, max_deliver: int | None = None, handler_timeout: float | None = None) -> None:
-        defaults = ConsumerSettings()
+        self.settings = ConsumerSettings()
         self.max_deliver = max_deliver or MAX_DELIVER
-        self.handler_timeout = handler_timeout or defaults.handler_timeout
-        self.backoff = Backoff(defaults.nak_base, defaults.nak_max)
+        self.handler_timeout = handler_timeout or self.settings.handler_timeout
 
     @staticmethod
     def message(event: Event | EventModel) -> tuple[str, dict[str, str], bytes]:
@@ -127,19 +106,19 @@ class Harness:
         """Deliver `event` (or a raw `message`: subject, headers, bytes) for the `delivered`-th time
         to a handler function, or to the route a Registry has for it. With `conn` (an async psycopg
         connection) the handler runs in a transaction on it, rolled back unless ACKed."""
-        subject, headers, body = message or self.message(event)
-        parsed = parse_message(subject, headers, body, delivered)
-        if isinstance(parsed, Rejected):
-            return self._decided(None, None, parsed, delivered, False, [])
+        from seamq.wiring import build_handlers
+
+        message = message or self.message(event)
         seen: list[Envelope] = []
-        call = self._handler(handler, parsed, source or parsed.context, seen, context)
-        if call is None:
-            return self._decided(parsed, None, Rejected(Reason.NO_HANDLER, f"no handler for {parsed.subject}"),
-                                 delivered, False, [])
+        if not isinstance(handler, Registry):
+            handler = Registry(routes=(), default=handler)
+        registry = Registry(routes=tuple(dataclasses.replace(r, handler=_spy(r.handler, seen)) for r in handler.routes),
+                            default=_spy(handler.default, seen) if handler.default else None)
+        source = source or _context(message)
+        lookup = build_handlers(registry, timeout=self.handler_timeout, source=source, target=context)
         memory = MemoryTransaction() if conn is None else None
-        result = await call(parsed, memory) if memory else await self._in_transaction(conn, call, parsed)
-        return self._decided(seen[0] if seen else parsed, result, None, delivered, result.done,
-                             memory.statements if memory else [])
+        return await self._through_consumer(message, delivered, lookup, _KitInbox(conn or memory), seen,
+                                            memory.statements if memory else [])
 
     async def deliver_http(self, app: Any, event: Event | EventModel | None = None, *, path: str = "/handle",
                            secret: str | None = None, delivered: int = 1,
@@ -148,47 +127,105 @@ class Harness:
         (`seamq.http.server.handler_app`, or any FastAPI or Starlette app): the POST the consumer
         sends (signed with `secret`, carrying the trace), called in process, and its answer read as
         the consumer reads it. The app's lifespan is not run: start what it needs in the test."""
-        from seamq.http.client import request_of, result_of  # aiohttp: imported only by tests that use it
+        service = _AsgiService(app, path, secret, self.handler_timeout)
+        return await self._through_consumer(message or self.message(event), delivered, lambda t, v: service,
+                                            _KitInbox(None), [], [])
 
-        subject, headers, body = message or self.message(event)
-        parsed = parse_message(subject, headers, body, delivered)
-        if isinstance(parsed, Rejected):
-            return self._decided(None, None, parsed, delivered, False, [])
-        data, request_headers = request_of(parsed, secret=secret, traceparent=headers.get("traceparent"))
-        try:
-            status, text = await asyncio.wait_for(_post(app, path, data, request_headers), self.handler_timeout)
-        except asyncio.TimeoutError:
-            result = HandlerResult.timed_out(self.handler_timeout)
-        else:
-            result = result_of(status, text)
-        return self._decided(parsed, result, None, delivered, result.done, [])
+    async def _through_consumer(self, message, delivered: int, lookup, inbox: "_KitInbox", seen: list,
+                                statements: list) -> Delivered:
+        subject, headers, body = message
+        context = _context(message) or "testing"
+        spec = ConsumerSpec(name="seamq-testing", target=context, source=context, stream="TESTING",
+                            filter_subject=subject, ack_wait=30, max_deliver=self.max_deliver, max_ack_pending=1,
+                            partitions=0, pinned_ttl=30, replicas=1)
+        deliveries, dlq = MemoryDeliveries(redeliver=False), MemoryPublisher()
+        results: list[HandlerResult] = []
+        consumer = InboxConsumer(spec, deliveries, inbox, dlq, _Recorded.lookup(lookup, results), self.settings)
+        (item,) = await consumer.handle([deliveries.publish(subject, headers, body, delivered)])
+        verdict = item.verdict
+        return Delivered(verdict, seen[0] if seen else item.envelope, results[-1] if results else None,
+                         isinstance(verdict, Ack) and bool(results), statements,
+                         dlq.published[-1] if dlq.published else None)
 
-    def _handler(self, handler: Callable | Registry, envelope: Envelope, source: str, seen: list,
-                 context: str | None):
-        from seamq.wiring import build_handlers
 
-        if not isinstance(handler, Registry):
-            handler = Registry(routes=(), default=handler)
-        registry = Registry(routes=tuple(dataclasses.replace(r, handler=_spy(r.handler, seen)) for r in handler.routes),
-                            default=_spy(handler.default, seen) if handler.default else None)
-        return build_handlers(registry, timeout=self.handler_timeout, source=source, target=context)(
-            envelope.event_type, envelope.event_version)
+def _context(message: tuple[str, dict, bytes]) -> str | None:
+    """The context a message comes from (as its subject says), for the routes that name a source."""
+    parsed = parse_message(*message, 1)
+    return None if isinstance(parsed, Rejected) else parsed.context
+
+
+class _KitInbox:
+    """The consumer's inbox port for one delivery: attempts are the delivery's (nothing is recorded,
+    as in at-least-once mode), and the lane's transaction is the test's connection, or `memory`."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
 
     @staticmethod
-    async def _in_transaction(conn, call, envelope: Envelope) -> HandlerResult:
-        try:
-            async with conn.transaction():
-                result = await call(envelope, conn)
-                if not result.done:
-                    raise _Rollback(result)
-                return result
-        except _Rollback as rollback:
-            return rollback.result
+    def unavailable(exc: BaseException) -> bool:
+        return False
 
-    def _decided(self, envelope, result, rejected, delivered, committed, statements) -> Delivered:
-        verdict = decide(duplicate=False, rejected=rejected, hold=None, result=result, attempt=delivered,
-                         max_deliver=self.max_deliver, backoff=self.backoff)
-        return Delivered(verdict, envelope, result, committed, statements)
+    @asynccontextmanager
+    async def transaction(self):
+        if self.conn is None or isinstance(self.conn, MemoryTransaction):
+            yield MemoryLaneWork(self.conn)
+            return
+        from psycopg import Rollback
+
+        from seamq.pg.inbox_repo import PgLaneWork
+
+        async with self.conn.transaction():
+            work = PgLaneWork(self.conn)
+            yield work
+            if work.abandoned:
+                raise Rollback()
+
+    async def admit(self, work, items) -> dict:
+        return {}
+
+    async def record(self, work, outcomes) -> None: ...
+
+    async def failed_alone(self, item, error: str) -> None:
+        return None
+
+
+class _Recorded:
+    """A handler whose results are noted, in order (the kit's `result` is the last one)."""
+
+    def __init__(self, handler: Any, results: list) -> None:
+        self.handler, self.results, self.transactional = handler, results, handler.transactional
+
+    @classmethod
+    def lookup(cls, lookup: Callable, results: list) -> Callable:
+        def recorded(event_type: str, version: int):
+            handler = lookup(event_type, version)
+            return None if handler is None else cls(handler, results)
+        return recorded
+
+    async def __call__(self, envelope: Envelope, conn: Any, traceparent: str | None = None) -> HandlerResult:
+        result = await self.handler(envelope, conn, traceparent)
+        self.results.append(result)
+        return result
+
+
+class _AsgiService:
+    """An HTTP handler service called in process: the consumer's request to its ASGI app, and its
+    answer read as the consumer reads it."""
+
+    transactional = False
+
+    def __init__(self, app: Any, path: str, secret: str | None, timeout: float) -> None:
+        self.app, self.path, self.secret, self.timeout = app, path, secret, timeout
+
+    async def __call__(self, envelope: Envelope, conn: Any, traceparent: str | None = None) -> HandlerResult:
+        from seamq.http.client import request_of, result_of  # aiohttp: imported only by tests that use it
+
+        data, headers = request_of(envelope, secret=self.secret, traceparent=traceparent)
+        try:
+            status, text = await asyncio.wait_for(_post(self.app, self.path, data, headers), self.timeout)
+        except asyncio.TimeoutError:
+            return HandlerResult.timed_out(self.timeout)
+        return result_of(status, text)
 
 
 def _spy(target: str | Callable, seen: list) -> str | Callable:
@@ -240,11 +277,6 @@ async def _post(app: Any, path: str, body: bytes, headers: dict[str, str]) -> tu
         if status is None:
             return 500, "Internal Server Error"
     return status or 500, b"".join(chunks).decode(errors="replace")
-
-
-class _Rollback(Exception):
-    def __init__(self, result: HandlerResult) -> None:
-        self.result = result
 
 
 # -- pytest fixtures -------------------------------------------------------------------------------

@@ -54,40 +54,56 @@ class DeadLetter:
 Verdict = Ack | Duplicate | Nak | DeadLetter
 
 
-def decide(*, duplicate: bool, rejected: Rejected | None, hold: float | None, result: HandlerResult | None,
+def decide(*, duplicate: bool, rejected: Rejected | None, after: float | None, result: HandlerResult | None,
            attempt: int, max_deliver: int, backoff: Backoff, rng: random.Random | None = None) -> Verdict:
-    """The rules, in the order they apply. `hold` is how long the message's aggregate holds it back
-    (seamq.holds), None when it may run; `result` is the handler's, None when it was not called;
-    `attempt` is the handler's attempt this result came from (1 on the first)."""
+    """The rules, in the order they apply. `after` is how long the message must stay away to come
+    back behind its aggregate's earlier ones that are away (seamq.holds; None: none is); `result`
+    is the handler's, None when it was not called because it is held behind them; `attempt` is the
+    handler's attempt this result came from (1 on the first)."""
     if duplicate:
         return Duplicate()
     if rejected is not None:  # it can never be handled: retrying would only delay the dead letter
         return DeadLetter(rejected.reason, rejected.detail)
-    if hold is not None:  # an earlier message of its aggregate was sent back: wait behind it
-        return Nak(hold)
-    if result is None:
-        raise ValueError("a message that may run needs its handler's result")
+    if result is None:  # held: an earlier message of its aggregate was sent back; it waits behind it
+        if after is None:
+            raise ValueError("a message that may run needs its handler's result")
+        return Nak(after)
     if result.done:
         return Ack()
     if result.outcome == Outcome.POISON:
         return DeadLetter(result.reason or Reason.HANDLER_REJECTED, result.detail or "handler rejected it")
     if attempt >= max_deliver:
         return DeadLetter(Reason.MAX_DELIVER, f"{attempt} attempts; last: {result.detail}")
-    return Nak(backoff.delay(attempt, rng), result.detail or "retry")
+    return _back(backoff.delay(attempt, rng), after, result.detail or "retry")
+
+
+def copy_of(first: Verdict, *, after: float | None) -> Verdict:
+    """A second copy of one message in the same lane is settled as the first was: skipped when the
+    first was handled, sent back behind it when the first was; never run twice."""
+    if isinstance(first, (Ack, Duplicate)):
+        return Duplicate()
+    if isinstance(first, Nak):
+        return _back(first.delay, after, first.error)
+    return first
 
 
 def lane_failed(*, error: str, alone: bool, attempt: int, max_deliver: int, database_away: bool,
-                backoff: Backoff, rng: random.Random | None = None) -> Verdict:
+                backoff: Backoff, after: float | None = None, rng: random.Random | None = None) -> Verdict:
     """The lane's transaction failed, so nothing of it committed: every message comes back, except one
     whose transaction failed alone on its last attempt for a reason other than the database being
     away, which is a bug of ours shown by that message (`consumer_error`). A failure alone counts as
     an attempt (the consumer records it apart); a lane's or the database's does not."""
     if alone and attempt >= max_deliver and not database_away:
         return DeadLetter(Reason.CONSUMER_ERROR, f"its transaction failed on all {attempt} attempts: {error}")
-    return Nak(backoff.delay(attempt, rng), error)
+    return _back(backoff.delay(attempt, rng), after, error)
 
 
 def dead_letter_failed(verdict: DeadLetter, error: str, *, attempt: int, backoff: Backoff,
-                       rng: random.Random | None = None) -> Nak:
+                       after: float | None = None, rng: random.Random | None = None) -> Nak:
     """The DLQ publish failed: the message must not be ACKed; it comes back and is decided again."""
-    return Nak(backoff.delay(attempt, rng), f"DLQ publish failed ({error}); was: {verdict.reason.value}")
+    return _back(backoff.delay(attempt, rng), after, f"DLQ publish failed ({error}); was: {verdict.reason.value}")
+
+
+def _back(delay: float, after: float | None, error: str | None) -> Nak:
+    """A message sent back never comes back before its aggregate's earlier ones that are away."""
+    return Nak(delay if after is None else max(delay, after), error)

@@ -1,4 +1,4 @@
-"""Helpers for the lane's tests over the in-memory ports (tests/memory.py): a consumer spec, events,
+"""Helpers for the lane's tests over the in-memory ports (seamq.memory): a consumer spec, events,
 and publishing into the in-memory deliveries. No services: the unit tier uses them."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 from seamq.model import Event, message_headers
 from seamq.topology import ConsumerSpec
 
-from memory import MemoryDeliveries
+from seamq.memory import MemoryDeliveries
 
 SPEC = ConsumerSpec(name="sea__from_vibespro", target="sea", source="vibespro", stream="VIBESPRO_EVENTS",
                     filter_subject="vibespro.event.>", ack_wait=120, max_deliver=3, max_ack_pending=50, partitions=0,

@@ -14,7 +14,7 @@ import uuid
 from contextlib import asynccontextmanager
 from typing import AsyncIterator
 
-from psycopg import AsyncConnection
+from psycopg import AsyncConnection, Rollback
 from psycopg_pool import AsyncConnectionPool
 
 from seamq.pg.errors import database_away
@@ -50,11 +50,18 @@ class PgInbox:
         return database_away(exc)
 
     @asynccontextmanager
-    async def transaction(self) -> AsyncIterator[AsyncConnection]:
+    async def transaction(self) -> AsyncIterator["PgLaneWork"]:
         async with self.pool.connection() as conn, conn.transaction():
-            yield conn
+            work = PgLaneWork(conn)
+            yield work
+            if work.abandoned:
+                raise Rollback()  # psycopg's way out of a transaction block: rolled back, no error
 
-    async def admit(self, conn: AsyncConnection, items: list[InboxItem]) -> dict[uuid.UUID, tuple[Admission, int]]:
+    async def admit(self, work: "PgLaneWork", items: list[InboxItem]) -> dict[uuid.UUID, tuple[Admission, int]]:
+        work.admissions = admitted = await self._admit(work.conn, items)
+        return admitted
+
+    async def _admit(self, conn: AsyncConnection, items: list[InboxItem]) -> dict[uuid.UUID, tuple[Admission, int]]:
         if not items:
             return {}
         texts = [str(i.message_id) for i in items]
@@ -89,10 +96,11 @@ class PgInbox:
             await conn.execute(query("inbox_duplicate"), dict(consumer=self.consumer, ids=duplicates))
         return admitted
 
-    async def record(self, conn: AsyncConnection, outcomes: list[InboxOutcome]) -> None:
+    async def record(self, work: "PgLaneWork", outcomes: list[InboxOutcome]) -> None:
         """One statement for the rows that change; none on the fast path (every new row handled)."""
         rows = []
         for o in outcomes:
+            new = work.admissions[o.message_id][0] == Admission.NEW
             dead = o.dead_letter
             # A failed attempt goes to the history: a handler's failure, or its dead letter.
             failed = (dead.detail if dead else o.error) if o.attempted and not o.done else None
@@ -103,16 +111,15 @@ class PgInbox:
                              "dlq_subject": dead.dlq_subject, "dlq_seq": dead.dlq_seq})
                 continue
             if o.done:  # a new row went in as processed, with one attempt
-                state = "keep" if o.admission == Admission.NEW and o.attempts == 1 else "processed"
-            elif o.error is not None or o.admission == Admission.NEW:
+                state = "keep" if new and o.attempts == 1 else "processed"
+            elif o.error is not None or new:
                 state = "received"  # failed (with its error), or a new row held back
             else:
                 state = "keep"  # a duplicate, or a row already received held back
             if state != "keep" or o.copies:
                 rows.append({**row, "state": state, "error": _text(o.error) if o.error else None})
         if rows:
-            await conn.execute(query("inbox_record"), dict(consumer=self.consumer, rows=json.dumps(rows)))
-
+            await work.conn.execute(query("inbox_record"), dict(consumer=self.consumer, rows=json.dumps(rows)))
 
     async def failed_alone(self, item: InboxItem, error: str) -> int:
         async with self.pool.connection() as conn, conn.transaction():
@@ -121,6 +128,30 @@ class PgInbox:
                 event_version=item.event_version, occurred_at=item.occurred_at, deliver_at=item.deliver_at,
                 error=_text(error)))
             return (await cur.fetchone())[0]
+
+
+class PgLaneWork:
+    """A lane's transaction: handlers write through `conn`; one savepoint at a time around a handler."""
+
+    __slots__ = ("conn", "admissions", "abandoned")
+
+    def __init__(self, conn: AsyncConnection) -> None:
+        self.conn = conn
+        self.admissions: dict[uuid.UUID, tuple[Admission, int]] = {}
+        self.abandoned = False
+
+    async def savepoint(self) -> None:
+        await self.conn.execute("SAVEPOINT seamq_handler", prepare=False)
+
+    async def release(self) -> None:
+        await self.conn.execute("RELEASE SAVEPOINT seamq_handler", prepare=False)
+
+    async def undo(self) -> None:
+        """Also what ends a failed statement's error state: the lane's own statements go on."""
+        await self.conn.execute("ROLLBACK TO SAVEPOINT seamq_handler", prepare=False)
+
+    def abandon(self) -> None:
+        self.abandoned = True
 
 
 def _text(value: str) -> str:
@@ -150,8 +181,8 @@ class NoInbox:
         return False
 
     @asynccontextmanager
-    async def transaction(self) -> AsyncIterator[None]:
-        yield None
+    async def transaction(self) -> AsyncIterator["NoLaneWork"]:
+        yield NoLaneWork()
 
     async def admit(self, tx, items: list[InboxItem]) -> dict[uuid.UUID, tuple[Admission, int]]:
         return {}
@@ -160,3 +191,17 @@ class NoInbox:
 
     async def failed_alone(self, item: InboxItem, error: str) -> None:
         return None  # nothing counts attempts: the consumer goes by JetStream's deliveries
+
+
+class NoLaneWork:
+    """Nothing to commit or roll back: handlers get no connection, savepoints are nothing."""
+
+    conn = None
+
+    async def savepoint(self) -> None: ...
+
+    async def release(self) -> None: ...
+
+    async def undo(self) -> None: ...
+
+    def abandon(self) -> None: ...

@@ -1,4 +1,8 @@
-"""In-memory stand-ins for the consumer's ports, for the unit tier (tests/test_consumer_unit.py).
+"""In-memory adapters of the consumer's ports: the real InboxConsumer runs over them without services.
+
+seamq.testing (the users' kit) runs their handlers through the real consumer
+on these, so the kit cannot judge a message otherwise than production does;
+seamq's own unit tier runs the consumer's lane on them in milliseconds.
 
 They keep each port's contract, not the adapters' tricks: the inbox records
 states plainly and rolls back with its transaction; deliveries come back after
@@ -13,6 +17,7 @@ import copy
 import uuid
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 from seamq.ports import Admission, InboxItem, InboxOutcome, OutMessage, PubResult
 
@@ -38,11 +43,14 @@ class MemoryInbox:
     @asynccontextmanager
     async def transaction(self):
         before = copy.deepcopy(self.rows)
+        work = MemoryLaneWork(None)
         try:
-            yield self
+            yield work
         except BaseException:
             self.rows = before  # rolled back
             raise
+        if work.abandoned:
+            self.rows = before
 
     async def admit(self, tx, items: list[InboxItem]) -> dict[uuid.UUID, tuple[Admission, int]]:
         out = {}
@@ -83,6 +91,54 @@ class MemoryInbox:
         return row.attempts
 
 
+class MemoryTransaction:
+    """Stands in for a database connection: records what a handler executes. What a savepoint
+    undoes, or an abandoned lane rolls back, is no longer recorded, as in PostgreSQL."""
+
+    def __init__(self) -> None:
+        self.statements: list[tuple[str, Any]] = []
+
+    async def execute(self, query: Any, params: Any = None, **kwargs: Any) -> "MemoryTransaction":
+        self.statements.append((str(query), params))
+        return self
+
+    def cursor(self, *args: Any, **kwargs: Any) -> "MemoryTransaction":
+        return self
+
+    async def __aenter__(self) -> "MemoryTransaction":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        return None
+
+    async def executemany(self, query: Any, params_seq: Any) -> None:
+        for params in params_seq:
+            self.statements.append((str(query), params))
+
+
+class MemoryLaneWork:
+    """A lane's unit of work; `conn`, when there is one, is what handlers write through."""
+
+    def __init__(self, conn: MemoryTransaction | None) -> None:
+        self.conn = conn
+        self.abandoned = False
+        self._start = self._mark = len(conn.statements) if conn else 0
+
+    async def savepoint(self) -> None:
+        self._mark = len(self.conn.statements) if self.conn else 0
+
+    async def release(self) -> None: ...
+
+    async def undo(self) -> None:
+        if self.conn:
+            del self.conn.statements[self._mark:]
+
+    def abandon(self) -> None:
+        self.abandoned = True
+        if self.conn:
+            del self.conn.statements[self._start:]
+
+
 @dataclass
 class MemoryDelivery:
     subject: str
@@ -99,14 +155,17 @@ class MemoryDelivery:
 
     async def nak(self, delay: float | None = None) -> None:
         self.source.naks.append((self.seq, delay))
-        again = MemoryDelivery(self.subject, self.headers, self.data, self.seq, self.source, self.delivered + 1)
-        asyncio.get_running_loop().call_later(delay or 0, lambda: self.source.ready.append(again))
+        if self.source.redeliver:
+            again = MemoryDelivery(self.subject, self.headers, self.data, self.seq, self.source, self.delivered + 1)
+            asyncio.get_running_loop().call_later(delay or 0, lambda: self.source.ready.append(again))
 
 
 class MemoryDeliveries:
-    """A stream of messages and its one consumer: fetch hands out what is ready, in order."""
+    """A stream of messages and its one consumer: fetch hands out what is ready, in order; a NAKed
+    one comes back after its delay (unless `redeliver` is off: the kit looks at one delivery)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, redeliver: bool = True) -> None:
+        self.redeliver = redeliver
         self.ready: list[MemoryDelivery] = []
         self.acked: list[MemoryDelivery] = []
         self.naks: list[tuple[int, float | None]] = []
@@ -115,9 +174,12 @@ class MemoryDeliveries:
         self.max_ack_pending = 1_000_000
         self._stopping = False
 
-    def publish(self, subject: str, headers: dict[str, str], data: bytes) -> None:
+    def publish(self, subject: str, headers: dict[str, str], data: bytes, delivered: int = 1) -> MemoryDelivery:
+        """A message on the stream, ready to fetch (as its `delivered`-th delivery)."""
         self.seq += 1
-        self.ready.append(MemoryDelivery(subject, headers, data, self.seq, self))
+        delivery = MemoryDelivery(subject, headers, data, self.seq, self, delivered)
+        self.ready.append(delivery)
+        return delivery
 
     async def fetch(self, batch: int, timeout: float) -> list[MemoryDelivery]:
         room = self.max_ack_pending - (self.fetched - len(self.acked) - len(self.naks))
