@@ -151,7 +151,7 @@ async def stored_times(nats_url: str) -> dict[str, float]:
         while True:
             try:
                 batch = await sub.fetch(1000, timeout=1.0)
-            except nats.errors.TimeoutError:
+            except asyncio.TimeoutError:  # nats-py raises its own subclass, or this one itself when busy
                 return times
             for msg in batch:
                 times[msg.headers["Nats-Msg-Id"]] = msg.metadata.timestamp.timestamp()

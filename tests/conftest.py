@@ -39,10 +39,13 @@ SERVICES = {"dsn", "empty_dsn", "pg_server", "nats_server", "nats_cluster", "nat
 
 # `make test` runs the suite on several pytest-xdist workers (`--dist loadgroup`): each test goes to
 # whichever worker is free, except these modules, whose tests share one costly service (a module
-# fixture, or the session's Spark JVM) and so stay together on one worker, in order.
+# fixture, or the session's Spark JVM) and so stay together on one worker, in order; and the tests
+# of `seamq dev`, which takes the well-known ports 8080 and 8090 when they are free and checks that
+# it gave them back, so that no other `seamq dev` may hold them meanwhile.
 TOGETHER = {"test_pipeline_cluster": "spark-cluster", "test_pipeline_kpis": "spark", "test_pipeline_lake": "spark",
             "test_pipeline_source": "spark", "test_pipeline_reconcile": "spark", "test_console": "console",
-            "test_jobs_admin_ui": "admin-ui", "test_jobs_sdk_js": "sdk-js", "test_jobs_sdk_python": "sdk-py"}
+            "test_jobs_admin_ui": "admin-ui", "test_jobs_sdk_js": "sdk-js", "test_jobs_sdk_python": "sdk-py",
+            "test_dev": "seamq-dev", "test_first_app": "seamq-dev"}
 
 
 # The other tiers, by what a test needs (pyproject.toml's markers): `pytest -m "not spark and not
@@ -65,7 +68,20 @@ def _tier(module: str, fixtures: set[str]) -> str:
     return "spark" if module in SPARK_MODULES or "spark" in fixtures else "integration"
 
 
+# The longest tests and groups, started first so that none of them is left running alone at the end
+# (longest first: each takes one to six minutes on a busy 2-core machine, where the rest take seconds).
+FIRST = ("test_pipeline_cluster.py", "test_pipeline_lake.py", "test_pipeline_kpis.py", "test_pipeline_source.py",
+         "test_pipeline_reconcile.py", "test_bench.py::test_quick_bench", "cron-overlap-prevention",
+         "cron-fires-on-schedule", "test_secrets.py::test_no_secret_in_any_error_path", "within_10s",
+         "test_jobs_cluster.py", "test_jobs_restart.py")
+
+
+def _rank(item) -> int:
+    return next((i for i, mark in enumerate(FIRST) if mark in item.nodeid), len(FIRST))
+
+
 def pytest_collection_modifyitems(config, items):
+    items.sort(key=_rank)  # stable: the rest keep their order
     for item in items:
         module = item.module.__name__
         item.add_marker(getattr(pytest.mark, _tier(module, set(item.fixturenames))))

@@ -104,6 +104,13 @@ async def run_worker(worker: ojs.Worker):
 async def stop_worker(worker: ojs.Worker, task: asyncio.Task) -> None:
     await worker.stop()
     await asyncio.wait_for(task, 60)
+    await closed(worker)
+
+
+async def closed(worker: ojs.Worker) -> None:
+    """The SDK's worker leaves its HTTP client open when it stops (ojs.Worker.stop, ../shared/ojs-sdks):
+    closed here, so the suite leaves no connection open."""
+    await worker._transport.close()
 
 
 async def test_worker_runs_by_type_with_results_priorities_retries_non_retryable_and_progress(url):
@@ -203,6 +210,7 @@ async def test_cancelling_a_running_job_stops_it(url):
         await until(lambda: _is(client, job.id, "active"), what="the job running")
         await client.cancel_job(job.id)
         await asyncio.wait_for(task, 120)  # the worker stopped on its own
+        await closed(worker)
         assert seen == ["started", "cancelled"]
         assert await state_of(client, job.id) == "cancelled"
 
