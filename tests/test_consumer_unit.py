@@ -34,7 +34,7 @@ class Script:
 
 async def run(source, inbox, dlq, handler, until, **config) -> None:
     consumer = InboxConsumer(SPEC, source, inbox, dlq, lambda t, v: handler,
-                             ConsumerSettings(nak_base=0.01, nak_max=0.02, concurrency=2, **config))
+                             ConsumerSettings(**{"nak_base": 0.01, "nak_max": 0.02, "concurrency": 2, **config}))
     stop = asyncio.Event()
     task = asyncio.create_task(consumer.run(stop))
     for _ in range(400):
@@ -153,14 +153,5 @@ async def test_a_slow_lane_keeps_order_the_grace_runs_from_when_a_message_was_fe
     for n in range(10):
         publish(source, event("f", n))
     publish(source, event("a", 1))
-    consumer = InboxConsumer(SPEC, source, inbox, dlq, lambda t, v: handler,
-                             ConsumerSettings(nak_base=0.01, nak_max=0.02, concurrency=1, lane_batch=1))
-    stop = asyncio.Event()
-    task = asyncio.create_task(consumer.run(stop))
-    for _ in range(400):
-        if len(source.acked) == 12:
-            break
-        await asyncio.sleep(0.01)
-    stop.set()
-    await asyncio.wait_for(task, 5)
+    await run(source, inbox, dlq, handler, lambda: len(source.acked) == 12, concurrency=1, lane_batch=1)
     assert [n for aggregate, n in handler.calls if aggregate == "a"] == [0, 0, 1]
