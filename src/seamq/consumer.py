@@ -242,6 +242,7 @@ class InboxConsumer:
         """admit -> call -> decide, per message in stream order; then record. False: redo (_attempt)."""
         admissions = await self.inbox.admit(work, inbox_items(items))
         first_copy: dict[uuid.UUID, Handling] = {}
+        copies: dict[uuid.UUID, int] = {}  # further copies skipped, by message id: the inbox counts them
         for item in items:
             message_id = item.message_id
             first = first_copy.get(message_id) if message_id is not None else None
@@ -250,6 +251,8 @@ class InboxConsumer:
                 after = self._after(item, pending, holding=False)
                 await self._conclude(item, copy_of(first.verdict, after=after) if first else Duplicate(), pending,
                                      after)
+                if item.copy and isinstance(item.verdict, Duplicate):
+                    copies[message_id] = copies.get(message_id, 0) + 1
                 continue
             if message_id is not None:
                 first_copy[message_id] = item
@@ -268,10 +271,6 @@ class InboxConsumer:
             if result is not None and not result.done:
                 self._failed_attempt(item, result, verdict)
             await self._conclude(item, verdict, pending, after)  # frees what waits behind it, in this lane too
-        copies: dict[uuid.UUID, int] = {}
-        for item in items:
-            if item.copy and isinstance(item.verdict, Duplicate):
-                copies[item.message_id] = copies.get(item.message_id, 0) + 1
         await self.inbox.record(work, [self._outcome(item, copies.get(message_id, 0))
                                        for message_id, item in first_copy.items()])
         return True

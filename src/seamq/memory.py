@@ -139,6 +139,30 @@ class MemoryLaneWork:
             del self.conn.statements[self._start:]
 
 
+class NoInbox:
+    """At-least-once mode (`consumer.inbox: false`): nothing recorded, every delivery handled.
+
+    For handlers that are idempotent on their own, and for measuring what the
+    inbox costs. No exactly-once guarantee comes from seamq in this mode.
+    """
+
+    @staticmethod
+    def unavailable(exc: BaseException) -> bool:
+        return False
+
+    @asynccontextmanager
+    async def transaction(self):
+        yield MemoryLaneWork(None)  # handlers get no connection; savepoints are nothing
+
+    async def admit(self, tx, items: list[InboxItem]) -> dict[uuid.UUID, tuple[Admission, int]]:
+        return {}
+
+    async def record(self, tx, outcomes: list[InboxOutcome]) -> None: ...
+
+    async def failed_alone(self, item: InboxItem, error: str) -> None:
+        return None  # nothing counts attempts: the consumer goes by JetStream's deliveries
+
+
 @dataclass
 class MemoryDelivery:
     subject: str

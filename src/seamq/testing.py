@@ -39,7 +39,7 @@ import pytest
 
 from seamq.consumer import InboxConsumer
 from seamq.envelope import Envelope, HandlerResult, Rejected, parse_message
-from seamq.memory import MemoryDeliveries, MemoryLaneWork, MemoryPublisher, MemoryTransaction
+from seamq.memory import MemoryDeliveries, MemoryLaneWork, MemoryPublisher, MemoryTransaction, NoInbox
 from seamq.model import Event, OutMessage, message_headers, traceparent_for
 from seamq.registry import Registry, import_object
 from seamq.settings import ConsumerSettings
@@ -114,10 +114,10 @@ class Harness:
             handler = Registry(routes=(), default=handler)
         registry = Registry(routes=tuple(dataclasses.replace(r, handler=_spy(r.handler, seen)) for r in handler.routes),
                             default=_spy(handler.default, seen) if handler.default else None)
-        source = source or _context(message)
-        lookup = build_handlers(registry, timeout=self.handler_timeout, source=source, target=context)
+        origin = _context(message)
+        lookup = build_handlers(registry, timeout=self.handler_timeout, source=source or origin, target=context)
         memory = MemoryTransaction() if conn is None else None
-        return await self._through_consumer(message, delivered, lookup, _KitInbox(conn or memory), seen,
+        return await self._through_consumer(message, origin, delivered, lookup, _KitInbox(conn or memory), seen,
                                             memory.statements if memory else [])
 
     async def deliver_http(self, app: Any, event: Event | EventModel | None = None, *, path: str = "/handle",
@@ -128,13 +128,15 @@ class Harness:
         sends (signed with `secret`, carrying the trace), called in process, and its answer read as
         the consumer reads it. The app's lifespan is not run: start what it needs in the test."""
         service = _AsgiService(app, path, secret, self.handler_timeout)
-        return await self._through_consumer(message or self.message(event), delivered, lambda t, v: service,
+        message = message or self.message(event)
+        return await self._through_consumer(message, _context(message), delivered, lambda t, v: service,
                                             _KitInbox(None), [], [])
 
-    async def _through_consumer(self, message, delivered: int, lookup, inbox: "_KitInbox", seen: list,
-                                statements: list) -> Delivered:
+    async def _through_consumer(self, message, origin: str | None, delivered: int, lookup, inbox: "_KitInbox",
+                                seen: list, statements: list) -> Delivered:
+        """`origin`: the context the message comes from, as its subject says (None: not an event's)."""
         subject, headers, body = message
-        context = _context(message) or "testing"
+        context = origin or "testing"
         spec = ConsumerSpec(name="seamq-testing", target=context, source=context, stream="TESTING",
                             filter_subject=subject, ack_wait=30, max_deliver=self.max_deliver, max_ack_pending=1,
                             partitions=0, pinned_ttl=30, replicas=1)
@@ -154,39 +156,22 @@ def _context(message: tuple[str, dict, bytes]) -> str | None:
     return None if isinstance(parsed, Rejected) else parsed.context
 
 
-class _KitInbox:
+class _KitInbox(NoInbox):
     """The consumer's inbox port for one delivery: attempts are the delivery's (nothing is recorded,
     as in at-least-once mode), and the lane's transaction is the test's connection, or `memory`."""
 
     def __init__(self, conn: Any) -> None:
         self.conn = conn
 
-    @staticmethod
-    def unavailable(exc: BaseException) -> bool:
-        return False
-
     @asynccontextmanager
     async def transaction(self):
         if self.conn is None or isinstance(self.conn, MemoryTransaction):
             yield MemoryLaneWork(self.conn)
             return
-        from psycopg import Rollback
+        from seamq.pg.inbox_repo import lane_transaction
 
-        from seamq.pg.inbox_repo import PgLaneWork
-
-        async with self.conn.transaction():
-            work = PgLaneWork(self.conn)
+        async with lane_transaction(self.conn) as work:
             yield work
-            if work.abandoned:
-                raise Rollback()
-
-    async def admit(self, work, items) -> dict:
-        return {}
-
-    async def record(self, work, outcomes) -> None: ...
-
-    async def failed_alone(self, item, error: str) -> None:
-        return None
 
 
 class _Recorded:

@@ -28,7 +28,8 @@ from seamq.nats.partitions import PartitionedDeliveries
 from seamq.observability import log
 from seamq.pg import migrate
 from seamq.pg.dlq_repo import PgDeadLetters
-from seamq.pg.inbox_repo import NoInbox, PgInbox, consumer_session
+from seamq.memory import NoInbox
+from seamq.pg.inbox_repo import PgInbox, consumer_session
 from seamq.pg.notify import PgWakeup
 from seamq.pg.readiness import PgPing
 from seamq.pg.outbox_repo import PgOutbox, relay_session

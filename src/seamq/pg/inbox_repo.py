@@ -51,11 +51,8 @@ class PgInbox:
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator["PgLaneWork"]:
-        async with self.pool.connection() as conn, conn.transaction():
-            work = PgLaneWork(conn)
+        async with self.pool.connection() as conn, lane_transaction(conn) as work:
             yield work
-            if work.abandoned:
-                raise Rollback()  # psycopg's way out of a transaction block: rolled back, no error
 
     async def admit(self, work: "PgLaneWork", items: list[InboxItem]) -> dict[uuid.UUID, tuple[Admission, int]]:
         work.admissions = admitted = await self._admit(work.conn, items)
@@ -100,7 +97,7 @@ class PgInbox:
         """One statement for the rows that change; none on the fast path (every new row handled)."""
         rows = []
         for o in outcomes:
-            new = work.admissions[o.message_id][0] == Admission.NEW
+            new = work.admissions.get(o.message_id, (Admission.NEW, 0))[0] == Admission.NEW
             dead = o.dead_letter
             # A failed attempt goes to the history: a handler's failure, or its dead letter.
             failed = (dead.detail if dead else o.error) if o.attempted and not o.done else None
@@ -128,6 +125,16 @@ class PgInbox:
                 event_version=item.event_version, occurred_at=item.occurred_at, deliver_at=item.deliver_at,
                 error=_text(error)))
             return (await cur.fetchone())[0]
+
+
+@asynccontextmanager
+async def lane_transaction(conn: AsyncConnection) -> AsyncIterator["PgLaneWork"]:
+    """A lane's unit of work on `conn`: it commits when it ends, unless it was abandoned."""
+    async with conn.transaction():
+        work = PgLaneWork(conn)
+        yield work
+        if work.abandoned:
+            raise Rollback()  # psycopg's way out of a transaction block: rolled back, no error
 
 
 class PgLaneWork:
@@ -167,41 +174,3 @@ async def purge_inbox(conn: AsyncConnection, older_than_seconds: float, batch: i
         total += cur.rowcount
         if cur.rowcount < batch:
             return total
-
-
-class NoInbox:
-    """At-least-once mode (`consumer.inbox: false`): nothing recorded, every delivery handled.
-
-    For handlers that are idempotent on their own, and for measuring what the
-    inbox costs. No exactly-once guarantee comes from seamq in this mode.
-    """
-
-    @staticmethod
-    def unavailable(exc: BaseException) -> bool:
-        return False
-
-    @asynccontextmanager
-    async def transaction(self) -> AsyncIterator["NoLaneWork"]:
-        yield NoLaneWork()
-
-    async def admit(self, tx, items: list[InboxItem]) -> dict[uuid.UUID, tuple[Admission, int]]:
-        return {}
-
-    async def record(self, tx, outcomes: list[InboxOutcome]) -> None: ...
-
-    async def failed_alone(self, item: InboxItem, error: str) -> None:
-        return None  # nothing counts attempts: the consumer goes by JetStream's deliveries
-
-
-class NoLaneWork:
-    """Nothing to commit or roll back: handlers get no connection, savepoints are nothing."""
-
-    conn = None
-
-    async def savepoint(self) -> None: ...
-
-    async def release(self) -> None: ...
-
-    async def undo(self) -> None: ...
-
-    def abandon(self) -> None: ...
