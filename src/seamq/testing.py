@@ -203,7 +203,7 @@ class _AsgiService:
         self.app, self.path, self.secret, self.timeout = app, path, secret, timeout
 
     async def __call__(self, envelope: Envelope, conn: Any, traceparent: str | None = None) -> HandlerResult:
-        from seamq.http.client import request_of, result_of  # aiohttp: imported only by tests that use it
+        from seamq.http.client import request_of, result_of  # httptools: imported only by tests that use it
 
         data, headers = request_of(envelope, secret=self.secret, traceparent=traceparent)
         try:

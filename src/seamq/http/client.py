@@ -6,22 +6,21 @@ Status codes map to outcomes: 200 ok, 409 already processed, 422 poison;
 A 422 whose body says `"reason": "schema_mismatch"` (seamq.http.server, for
 a typed handler) is dead-lettered under that reason.
 
-The client is aiohttp, not httpx (the stack's first choice): measured on the
-2-core box against the same uvicorn handler, httpx 0.28 reached 738 req/s
-with 1 connection and fell to 265 req/s with 32 (client CPU-bound), while
-aiohttp reached 2,601 and 4,873 req/s. See docs/benchmarks.md.
+The calls go through seamq.http.wire, a lean HTTP/1.1 client, not through
+httpx (the stack's first choice: 738 req/s with one connection, 265 with 32,
+client CPU-bound on the 2-core box) nor aiohttp (2,601 and 4,873 req/s, but
+its request path cost more CPU per message than the rest of the consumer):
+docs/benchmarks.md, section 4.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-
-import aiohttp
+import re
 
 from seamq.envelope import Envelope, HandlerResult, Outcome, Reason
-from seamq.http import CLIENT_IDLE
 from seamq.http.signing import sign
+from seamq.http.wire import HandlerClient, Target, Unreachable
 from seamq.model import Header, describe
 from seamq.observability import log
 
@@ -31,9 +30,13 @@ _QUIET = {status: HandlerResult(outcome) for status, outcome in _OUTCOMES.items(
           if outcome == Outcome.OK}  # one shared result each, their bodies unread
 
 
-def http_client(max_connections: int = 64) -> aiohttp.ClientSession:
+# W3C Trace Context: a traceparent of another shape is ignored, not passed on (it came with the message).
+_TRACEPARENT = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
+
+
+def http_client(max_connections: int = 64) -> HandlerClient:
     """One pooled keep-alive client per consumer process (create it inside the event loop)."""
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=max_connections, keepalive_timeout=CLIENT_IDLE))
+    return HandlerClient(limit=max_connections)
 
 
 class Refusals:
@@ -62,11 +65,11 @@ class Refusals:
 class HttpHandler:
     transactional = False
 
-    def __init__(self, url: str, *, client: aiohttp.ClientSession, secret: str | None = None,
+    def __init__(self, url: str, *, client: HandlerClient, secret: str | None = None,
                  timeout: float = 10.0, refusals: Refusals | None = None) -> None:
         self.url, self.client, self.secret, self.timeout = url, client, secret, timeout
         self.refusals = refusals
-        self._timeout = aiohttp.ClientTimeout(total=timeout)  # one for every call
+        self._target = Target(url)  # parsed once
 
     def __repr__(self) -> str:
         return f"HttpHandler({self.url})"
@@ -74,11 +77,10 @@ class HttpHandler:
     async def __call__(self, envelope: Envelope, conn=None, traceparent: str | None = None) -> HandlerResult:
         body, headers = request_of(envelope, secret=self.secret, traceparent=traceparent)
         try:
-            async with self.client.post(self.url, data=body, headers=headers, timeout=self._timeout) as response:
-                status, answer = response.status, await response.read()
-        except (asyncio.TimeoutError, TimeoutError):
+            status, answer = await self.client.post(self._target, body, headers, self.timeout)
+        except TimeoutError:
             return HandlerResult.timed_out(self.timeout)
-        except aiohttp.ClientError as exc:
+        except (Unreachable, OSError) as exc:
             return HandlerResult(Outcome.RETRY, f"handler unreachable: {describe(exc)}")
         if status in _QUIET:  # the common answer: nothing in its body is read
             if self.refusals is not None and self.refusals.refusing:
@@ -97,7 +99,7 @@ def request_of(envelope: Envelope, *, secret: str | None = None,
     headers = {"content-type": "application/json"}
     if secret:
         headers[Header.SIGNATURE] = sign(secret, body)
-    if traceparent:
+    if traceparent and _TRACEPARENT.fullmatch(traceparent):
         headers["traceparent"] = traceparent
     return body, headers
 
