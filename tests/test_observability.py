@@ -48,3 +48,16 @@ def test_remote_context_defers_to_configured_propagators():
     finally:
         propagate.set_global_textmap(before)
     assert trace.get_current_span(remote_context({"traceparent": VALID})).get_span_context().is_valid
+
+
+def test_a_traceparent_is_passed_on_to_a_handler_only_in_w3c_shape_and_current_only_for_code_here():
+    """It came with the message: one with a line break or any other shape must not reach a request's head."""
+    from seamq.observability import continue_trace
+
+    for here in (True, False):
+        for given, passed in ((VALID, VALID), (VALID + "\r\nX-Evil: 1", None), ("zz" + VALID[2:], None),
+                              ("00-" + "é" * 32 + VALID[35:], None), (None, None)):
+            with continue_trace("s.event.e.v1", {} if given is None else {"traceparent": given}, here=here) as out:
+                assert out == passed, (given, here)
+                current = trace.get_current_span().get_span_context()
+                assert current.is_valid == (here and passed is not None), (given, here)

@@ -316,7 +316,7 @@ class InboxConsumer:
         to undo its writes alone). `work.conn` is what in-process handlers write through."""
         envelope = item.envelope
         handler = item.handler
-        with continue_trace(envelope.subject, item.msg.headers) as traceparent:
+        with continue_trace(envelope.subject, item.msg.headers, here=handler.transactional) as traceparent:
             if not handler.transactional:  # kept across a lane's redo: an HTTP handler is never called twice
                 if item.http_result is None:
                     item.http_result = await self._guarded(item, handler(envelope, None, traceparent))

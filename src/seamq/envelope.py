@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 from enum import Enum
 from typing import Any, Generic, Mapping, TypeVar
 
+from seamq import codec
 from seamq.model import EventSubject, Header, SeamqError
 
 
@@ -69,9 +70,9 @@ class Envelope(Generic[P]):
         """The SDS-047 §12 request body as JSON bytes, the payload spliced in as its producer encoded it."""
         fields = self.to_json()
         if self.payload_json is None:
-            return json.dumps(fields, separators=(",", ":")).encode()
+            return codec.dumps(fields)
         del fields["payload"]
-        return json.dumps(fields, separators=(",", ":")).encode()[:-1] + b',"payload":' + self.payload_json + b"}"
+        return codec.dumps(fields)[:-1] + b',"payload":' + self.payload_json + b"}"
 
     def to_json(self) -> dict[str, Any]:
         """The SDS-047 §12 request body."""

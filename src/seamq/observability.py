@@ -126,6 +126,7 @@ class ConsumerMetrics:
 
 # W3C trace-context version 00, as the relay writes it (model.traceparent_for).
 _TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
+_PASSABLE = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")  # any version's first fields
 _DEFAULT_FIELDS = frozenset({"traceparent", "tracestate", "baggage"})
 _seen_default: list[object] = [None]  # the configured propagator last seen to be the default ones
 
@@ -161,17 +162,26 @@ def remote_context(headers: Mapping[str, str]) -> context.Context:
 
 
 @contextlib.contextmanager
-def continue_trace(subject: str, headers: dict[str, str]):
-    """Continue the message's trace around the handler; yields the traceparent to pass on.
+def continue_trace(subject: str, headers: dict[str, str], *, here: bool = True):
+    """Continue the message's trace around the handler; yields the traceparent to pass on, or None
+    when the message's is not of W3C's shape (it came with the message: it is ignored, as the
+    standard says, not written into a request).
 
     With no OpenTelemetry SDK configured there is nothing to record, so the
     incoming traceparent is passed through as is (and the per-message cost of
-    starting a span and injecting is skipped).
+    starting a span and injecting is skipped); `here` False (an HTTP handler:
+    no code of this process runs under the trace) skips making it current too.
     """
+    passed = headers.get("traceparent")
+    if passed is not None and _PASSABLE.fullmatch(passed) is None:
+        passed = None
     if not recording():
+        if not here:
+            yield passed
+            return
         token = context.attach(remote_context(headers))  # handlers still see the trace as current
         try:
-            yield headers.get("traceparent")
+            yield passed
         finally:
             context.detach(token)
         return
@@ -179,7 +189,7 @@ def continue_trace(subject: str, headers: dict[str, str]):
                                       kind=trace.SpanKind.CONSUMER):
         carrier: dict[str, str] = {}
         propagate.inject(carrier)
-        yield carrier.get("traceparent") or headers.get("traceparent")
+        yield carrier.get("traceparent") or passed
 
 
 def recording() -> bool:

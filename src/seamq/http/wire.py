@@ -63,12 +63,12 @@ class HandlerClient:
         pool = self._pools.get(target.origin) or self._pool(target)
         request = b"".join((target.head, *(f"{k}: {v}\r\n".encode("latin-1") for k, v in headers.items()),
                             b"Content-Length: %d\r\n\r\n" % len(body), body))
-        async with asyncio.timeout(timeout):
-            conn = await pool.take()
-            try:
-                return await conn.exchange(request)
-            finally:
-                pool.give_back(conn)
+        deadline = pool.loop.time() + timeout
+        conn = pool.take_idle() or await asyncio.wait_for(pool.take(), timeout)
+        try:
+            return await conn.exchange(request, deadline)
+        finally:
+            pool.give_back(conn)
 
     async def close(self) -> None:
         for pool in self._pools.values():
@@ -93,7 +93,8 @@ class _Pool:
         self.waiting: deque[asyncio.Future] = deque()
         self.loop = asyncio.get_running_loop()
 
-    async def take(self) -> "_Connection":
+    def take_idle(self) -> "_Connection | None":
+        """The most recently used idle connection still open and fresh, if there is one."""
         now = self.loop.time()
         while self.idle and now - self.idle[0].since > self.idle_for:  # the oldest first: stale ones go
             self._drop(self.idle.popleft())
@@ -102,6 +103,10 @@ class _Pool:
             if conn.open:
                 return conn
             self._drop(conn)  # closed by the server while idle
+        return None
+
+    async def take(self) -> "_Connection":
+        """A new connection, or one handed back, when the limit lets (take_idle found none)."""
         while self.count >= self.limit:
             waiter = self.loop.create_future()
             self.waiting.append(waiter)
@@ -160,6 +165,7 @@ class _Connection(asyncio.Protocol):
         self.parser = httptools.HttpResponseParser(self)
         self.transport: asyncio.Transport | None = None
         self.waiter: asyncio.Future | None = None
+        self.timer: asyncio.TimerHandle | None = None
         self.body: list[bytes] = []
         self.kept = 0
         self.status = 0  # of the answer whose head has come in
@@ -167,19 +173,28 @@ class _Connection(asyncio.Protocol):
         self.reusable = False
         self.since = 0.0
 
-    def exchange(self, request: bytes) -> asyncio.Future:
+    def exchange(self, request: bytes, deadline: float) -> asyncio.Future:
         if not self.open:  # closed by the server since it was handed over
             raise Unreachable("the server closed the connection before the request")
         self.reusable = False  # until a whole answer says it may be
         self.body, self.kept, self.status = [], 0, 0
         self.waiter = self.loop.create_future()
+        # A timer handle, not asyncio.timeout: a third of the cost, and a late answer cannot be taken
+        # for the next call's, since the connection is closed with the call.
+        self.timer = self.loop.call_at(deadline, self._expire)
         self.transport.write(request)
         return self.waiter
 
     def close(self) -> None:
         self.open = self.reusable = False
+        if self.timer is not None:
+            self.timer.cancel()
         if self.transport is not None:
             self.transport.close()
+
+    def _expire(self) -> None:
+        self._settle(TimeoutError())
+        self.close()
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -220,6 +235,8 @@ class _Connection(asyncio.Protocol):
         self._settle((self.status, b"".join(self.body)))
 
     def _settle(self, outcome: tuple[int, bytes] | Exception) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
         waiter, self.waiter = self.waiter, None
         if waiter is None or waiter.done():  # nobody asked, or the caller gave up
             return

@@ -15,7 +15,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from seamq.jobs import codec
+from seamq import codec
 from seamq.jobs.model import OjsError, invalid
 
 MEDIA_TYPE = "application/openjobspec+json"

@@ -19,7 +19,8 @@ import uuid
 from datetime import datetime, timezone
 from typing import Any, Callable
 
-from seamq.jobs import codec, model
+from seamq import codec
+from seamq.jobs import model
 from seamq.jobs.activity import Meter
 from seamq.jobs.ports import JobStore
 from seamq.observability import log

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from seamq.jobs import codec
+from seamq import codec
 
 SCHEDULED, AVAILABLE, ACTIVE, RETRYABLE = "scheduled", "available", "active", "retryable"
 COMPLETED, DISCARDED, CANCELLED = "completed", "discarded", "cancelled"

@@ -1,6 +1,7 @@
-"""JSON as the job server reads and writes it: orjson, which on the server's hot path (a record
-encoded at each change, a body read and an answer written per request) costs a fifth of the
-standard library, with the standard library where orjson would not give the same job back.
+"""JSON as the job server reads and writes it, and the consumer's HTTP requests are written: orjson,
+which on a hot path (a job record encoded at each change, a body read and an answer written per
+request; an envelope per handler call) costs a fifth of the standard library, with the standard
+library where orjson would not give the same value back.
 
 What is read is what the standard library reads, less NaN, Infinity and numbers beyond a double:
 they are not JSON (RFC 8259), and a job holding one was written back as `NaN`, which no client's
