@@ -11,7 +11,8 @@ import pytest
 
 from starlette.requests import Request
 
-from seamq.jobs import attempts, codec, model, unique
+from seamq import codec
+from seamq.jobs import attempts, model, unique
 from seamq.jobs.api import body_of
 from seamq.jobs.model import OjsError, RetryPolicy
 
