@@ -137,6 +137,7 @@ def test_fingerprint_ignores_key_order():
 
 
 @pytest.mark.parametrize("text", [b'{"args":[123456789012345678901234567890]}', b'{"args":[18446744073709551616]}',
+                                  b'{"args":[-9223372036854775809]}',  # 19 digits, below a signed 64-bit
                                   b'{"args":["\\ud800"]}', b'\xef\xbb\xbf{"args":[1]}', '{"args":["é"]}'.encode("utf-16"),
                                   b'{"args":[1.5,-0,1e16,"\\u00e9",{"a":1,"a":2}]}'])
 def test_codec_reads_what_the_standard_library_reads_and_gives_the_same_job_back(text):

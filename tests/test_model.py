@@ -123,3 +123,19 @@ def test_a_dead_letters_stored_state_is_read_typed_and_a_wrong_value_is_left_out
     assert state.dead_lettered_at == datetime(2026, 11, 26, 15, 0, 0, 123456, tzinfo=timezone.utc)
     assert state.next_replay_at is None and state.closed and state.edited_as == "b7f0"
     assert State.of(None) == State() and not State().closed and State().replay_attempts == 0
+
+
+@pytest.mark.parametrize("data", [
+    b'{"n": NaN, "i": Infinity, "big": 1e400}', b'{"n": 123456789012345678901234567890}',
+    b'{"n": -9223372036854775809, "m": 18446744073709551615}', b'{"s": "\\ud800", "d": {"a": 1, "a": 2}}',
+    b'{"f": [1.0000000000000000001, -0.0, 5e-324, 1.7976931348623157e308]}', b'{"deep": ' + b'[' * 500 + b']' * 500 + b'}',
+])
+def test_a_payload_reads_exactly_as_the_standard_library_reads_it(data):
+    """orjson reads most payloads; where it would read one otherwise (a float for a long integer) or
+    not at all (NaN), the standard library does: a producer's payload is not ours to change or refuse."""
+    import json
+
+    payload = _envelope(data).payload
+    expected = json.loads(data)
+    assert repr(payload) == repr(expected)  # types too: 1 is not 1.0, NaN is NaN
+    assert [type(v) for v in payload.values()] == [type(v) for v in expected.values()]

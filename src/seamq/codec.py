@@ -5,8 +5,9 @@ library where orjson would not give the same value back.
 
 What is read is what the standard library reads, less NaN, Infinity and numbers beyond a double:
 they are not JSON (RFC 8259), and a job holding one was written back as `NaN`, which no client's
-parser reads. An integer of 20 digits or more is read by the standard library, exactly:
-orjson would read one beyond 64 bits as a float and change a user's args without a word. What
+parser reads. An integer of 19 digits or more is read by the standard library, exactly:
+orjson would read one beyond 64 bits (or below a signed 64-bit's least, -2**63, which has 19
+digits) as a float and change a user's args without a word. What
 orjson cannot write (an integer beyond 64 bits, a lone surrogate) is written by the standard
 library, with ASCII escapes.
 """
@@ -20,7 +21,7 @@ from typing import Any, Callable
 
 import orjson
 
-_LONG_INTEGER = re.compile(rb"\d{20}")
+_LONG_INTEGER = re.compile(rb"\d{19}")
 
 
 def _refuse(constant: str) -> Any:
@@ -41,6 +42,17 @@ def loads(data: bytes) -> Any:
         except orjson.JSONDecodeError:  # not JSON; or a BOM, UTF-16 or a lone surrogate, which json reads
             pass
     return json.loads(data, parse_constant=_refuse, parse_float=_finite)
+
+
+def read(data: bytes) -> Any:
+    """Exactly what json.loads reads, NaN and all (a message's payload is the producer's, not ours to
+    refuse): orjson where it reads the same."""
+    if _LONG_INTEGER.search(data) is None:
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError:
+            pass
+    return json.loads(data)
 
 
 def dumps(value: Any, default: Callable[[Any], Any] | None = None) -> bytes:

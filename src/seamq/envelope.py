@@ -207,10 +207,10 @@ def _load(data: bytes | str) -> tuple[Any, bytes | None]:
     surrogatepass) are loaded as before and encoded again when sent."""
     if isinstance(data, bytes) and json.detect_encoding(data) == "utf-8":
         try:
-            text = data.decode()
+            data.decode()
         except UnicodeDecodeError:
             return json.loads(data), None
-        return json.loads(text), data
+        return codec.read(data), data
     return json.loads(data), None
 
 

@@ -8,7 +8,6 @@ than publishing it).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import re
 import sys
@@ -161,35 +160,44 @@ def remote_context(headers: Mapping[str, str]) -> context.Context:
     return trace.set_span_in_context(span)
 
 
-@contextlib.contextmanager
-def continue_trace(subject: str, headers: dict[str, str], *, here: bool = True):
-    """Continue the message's trace around the handler; yields the traceparent to pass on, or None
-    when the message's is not of W3C's shape (it came with the message: it is ignored, as the
-    standard says, not written into a request).
+class continue_trace:
+    """Continue the message's trace around the handler (`with continue_trace(...) as traceparent`);
+    gives the traceparent to pass on, or None when the message's is not of W3C's shape (it came with
+    the message: it is ignored, as the standard says, not written into a request).
 
     With no OpenTelemetry SDK configured there is nothing to record, so the
     incoming traceparent is passed through as is (and the per-message cost of
     starting a span and injecting is skipped); `here` False (an HTTP handler:
     no code of this process runs under the trace) skips making it current too.
+    A class, not a generator: it runs once per message.
     """
-    passed = headers.get("traceparent")
-    if passed is not None and _PASSABLE.fullmatch(passed) is None:
-        passed = None
-    if not recording():
-        if not here:
-            yield passed
-            return
-        token = context.attach(remote_context(headers))  # handlers still see the trace as current
-        try:
-            yield passed
-        finally:
-            context.detach(token)
-        return
-    with tracer.start_as_current_span(f"handle {subject}", context=remote_context(headers),
-                                      kind=trace.SpanKind.CONSUMER):
+
+    __slots__ = ("subject", "headers", "here", "_token", "_span")
+
+    def __init__(self, subject: str, headers: Mapping[str, str], *, here: bool = True) -> None:
+        self.subject, self.headers, self.here = subject, headers, here
+        self._token = self._span = None
+
+    def __enter__(self) -> str | None:
+        passed = self.headers.get("traceparent")
+        if passed is not None and _PASSABLE.fullmatch(passed) is None:
+            passed = None
+        if not recording():
+            if self.here:  # handlers still see the trace as current
+                self._token = context.attach(remote_context(self.headers))
+            return passed
+        self._span = tracer.start_as_current_span(f"handle {self.subject}", context=remote_context(self.headers),
+                                                  kind=trace.SpanKind.CONSUMER)
+        self._span.__enter__()
         carrier: dict[str, str] = {}
         propagate.inject(carrier)
-        yield carrier.get("traceparent") or passed
+        return carrier.get("traceparent") or passed
+
+    def __exit__(self, *exc_info) -> None:
+        if self._span is not None:
+            self._span.__exit__(*exc_info)
+        elif self._token is not None:
+            context.detach(self._token)
 
 
 def recording() -> bool:

@@ -9,7 +9,6 @@ differs from "handled").
 
 from __future__ import annotations
 
-import json
 import uuid
 from contextlib import asynccontextmanager
 from typing import AsyncIterator
@@ -17,6 +16,7 @@ from typing import AsyncIterator
 from psycopg import AsyncConnection, Rollback
 from psycopg_pool import AsyncConnectionPool
 
+from seamq import codec
 from seamq.pg.errors import database_away
 from seamq.pg.sql import query
 from seamq.ports import Admission, InboxItem, InboxOutcome
@@ -63,11 +63,11 @@ class PgInbox:
             return {}
         texts = [str(i.message_id) for i in items]
         by_text = {text: i.message_id for text, i in zip(texts, items)}
-        rows = json.dumps([
+        rows = codec.dumps([
             [text, i.subject, i.event_type, i.event_version, i.occurred_at.isoformat() if i.occurred_at else None,
              i.deliver_at.isoformat() if i.deliver_at else None]
             for text, i in zip(texts, items)
-        ])
+        ]).decode()
         cur = await conn.execute(query("inbox_insert"), dict(consumer=self.consumer, items=rows))
         admitted = {by_text[text]: (Admission.NEW, 0) for (text,) in await cur.fetchall()}
         existing = [i for i in items if i.message_id not in admitted]
@@ -116,7 +116,7 @@ class PgInbox:
             if state != "keep" or o.copies:
                 rows.append({**row, "state": state, "error": _text(o.error) if o.error else None})
         if rows:
-            await work.conn.execute(query("inbox_record"), dict(consumer=self.consumer, rows=json.dumps(rows)))
+            await work.conn.execute(query("inbox_record"), dict(consumer=self.consumer, rows=codec.dumps(rows).decode()))
 
     async def failed_alone(self, item: InboxItem, error: str) -> int:
         async with self.pool.connection() as conn, conn.transaction():
