@@ -245,7 +245,16 @@ async def test_a_cron_tick_fired_twice_enqueues_one_job(servers, store, clock):
     await one.crontab.fire(timer.key, timer.token["attempt"])
     await other.crontab.fire(timer.key, timer.token["attempt"])
     assert len(await one.ops.fetch(["cr"], 5, "w")) == 1
-    assert [c["name"] for c in other.crontab.listing()] == ["every"]
+    assert [c["name"] for c in await other.crontab.listing()] == ["every"]
+
+
+async def test_a_cron_registered_or_deleted_through_one_server_is_listed_so_by_another_at_once(servers):
+    """Behind a load balancer, a list right after a delete goes to any server (conformance L2-CRON-003)."""
+    one, other = servers
+    await one.crontab.register({"name": "nightly", "expression": "0 0 * * *", "job_template": job(queue="cr")})
+    assert [c["name"] for c in await other.crontab.listing()] == ["nightly"]
+    await one.crontab.delete("nightly")
+    assert await other.crontab.listing() == []
 
 
 async def test_a_job_whose_lease_ran_out_is_back_in_its_queue_when_read(servers, clock):

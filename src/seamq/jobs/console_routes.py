@@ -21,12 +21,12 @@ from seamq.jobs.unique import fingerprint
 
 def console_routes(engine: Engine) -> list[Route]:
     async def crons(request: Request) -> Response:
-        rows = [{**c, "id": c["name"], "schedule": c["expression"]} for c in engine.crontab.listing()]
+        rows = [{**c, "id": c["name"], "schedule": c["expression"]} for c in await engine.crontab.listing()]
         return answer(admin.paged(rows, request.query_params))
 
     async def cron(request: Request) -> Response:
         name = request.path_params["name"]
-        found = next((c for c in engine.crontab.listing() if c["name"] == name), None)
+        found = next((c for c in await engine.crontab.listing() if c["name"] == name), None)
         if found is None:
             raise OjsError(404, "not_found", f"cron {name} not found")
         return answer({**found, "id": found["name"], "schedule": found["expression"]})

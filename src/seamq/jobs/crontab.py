@@ -58,8 +58,10 @@ class Crontab:
             await self.store.disarm("cron", record["_key"])
         return cron.public(record)
 
-    def listing(self) -> list[dict]:
-        return sorted((cron.public(r) for r in self.queues.of("cron.")), key=lambda c: c["name"])
+    async def listing(self) -> list[dict]:
+        """Read from the store, not this server's followed copy: a cron another server has just
+        registered or deleted is listed as it is now (the conformance suite lists right after)."""
+        return sorted((cron.public(r) for r, _ in await self.store.scan("cron.")), key=lambda c: c["name"])
 
     async def delete(self, name: str) -> dict:
         record, _ = await self._load(name)

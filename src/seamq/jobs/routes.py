@@ -131,7 +131,7 @@ def core(engine: Engine, conformance_level: int) -> list[Route]:
         return answer({"cron": registered, "cron_job": registered}, 201)
 
     async def list_crons(request: Request) -> Response:
-        crons, pagination = page(engine.crontab.listing(), request)
+        crons, pagination = page(await engine.crontab.listing(), request)
         return answer({"crons": crons, "cron_jobs": crons, "pagination": pagination})
 
     async def delete_cron(request: Request) -> Response:
