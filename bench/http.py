@@ -81,6 +81,24 @@ async def raw_aiohttp(url: str, count: int, size: int) -> tuple[float, list[floa
         return await _drive(post, count)
 
 
+async def raw_wire(url: str, count: int, size: int) -> tuple[float, list[float]]:
+    """seamq's own handler client (seamq.http.wire), bare: what the consumer's calls cost on their own."""
+    from seamq.http.wire import HandlerClient, Target
+
+    body, target = _body(size), Target(url)
+    client = HandlerClient(limit=CONCURRENCY)
+
+    async def post():
+        status, _ = await client.post(target, body.replace('""', f'"{uuid.uuid4()}"', 1).encode(),
+                                      {"content-type": "application/json"}, 10)
+        assert status == 200
+
+    try:
+        return await _drive(post, count)
+    finally:
+        await client.close()
+
+
 async def run(count: int, size: int) -> Result:
     count = max(500, count // 5)  # HTTP is slower: a fifth of the events keeps the run short
     result = Result("http")
@@ -89,7 +107,7 @@ async def run(count: int, size: int) -> Result:
     server = serve_http_app(port)
     try:
         ms = lambda v: round(v * 1000, 2)  # noqa: E731
-        for name, client in (("httpx", raw_httpx), ("aiohttp", raw_aiohttp)):
+        for name, client in (("httpx", raw_httpx), ("aiohttp", raw_aiohttp), ("seamq.http.wire", raw_wire)):
             cpu = CpuWindow(server=(server.pid,))
             cpu.start()
             started = time.process_time()

@@ -59,7 +59,9 @@ def summary(results: list[Result]) -> Result:
         _line(out, "p99 commit -> handler at 2k events/s (ms)", e2e["p99_ms"], "-", "<= 20", e2e["p99_ms"] <= 20)
     stages = [("relay", "raw pipelined publish", "relay x1", "cpu_us_relay", "relay: CPU per event vs nats-py's bare publisher"),
               ("consumer", "raw fetch + ack", "seamq consume x1", "cpu_us_consumer",
-               "consumer (inbox, in-process): CPU per message vs nats-py's bare fetch + ack")]
+               "consumer (inbox, in-process): CPU per message vs nats-py's bare fetch + ack"),
+              ("http", "raw seamq.http.wire", "seamq consume", "cpu_us_client",
+               "HTTP mode: consumer CPU per message vs its handler client's bare request (seamq.http.wire)")]
     for scenario, floor_case, our_case, column, label in stages:
         rows = _rows(results, scenario)
         floor, ours = _row(rows, floor_case), _row(rows, our_case)

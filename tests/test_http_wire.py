@@ -183,6 +183,9 @@ async def test_https_with_the_systems_trust_store(tmp_path, monkeypatch):
 def test_a_target_is_an_http_url_with_a_host():
     assert Target("http://[::1]:8080/h?x=1").head.startswith(b"POST /h?x=1 HTTP/1.1\r\nHost: [::1]:8080\r\n")
     assert Target("https://handlers.example/").head.startswith(b"POST / HTTP/1.1\r\nHost: handlers.example\r\n")
+    assert Target("http://bücher.example/h é?q=ü").head.startswith(
+        b"POST /h%20%C3%A9?q=%C3%BC HTTP/1.1\r\nHost: xn--bcher-kva.example\r\n")
+    assert b"\r\nAuthorization: Basic dTpwIHc=\r\n" in Target("http://u:p%20w@127.0.0.1:9/h").head  # u:p w
     for bad in ("ftp://x/handle", "http:///handle", "handlers:8080/handle"):
         with pytest.raises(ValueError, match="not an http"):
             Target(bad)

@@ -17,15 +17,17 @@ memory.
 from __future__ import annotations
 
 import asyncio
+import base64
 import ssl
 from collections import deque
-from urllib.parse import urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 import httptools
 
 from seamq.http import CLIENT_IDLE
 
 MAX_ANSWER = 64 * 1024
+_URL_SAFE = "/?&=%:@!$'()*+,;~"  # kept as written in a path and query; anything else is percent-encoded
 
 
 class Unreachable(Exception):
@@ -43,11 +45,14 @@ class Target:
         self.host = parts.hostname
         self.port = parts.port or (443 if self.tls else 80)
         default = parts.port is None
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        host = f"[{self.host}]" if ":" in self.host else self.host.encode("idna").decode()
+        path = quote((parts.path or "/") + (f"?{parts.query}" if parts.query else ""), safe=_URL_SAFE)
         self.origin = (parts.scheme, self.host, self.port)
-        self.head = (f"POST {path} HTTP/1.1\r\nHost: {host}{'' if default else f':{self.port}'}\r\n"
-                     "User-Agent: seamq\r\n").encode("latin-1")
+        head = f"POST {path} HTTP/1.1\r\nHost: {host}{'' if default else f':{self.port}'}\r\nUser-Agent: seamq\r\n"
+        if parts.username is not None:  # http://user:password@host/...: Basic authentication, as aiohttp sent
+            pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
+            head += f"Authorization: Basic {base64.b64encode(pair).decode()}\r\n"
+        self.head = head.encode("latin-1")
 
 
 class HandlerClient:
