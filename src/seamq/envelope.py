@@ -207,7 +207,7 @@ def _load(data: bytes | str) -> tuple[Any, bytes | None]:
     surrogatepass) are loaded as before and encoded again when sent."""
     if isinstance(data, bytes) and json.detect_encoding(data) == "utf-8":
         try:
-            data.decode()
+            data.decode()  # strict UTF-8, or not sendable as it came
         except UnicodeDecodeError:
             return json.loads(data), None
         return codec.read(data), data
