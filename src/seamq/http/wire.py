@@ -105,7 +105,7 @@ class _Pool:
             self._drop(self.idle.popleft())
         while self.idle:
             conn = self.idle.pop()
-            if conn.open:
+            if conn.usable:
                 return conn
             self._drop(conn)  # closed by the server while idle
         return None
@@ -179,7 +179,7 @@ class _Connection(asyncio.Protocol):
         self.since = 0.0
 
     def exchange(self, request: bytes, deadline: float) -> asyncio.Future:
-        if not self.open:  # closed by the server since it was handed over
+        if not self.usable:  # closed by the server since it was handed over
             raise Unreachable("the server closed the connection before the request")
         self.reusable = False  # until a whole answer says it may be
         self.body, self.kept, self.status = [], 0, 0
@@ -189,6 +189,11 @@ class _Connection(asyncio.Protocol):
         self.timer = self.loop.call_at(deadline, self._expire)
         self.transport.write(request)
         return self.waiter
+
+    @property
+    def usable(self) -> bool:
+        """Open, and not closing: between a server's FIN and connection_lost, asyncio would drop a write."""
+        return self.open and self.transport is not None and not self.transport.is_closing()
 
     def close(self) -> None:
         self.open = self.reusable = False
