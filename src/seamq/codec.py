@@ -35,24 +35,15 @@ def _finite(text: str) -> float:
     return number
 
 
-def loads(data: bytes) -> Any:
+def loads(data: bytes, *, strict: bool = True) -> Any:
+    """`strict` (the job server's bodies): NaN, Infinity and numbers beyond a double refused. Not
+    strict (a message's payload, the producer's and not ours to refuse): exactly what json.loads reads."""
     if _LONG_INTEGER.search(data) is None:
         try:
             return orjson.loads(data)
         except orjson.JSONDecodeError:  # not JSON; or a BOM, UTF-16 or a lone surrogate, which json reads
             pass
-    return json.loads(data, parse_constant=_refuse, parse_float=_finite)
-
-
-def read(data: bytes) -> Any:
-    """Exactly what json.loads reads, NaN and all (a message's payload is the producer's, not ours to
-    refuse): orjson where it reads the same."""
-    if _LONG_INTEGER.search(data) is None:
-        try:
-            return orjson.loads(data)
-        except orjson.JSONDecodeError:
-            pass
-    return json.loads(data)
+    return json.loads(data, parse_constant=_refuse, parse_float=_finite) if strict else json.loads(data)
 
 
 def dumps(value: Any, default: Callable[[Any], Any] | None = None) -> bytes:

@@ -210,7 +210,7 @@ def _load(data: bytes | str) -> tuple[Any, bytes | None]:
             data.decode()  # strict UTF-8, or not sendable as it came
         except UnicodeDecodeError:
             return json.loads(data), None
-        return codec.read(data), data
+        return codec.loads(data, strict=False), data
     return json.loads(data), None
 
 

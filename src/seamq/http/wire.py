@@ -119,7 +119,10 @@ class _Pool:
                 conn = await waiter
             except BaseException:
                 if waiter.done() and not waiter.cancelled():  # handed over as we gave up: pass it on
-                    self.give_back(waiter.result()) if waiter.result() is not None else self._wake(None)
+                    if waiter.result() is None:
+                        self._wake(None)
+                    else:
+                        self.give_back(waiter.result())
                 raise
             if conn is not None:
                 return conn
@@ -174,7 +177,6 @@ class _Connection(asyncio.Protocol):
         self.body: list[bytes] = []
         self.kept = 0
         self.status = 0  # of the answer whose head has come in
-        self.open = True
         self.reusable = False
         self.since = 0.0
 
@@ -192,11 +194,12 @@ class _Connection(asyncio.Protocol):
 
     @property
     def usable(self) -> bool:
-        """Open, and not closing: between a server's FIN and connection_lost, asyncio would drop a write."""
-        return self.open and self.transport is not None and not self.transport.is_closing()
+        """Connected and not closing (closed by either side: between a server's FIN and connection_lost,
+        asyncio would drop a write)."""
+        return self.transport is not None and not self.transport.is_closing()
 
     def close(self) -> None:
-        self.open = self.reusable = False
+        self.reusable = False
         if self.timer is not None:
             self.timer.cancel()
         if self.transport is not None:
@@ -221,7 +224,7 @@ class _Connection(asyncio.Protocol):
             self.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.open = self.reusable = False
+        self.reusable = False
         if self.status >= 200:  # the head came, so it answered (and a body that runs to the close ends)
             self._settle((self.status, b"".join(self.body)))
         else:

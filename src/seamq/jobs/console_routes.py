@@ -15,7 +15,7 @@ from starlette.routing import Route
 from seamq.jobs import admin
 from seamq.jobs.api import answer, body_of
 from seamq.jobs.engine import Engine
-from seamq.jobs.model import TERMINAL, OjsError, invalid
+from seamq.jobs.model import TERMINAL, invalid
 from seamq.jobs.unique import fingerprint
 
 
@@ -26,9 +26,7 @@ def console_routes(engine: Engine) -> list[Route]:
 
     async def cron(request: Request) -> Response:
         name = request.path_params["name"]
-        found = next((c for c in await engine.crontab.listing() if c["name"] == name), None)
-        if found is None:
-            raise OjsError(404, "not_found", f"cron {name} not found")
+        found = await engine.crontab.get(name)
         return answer({**found, "id": found["name"], "schedule": found["expression"]})
 
     async def toggle_cron(request: Request) -> Response:

@@ -17,12 +17,11 @@ from seamq.jobs.ports import Conflict, Write
 
 if TYPE_CHECKING:
     from seamq.jobs.operations import Operations
-    from seamq.jobs.queues import Queues
 
 
 class Crontab:
-    def __init__(self, ops: "Operations", queues: "Queues") -> None:
-        self.ops, self.store, self.queues = ops, ops.store, queues
+    def __init__(self, ops: "Operations") -> None:
+        self.ops, self.store = ops, ops.store
 
     async def register(self, body: Any) -> dict:
         record = cron.new(body, self.ops.clock())
@@ -31,7 +30,6 @@ class Crontab:
             await self.store.commit([Write(record["_key"], record, held[1] if held else 0)])
         except Conflict:
             raise conflict(f"cron {record['name']} changed while it was registered") from None
-        self.queues.kept(record["_key"], record)
         if record["enabled"]:
             await self._arm(record)
         return cron.public(record)
@@ -51,22 +49,23 @@ class Crontab:
             await self.store.commit([Write(record["_key"], record, held[1])])
         except Conflict:
             raise conflict(f"cron {name} changed while it was {'enabled' if enabled else 'disabled'}") from None
-        self.queues.kept(record["_key"], record)
         if enabled:
             await self._arm(record)
         else:
             await self.store.disarm("cron", record["_key"])
         return cron.public(record)
 
+    async def get(self, name: str) -> dict:
+        return cron.public((await self._load(name))[0])
+
     async def listing(self) -> list[dict]:
-        """Read from the store, not this server's followed copy: a cron another server has just
-        registered or deleted is listed as it is now (the conformance suite lists right after)."""
+        """Read from the store (nobody needs crons on a hot path, so no server follows them): a cron
+        another server has just registered or deleted is listed as it is now."""
         return sorted((cron.public(r) for r, _ in await self.store.scan("cron.")), key=lambda c: c["name"])
 
     async def delete(self, name: str) -> dict:
         record, _ = await self._load(name)
         await self.store.delete(record["_key"])
-        self.queues.kept(record["_key"], None)
         await self.store.disarm("cron", record["_key"])
         return cron.public(record)
 
@@ -100,5 +99,4 @@ class Crontab:
             except OjsError:  # fired already, or the cron changed (deleted, replaced) since this was armed
                 return
             await self.ops.events.emit("cron.triggered", job)
-        self.queues.kept(key, following)
         await self._arm(following)

@@ -56,7 +56,7 @@ class Engine:
         self.queues = Queues(store, clock)
         self.ops = Operations(store, self.queues, self.events, rng=rng, test_mode=test_mode, clock=clock)
         self.flows = self.ops.flows = Flows(self.ops)
-        self.crontab = Crontab(self.ops, self.queues)
+        self.crontab = Crontab(self.ops)
         self.schemas = Schemas(self)
         self.ops.check = self.schemas.check
         self.ops.soon = self._soon
