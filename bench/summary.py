@@ -35,6 +35,11 @@ def summary(results: list[Result]) -> Result:
         best = min(peers, key=lambda row: row["p99_ms"])
         _line(out, "relay p99 commit -> published at 2k/s (ms)", ours["p99_ms"], f"{best['p99_ms']} ({best['case']})",
               "lower", ours["p99_ms"] < best["p99_ms"])
+    history = _rows(results, "relay_history")
+    if len(history) == 2:
+        empty, full = history
+        _line(out, f"relay catch-up with {full['history_rows']:,} rows of history vs an empty outbox (events/s)",
+              full["events_per_s"], empty["events_per_s"], ">= 0.8", full["ratio"] >= 0.8, full["ratio"])
     peer = _rows(results, "peer")
     if peer and (ours := _row(peer, "seamq consume, inbox on")):
         _line(out, "consumer msgs/s, inbox on, vs FastStream's pull subscriber", ours["msgs_per_s"],

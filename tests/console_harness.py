@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import time
 import urllib.error
@@ -104,6 +105,19 @@ class Stack:
                 await nc.close()
         return asyncio.run(go())
 
+    def plant_live(self, count: int) -> list[str]:
+        """Publish events the consumer handles at once (the service answers ok)."""
+        ids = []
+
+        async def go(js):
+            for _ in range(count):
+                event = vibe(f"live-{uuid.uuid4().hex[:6]}", n=1)
+                await js.publish(str(event.subject), json.dumps(event.payload).encode(), headers=message_headers(event))
+                ids.append(str(event.id))
+
+        self.nats_call(go)
+        return ids
+
     def plant(self, poison: int = 0, bad_json: int = 0, no_aggregate: int = 0) -> dict[str, list[str]]:
         """Publish messages that the consumer dead-letters, each kind for its own cause; wait until it has."""
         planted = {"poison": [], "bad_json": [], "no_aggregate": []}
@@ -167,6 +181,36 @@ def post(url: str, path: str, fields: dict | list, cookie: str | None) -> tuple[
             return answer.status, answer.read().decode()
     except urllib.error.HTTPError as error:
         return error.code, error.read().decode()
+
+
+class _Stay(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args, **kwargs):
+        return None
+
+
+def answer_of(url: str, path: str, cookie: str) -> tuple[int, str]:
+    """A GET's status, and where a redirect would send the browser, without following it."""
+    request = urllib.request.Request(url + path, headers={"Cookie": cookie})
+    try:
+        with urllib.request.build_opener(_Stay).open(request, timeout=30) as answer:
+            return answer.status, ""
+    except urllib.error.HTTPError as answer:
+        return answer.code, answer.headers.get("Location", "")
+
+
+def sign_in_cookie(url: str, name: str, password: str) -> str:
+    """A session cookie from a sign-in outside the browser (another device of the same user)."""
+    import http.cookiejar
+
+    jar = http.cookiejar.CookieJar()
+    opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar), _Stay)
+    csrf = re.search(r'name="csrf" value="([^"]+)"', opener.open(url + "/login").read().decode())[1]
+    try:
+        opener.open(url + "/login", urllib.parse.urlencode({"csrf": csrf, "username": name,
+                                                             "password": password}).encode())
+    except urllib.error.HTTPError as answer:
+        assert answer.code == 303, answer.code
+    return "seamq_console=" + next(c.value for c in jar if c.name == "seamq_console")
 
 
 def sign_in_redirect(url: str, name: str, password: str, next_path: str) -> str:

@@ -16,13 +16,14 @@ def test_quick_bench_runs_every_scenario(tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads((tmp_path / "latest.json").read_text())
     scenarios = {s["scenario"]: s for s in report["scenarios"]}
-    assert set(scenarios) == {"relay", "relay_latency", "producer_commits", "consumer", "e2e", "delayed", "http", "spark",
+    assert set(scenarios) == {"relay", "relay_latency", "producer_commits", "relay_history", "consumer", "e2e", "delayed", "http", "spark",
                               "peer", "peers_relay", "peers_relay_latency", "jobs", "peers_jobs", "floors",
                               "summary"}
     assert report["scenarios"][0]["scenario"] == "summary"  # where seamq stands leads the report
     measures = " | ".join(row["measure"] for row in scenarios.pop("summary")["rows"])
     for stage in ("relay events/s vs the fastest outbox peer", "FastStream", "jobs processed/s vs PgQueuer",
-                  "HTTP mode: consumer CPU per message", "p99 commit -> handler at 2k"):
+                  "HTTP mode: consumer CPU per message", "p99 commit -> handler at 2k",
+                  "relay catch-up with"):
         assert stage in measures, measures
     for scenario in scenarios.values():
         assert scenario["rows"], scenario["scenario"]

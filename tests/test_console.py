@@ -26,7 +26,9 @@ from seamq.testing import _TEMPLATE
 
 from browser import Browser
 from conftest import SEAMQ
-from console_harness import SHOTS, Stack, button, post, sign_in, sign_in_redirect, wait_until
+from console_harness import (
+    SHOTS, Stack, answer_of, button, post, sign_in, sign_in_cookie, sign_in_redirect, wait_until,
+)
 from helpers import read_stream
 from helpers.consumer import CONSUMER, vibe
 
@@ -58,9 +60,14 @@ def test_sign_in_and_out_a_viewer_sees_no_action_and_is_refused_one_and_a_post_n
     sign_in(b, stack.url, "ada", "wrong", expect="do not match")
     sign_in(b, stack.url, "ada", "ada-pass-7")
     assert "ada (admin)" in b.text()
+    kept = "seamq_console=" + b.driver.get_cookie("seamq_console")["value"]
+    assert answer_of(stack.url, "/dead-letters", kept)[0] == 200
+    elsewhere = sign_in_cookie(stack.url, "ada", "ada-pass-7")  # another browser of ada's
     button(b, "Sign out").click()
     b.wait_for("Sign in")
     b.open(stack.url + "/", "Sign in")  # signed out means signed out
+    for cookie in (kept, elsewhere):  # a cookie kept from before sign-out opens nothing, nor does ada's other one
+        assert answer_of(stack.url, "/dead-letters", cookie) == (303, "/login?next=/dead-letters")
     for elsewhere in ("//evil.example/x", "/\\evil.example", "https://evil.example"):  # never sent to another site
         assert sign_in_redirect(stack.url, "ada", "ada-pass-7", elsewhere) == "/"
     assert sign_in_redirect(stack.url, "ada", "ada-pass-7", "/jobs?queue=a") == "/jobs?queue=a"
@@ -76,6 +83,11 @@ def test_sign_in_and_out_a_viewer_sees_no_action_and_is_refused_one_and_a_post_n
     status, page = post(stack.url, "/dead-letters/act", {"csrf": csrf, "action": "purge", "key": key}, cookie)
     assert status == 403 and "may only look" in page
     assert not stack.row(planted["poison"][0])["dlq_metadata"].get("purged_at")
+    refused = stack.sql("SELECT actor, selected, done, detail FROM operator_actions WHERE action = 'console.refused' "
+                        "ORDER BY id")
+    assert [(a, s, d, x["path"], x["status"]) for a, s, d, x in refused][-1:] == \
+        [("console:vic", 0, 0, "/dead-letters/act", 403)], refused
+    assert "console_refused" in (stack.folder / "console.log").read_text()
 
     sign_in(b, stack.url, "ada", "ada-pass-7")
     cookie = "seamq_console=" + b.driver.get_cookie("seamq_console")["value"]
@@ -84,6 +96,8 @@ def test_sign_in_and_out_a_viewer_sees_no_action_and_is_refused_one_and_a_post_n
     status, page = post(stack.url, "/dead-letters/act", {"csrf": "forged", "action": "purge", "key": key}, cookie)
     assert status == 403
     assert not stack.row(planted["poison"][0])["dlq_metadata"].get("purged_at")
+    b.open(stack.url + "/actions", "console.refused")  # the audit shows who was refused what
+    assert "console:ada" in b.text() and "console:vic" in b.text()
     assert "ada-pass-7" not in stack.logs() and "vic-pass-9" not in stack.logs()
 
 
@@ -196,8 +210,8 @@ def test_the_overview_shows_what_postgresql_and_jetstream_hold(stack, browser):
                                        "('dead_lettered', 'exhausted') AND dlq_metadata->>'purged_at' IS NULL AND "
                                        "dlq_metadata->>'edited_as' IS NULL GROUP BY consumer")}
     consumers = b.rows()
-    assert consumers["vibespro__from_sea"][4] == str(waiting), consumers  # pending, as JetStream says
-    assert consumers[CONSUMER][8] == str(dead.get(CONSUMER, 0)), consumers
+    assert consumers["vibespro__from_sea"][5] == str(waiting), consumers  # pending, as JetStream says
+    assert consumers[CONSUMER][9] == str(dead.get(CONSUMER, 0)), consumers
     shown = {r[0]: r for r in b.rows().values() if r[0] in ("sea", "vibespro")}
     backlog = dict(stack.sql("SELECT context, count(*) FROM outbox_events WHERE published_at IS NULL GROUP BY 1"))
     assert shown["vibespro"][1] == str(backlog["vibespro"]) == "4", shown
@@ -274,14 +288,47 @@ def test_beyond_loopback_without_users_is_refused_with_a_coded_error_and_the_doc
         parse_command(command.split())
 
 
+def test_the_overview_counts_live_latency_apart_from_replays_and_every_dead_letter_of_the_hour(stack, browser):
+    """A dead letter replayed after it waited is not the pipeline's latency; "dead-lettered, 1 h" counts
+    each message dead-lettered in that hour, also one replayed and handled since (issue 44)."""
+    b = browser
+    sign_in(b, stack.url, "ada", "ada-pass-7")
+    b.wait_until(lambda: CONSUMER in b.rows(), "the consumers")
+    before = int(b.rows()[CONSUMER][10])
+    poison = stack.plant(poison=3)["poison"]
+    replayed = subprocess.run([*SEAMQ, "dlq", "replay", poison[0]], env=stack.env(), capture_output=True, text=True,
+                              timeout=120)
+    assert replayed.returncode == 0, replayed.stderr
+    wait_until(lambda: stack.row(poison[0])["status"] == "processed", "the replay handled")
+    # As if it had waited an hour for the operator: its event is an hour old.
+    stack.sql("UPDATE inbox_messages SET occurred_at = now() - interval '1 hour' WHERE message_id = %s", poison[0])
+    live = stack.plant_live(2)
+    wait_until(lambda: all(stack.row(i).get("status") == "processed" for i in live), "live deliveries handled")
+
+    b.open(stack.url + "/", "Consumers")
+    b.wait_until(lambda: int(b.rows()[CONSUMER][10]) == before + 3, "three more dead-lettered in the hour")
+    row = b.rows()[CONSUMER]
+    assert row[3] != "-" and float(row[3]) < 600_000, row  # p99 of live deliveries: not the hour-old replay's
+    assert int(row[4].split()[0]) >= 1, row  # the replay, counted apart
+    assert "whatever became of them since" in b.driver.find_element(By.ID, "consumers-legend").text
+
+    # Pages that do not exist, and a job that does not: coded pages that say so.
+    b.open(stack.url + "/jobs/does-not-exist", "error[NOT_FOUND]")
+    assert b.driver.title.startswith("Not found")
+    b.open(stack.url + "/nope", "error[NOT_FOUND]")
+    assert "no page /nope" in b.text()
+
+
 def test_a_service_away_is_said_on_the_page_and_the_rest_still_shows(stack, browser):
     """Runs last: it stops the job server and NATS under the console."""
     b = browser
     sign_in(b, stack.url, "ada", "ada-pass-7")
     stack.jobs.kill()
     b.open(stack.url + "/jobs", "error[UNAVAILABLE]")
-    assert "a service the console reads is away" in b.text()
+    assert "the job server (SEAMQ_JOBS__URL) does not answer" in b.text()
     stack.nats.kill()
     b.open(stack.url + "/", "Outbox, per context")  # PostgreSQL's numbers, and what could not be read
-    b.wait_for("JetStream: consumer")
+    b.wait_for("NATS (SEAMQ_NATS__URL): not connected")
+    row = b.rows()[CONSUMER]
+    assert row[5:9] == ["unknown"] * 4, row  # pending, ack pending, redelivered, pulling: not zeros
     assert "Traceback" not in (stack.folder / "console.log").read_text()

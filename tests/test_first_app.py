@@ -4,9 +4,9 @@ The walkthrough's own words drive the run: a block whose first line is `# name` 
 file; a command ending in `&` runs in the background, and `# wait for "X"` after it waits until
 its output (or any background process's) says X; `# prints "X"` checks a command's output. Only
 the install lines are not run: this test uses the checkout's own install, and checks that the
-extra they name exists (tests/test_install.py installs into a fresh venv). The port the handler
-service listens on is swapped for a free one, and the services' exports for what `seamq dev`
-printed, in case the default ports are taken on this machine.
+extra they name exists (tests/test_install.py installs into a fresh venv). The ports the walkthrough
+names (NATS 4222, PostgreSQL 5432, the handler service 8001) are swapped for free ones everywhere
+they appear, so it runs as written on other ports than the defaults.
 """
 
 from __future__ import annotations
@@ -34,8 +34,7 @@ class Walkthrough:
         bin_dir = str(Path(sys.executable).parent)
         self.env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(folder), "LANG": "C.UTF-8"}
         self.background: list[tuple[subprocess.Popen, Path]] = []
-        self.port = str(free_port())
-        self.printed: dict[str, str] = {}  # exports `seamq dev` printed
+        self.ports = {port: str(free_port()) for port in ("4222", "5432", "8001")}
 
     def output(self) -> str:
         return "".join(log.read_text(errors="replace") for _, log in self.background)
@@ -47,12 +46,10 @@ class Walkthrough:
             assert not dead and time.monotonic() < deadline, \
                 f"{what}: no {text!r} (ended: {dead})\n{self.output()[-3000:]}"
             time.sleep(0.2)
-        for name, value in re.findall(r"^export (SEAMQ_\w+)=(\S+)$", self.output(), re.M):
-            self.printed[name] = value
 
     def run(self, line: str) -> None:
         command, _, comment = line.partition("   #")
-        command = command.strip().replace("8001", self.port)
+        command = re.sub(r"\b(4222|5432|8001)\b", lambda m: self.ports[m[1]], command.strip())
         waits = re.findall(r'wait for "([^"]+)"', comment)
         prints = re.findall(r'prints "([^"]+)"', comment)
         if re.match(r"(python -m venv|\. \.venv/bin/activate|pip install)", command):
@@ -62,8 +59,7 @@ class Walkthrough:
             return
         if command.startswith("export "):
             name, _, value = command.removeprefix("export ").partition("=")
-            value = os.path.expandvars(value) if "$" in value else value
-            self.env[name] = self.printed.get(name, value)
+            self.env[name] = re.sub(r"\$(\w+)", lambda m: self.env.get(m[1], ""), value)  # as this shell has them
             return
         if command.endswith("&"):
             log = self.folder / f"background-{len(self.background)}.log"
@@ -117,6 +113,11 @@ def test_the_first_app_walkthrough_runs_as_written(tmp_path):
         assert saved == ["topology.yaml", "billing.py", "shop.py"]
         billed = re.findall(r"billed order \S+: (\d+) for (\w+)", walk.output())
         assert billed == [("42", "alice"), ("7", "bob")], "each order billed once, the rejected one after its replay"
+        import psycopg
+
+        with psycopg.connect(walk.env["BILLING_DATABASE_URL"]) as conn:  # billing's writes, with its record
+            assert sorted(conn.execute("SELECT customer, total FROM invoices").fetchall()) == [("alice", 42), ("bob", 7)]
+            assert conn.execute("SELECT count(*) FROM seamq_handled").fetchone()[0] == 2
     finally:
         walk.stop()
         # `seamq dev` keeps PostgreSQL's files in .seamq/ (as root, in the runtime folder: see embedded.py).

@@ -94,11 +94,26 @@ async def test_the_cli_lists_shows_retries_and_cancels_jobs(server):
     again = seamq("retry", dead["id"], "--url", server, check=1)
     assert "error[JOB_REFUSED]" in again.stderr and "only discarded or cancelled" in " ".join(again.stderr.split())
 
+    # What --all would cancel is counted as the cancel counts it: unfinished jobs, not finished ones.
+    async with JobsClient(server) as client:
+        [early] = await client.fetch(["reminders"], worker_id="cli-test")
+        await client.ack(early["id"], None)
+        waiting.append(await client.push("bill.remind", [3], queue="reminders"))
     refused = seamq("cancel", "--all", "--url", server, "--queue", "reminders", check=2)
-    assert "add --yes" in refused.stderr
+    assert refused.stderr.startswith("error[CONFIRMATION_NEEDED]: --all selects 3 unfinished jobs"), refused.stderr
     assert "cancelled 3 of 3" in seamq("cancel", "--all", "--yes", "--url", server, "--queue", "reminders").stdout
     retried = json.loads(seamq("retry", "--all", "--url", server, "--queue", "reminders", "--json").stdout)
     assert retried["succeeded"] == 3
+
+    # An id as tables show it, cut: the start of one, as `seamq dlq show` takes message ids.
+    cancelled = next(j["id"] for j in waiting if j["id"] != early["id"])
+    prefix = cancelled[:8] if all(not j["id"].startswith(cancelled[:8]) for j in waiting if j["id"] != cancelled) \
+        else cancelled[:30]
+    assert f"job {cancelled} is cancelled" in seamq("cancel", prefix, "--url", server).stdout
+    assert "error[NOT_FOUND]: no job with id ffff" in seamq("show", "ffff", "--url", server, check=2).stderr
+    assert "error[INVALID_CONFIG]" in seamq("show", "xy!", "--url", server, check=2).stderr
+    schemeless = seamq("list", "--url", server.removeprefix("http://"), check=2)
+    assert schemeless.stderr.startswith("error[INVALID_CONFIG]: --url") and "http://" in schemeless.stderr
 
     assert seamq("retry", "--url", server, check=2).stderr.startswith("error[INVALID_CONFIG]")
     missing = seamq("show", "01961111-aaaa-7bbb-8ccc-dddddddddddd", "--url", server, check=2)

@@ -119,6 +119,35 @@ def test_redact_masks_registered_secrets_and_their_pieces():
     assert redact("percent-encoded piece-one%20piece-two") == "percent-encoded ***"
 
 
+def test_a_secret_is_masked_where_it_stands_never_inside_a_word():
+    """A secret's text inside another word is that word, not the secret: masking every occurrence
+    garbled messages ("ex***ected ***ostgresql://", issue 44)."""
+    register("Pass-W0rd-Qz")
+    assert redact("rejected Pass-W0rd-Qz; MyPass-W0rd-Qz2 and 'Pass-W0rd-Qz'") == \
+        "rejected ***; MyPass-W0rd-Qz2 and '***'"
+    assert redact("Authorization: Bearer abc.def-123, then authorization=Basic dXNlcjpwdw==") == \
+        "Authorization: Bearer ***, then authorization=Basic ***"
+
+
+@pytest.mark.parametrize("key, value", [
+    ("SEAMQ_DATABASE_URL", "postgresql://user:p@127.0.0.1:5432/dbname"),
+    ("SEAMQ_NATS__PASSWORD", "hunter2"),
+    ("SEAMQ_CONSOLE__USERS", "a:b:admin"),
+    ("SEAMQ_JOBS__TOKENS", "long-enough-token,short"),
+])
+def test_a_secret_too_short_to_be_one_is_refused_at_start(monkeypatch, key, value):
+    from seamq.model import SeamqError
+    from seamq.settings import load_settings
+
+    monkeypatch.setenv(key, value)
+    with pytest.raises(SeamqError) as refused:
+        load_settings()
+    assert refused.value.code.value == "INVALID_CONFIG"
+    message = str(refused.value)
+    assert "at least 8 characters" in message and "***" not in message, message
+    assert key.removeprefix("SEAMQ_").lower().replace("__", ".") in message.lower() or key in message, message
+
+
 async def test_a_handler_service_logs_the_traceback_of_a_500_without_its_secrets(caplog):
     """handler_app answered 500 and logged nothing; its log must not carry a password either."""
     import logging

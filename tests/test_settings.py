@@ -13,12 +13,12 @@ def test_env_and_yaml(monkeypatch, tmp_path):
     config.write_text("nats:\n  url: nats://127.0.0.1:4333\nrelay:\n  batch_size: 100\n")
     monkeypatch.setenv("SEAMQ_CONFIG", str(config))
     monkeypatch.setenv("SEAMQ_RELAY__BATCH_SIZE", "250")  # env beats YAML
-    monkeypatch.setenv("SEAMQ_NATS__PASSWORD", "hunter2")
+    monkeypatch.setenv("SEAMQ_NATS__PASSWORD", "hunter2-pw")
     settings = load_settings()
     assert settings.nats.url == "nats://127.0.0.1:4333"
     assert settings.relay.batch_size == 250
-    assert settings.nats.password.get_secret_value() == "hunter2"
-    assert "hunter2" not in repr(settings) and "hunter2" not in str(settings.model_dump())
+    assert settings.nats.password.get_secret_value() == "hunter2-pw"
+    assert "hunter2-pw" not in repr(settings) and "hunter2-pw" not in str(settings.model_dump())
 
 
 def test_bad_values_name_the_key(monkeypatch):
@@ -38,11 +38,11 @@ def test_redact_url():
 
 
 def test_secrets_never_reach_help_or_errors(tmp_path):
-    env = {"SEAMQ_NATS__PASSWORD": "hunter2", "SEAMQ_DATABASE_URL": "postgresql://u:hunter2@127.0.0.1:1/x",
+    env = {"SEAMQ_NATS__PASSWORD": "hunter2-pw", "SEAMQ_DATABASE_URL": "postgresql://u:hunter2-pw@127.0.0.1:1/x",
            "PATH": "/usr/bin:/bin"}
     for args in (["--help"], ["relay", "--help"], ["db", "status"]):
         result = subprocess.run([*SEAMQ, *args], capture_output=True, text=True, env=env)
-        assert "hunter2" not in result.stdout + result.stderr, args
+        assert "hunter2-pw" not in result.stdout + result.stderr, args
 
 
 def test_unreachable_services_give_coded_errors():

@@ -79,6 +79,14 @@ def test_a_retry_on_the_last_attempt_is_dead_lettered():
         DeadLetter(Reason.MAX_DELIVER, "5 attempts; last: timeout")
 
 
+def test_a_message_the_service_is_running_in_another_call_comes_back_and_is_no_attempt():
+    """423 (seamq.http.handled): the first call still runs it; a dead letter now would send a message
+    that is being handled to the DLQ, so even past max_deliver it only comes back."""
+    got = verdict(result=HandlerResult(Outcome.BUSY, "HTTP 423"), attempt=5)
+    assert isinstance(got, Nak) and got.error is None and 8.0 <= got.delay <= 16.0
+    assert isinstance(verdict(result=HandlerResult(Outcome.BUSY), attempt=1, after=30.0), Nak)
+
+
 def test_a_message_that_may_run_needs_a_result():
     with pytest.raises(ValueError):
         verdict(result=None)

@@ -266,6 +266,7 @@ class InboxConsumer:
                 result = await self._call(work, item, savepoints)
                 if result is None:
                     return False
+                item.attempted = result.outcome is not Outcome.BUSY  # it runs elsewhere: no attempt
             verdict = decide(duplicate=duplicate, rejected=item.rejected, after=after, result=result,
                              attempt=item.attempt, max_deliver=self.spec.max_deliver, backoff=self.backoff)
             if result is not None and not result.done:
@@ -305,6 +306,10 @@ class InboxConsumer:
 
     def _failed_attempt(self, item: Handling, result: HandlerResult, verdict: Verdict) -> None:
         """Every failed attempt is told, with what it will cost: a retry in so long, or the DLQ."""
+        if result.outcome is Outcome.BUSY:
+            log.info("handler_busy", consumer=self.spec.name, message_id=str(item.message_id),
+                     detail="the service is handling it in another call", then=f"again in {verdict.delay:.1f}s")
+            return
         log.warning("handler_failed", consumer=self.spec.name, message_id=str(item.message_id),
                     event_type=f"{item.envelope.event_type}.v{item.envelope.event_version}", attempt=item.attempt,
                     max_deliver=self.spec.max_deliver, outcome=result.outcome.value, error=result.detail,

@@ -145,6 +145,13 @@ class DeadLetterDesk:
                  new_message_id=str(new_id), actor=actor)
         return new_id
 
+    async def refused(self, actor: str, action: str, **detail: Any) -> None:
+        """A request refused before it did anything, in the audit: an action that selected and did
+        nothing, with why."""
+        async with self.store.transaction() as tx:
+            action_id = await self.store.start_action(tx, actor, action, [], detail)
+            await self.store.finish_action(tx, action_id, 0, {})
+
     @asynccontextmanager
     async def recorded(self, actor: str, action: str, rows: list[dict], **detail: Any) -> AsyncIterator["_Record"]:
         async with self.store.transaction() as tx:

@@ -219,6 +219,7 @@ class Outcome(str, Enum):
     ALREADY_PROCESSED = "already_processed"  # 409
     POISON = "poison"  # 422
     RETRY = "retry"  # 5xx, timeout, connection error
+    BUSY = "busy"  # 423: the service is handling this message in another call now; not an attempt
 
 
 @dataclass(frozen=True, slots=True)

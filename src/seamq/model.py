@@ -68,6 +68,7 @@ class ErrorCode(str, Enum):
     BREAKING_CHANGE = "BREAKING_CHANGE"
     REGISTRY_STALE = "REGISTRY_STALE"  # `registry check`: regenerate the module, or a change needs a new version
     NOT_FOUND = "NOT_FOUND"
+    CONFIRMATION_NEEDED = "CONFIRMATION_NEEDED"  # a command that deletes or cancels many things waits for --yes
     INVALID_JOB = "INVALID_JOB"  # seamq.jobs.enqueue: a job the server would refuse
     INVALID_INPUT = "INVALID_INPUT"  # an operator's input (an edited message body, a console form) refused
     JOB_REFUSED = "JOB_REFUSED"  # the job server refused an operator's request (a job in the wrong state)
@@ -250,6 +251,7 @@ class Header:
     EDIT_OF = "Seamq-Edit-Of"
     DLQ_REASON = "Seamq-Dlq-Reason"  # a dead letter's reason, for filters that do not parse bodies
     SIGNATURE = "Seamq-Signature"  # a handler request's HMAC (seamq.http.signing)
+    CONSUMER = "Seamq-Consumer"  # a handler request's consumer: with the message id, what a service records
 
 
 def message_headers(event: Event | Any, traceparent: str | None = None) -> dict[str, str]:

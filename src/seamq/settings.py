@@ -18,7 +18,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from seamq.dead_letter import ReplayPolicy
 from seamq.model import ErrorCode, SeamqError
-from seamq.redact import conninfo_password, redact, register, url_password
+from seamq.redact import ShortSecret, conninfo_password, redact, register, url_password
 
 
 class NatsSettings(BaseModel):
@@ -191,8 +191,10 @@ class EmbeddedSettings(BaseModel):
     """The services `seamq dev` starts when no external ones are configured."""
 
     data_dir: Path = Path(".seamq")
-    nats_port: int = 4222
-    pg_port: int = 5432
+    nats_port: int | None = Field(None, ge=1, le=65535, description="nats-server's port; unset: 4222 when free, "
+                                  "else a free one; set: that port, or PORT_IN_USE")
+    pg_port: int | None = Field(None, ge=1, le=65535, description="PostgreSQL's port; unset: 5432 when free, else a "
+                                "free one; set: that port, or PORT_IN_USE")
     # JetStream fsync: "default" syncs every 2 minutes (fast, can lose acked
     # writes on power loss); "always" fsyncs every message. See docs/operations.md.
     nats_sync: Literal["default", "always"] = "default"
@@ -283,7 +285,7 @@ def load_settings(**overrides: Any) -> Settings:
     for key, value in os.environ.items():
         key = key.upper()
         if key.startswith("SEAMQ_") and key.endswith(("PASSWORD", "TOKEN", "SECRET", "_URL")):
-            register(value if not key.endswith("_URL") else url_password(value) or conninfo_password(value))
+            _register(key, value if not key.endswith("_URL") else url_password(value) or conninfo_password(value))
     try:
         settings = Settings(**overrides)
     except ValidationError as exc:
@@ -291,9 +293,17 @@ def load_settings(**overrides: Any) -> Settings:
             f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
         )
         raise SeamqError(ErrorCode.INVALID_CONFIG, redact(problems)) from None
-    secret = lambda s: s.get_secret_value() if s else None  # noqa: E731
-    register(secret(settings.nats.password), secret(settings.nats.token), secret(settings.consumer.handler_secret))
+    for key, value in (("nats.password", settings.nats.password), ("nats.token", settings.nats.token),
+                       ("consumer.handler_secret", settings.consumer.handler_secret)):
+        _register(key, value.get_secret_value() if value else None)
     return settings
+
+
+def _register(key: str, secret: str | None) -> None:
+    try:
+        register(secret)
+    except ShortSecret as exc:
+        raise SeamqError(ErrorCode.INVALID_CONFIG, f"{key}: {exc}") from None
 
 
 def redact_url(url: str) -> str:

@@ -70,6 +70,8 @@ def decide(*, duplicate: bool, rejected: Rejected | None, after: float | None, r
         return Nak(after)
     if result.done:
         return Ack()
+    if result.outcome == Outcome.BUSY:  # not attempted: the service runs it in another call right now
+        return _back(backoff.delay(attempt, rng), after, None)
     if result.outcome == Outcome.POISON:
         return DeadLetter(result.reason or Reason.HANDLER_REJECTED, result.detail or "handler rejected it")
     if attempt >= max_deliver:

@@ -171,7 +171,7 @@ async def run_consumer(
         refusals = Refusals()
         health.check("handler_signature", refusals.check)
         handlers = build_handlers(registry, http_client=client, secret=secret, timeout=cfg.handler_timeout,
-                                  source=spec.source, target=spec.target, refusals=refusals)
+                                  source=spec.source, target=spec.target, refusals=refusals, consumer=spec.name)
         dlq = await PipelinedPublisher(nc, timeout=settings.relay.publish_timeout).start()
         batch = spec.fetch_batch(cfg.batch_size)
         buffer = spec.fetch_batch(2 * batch)
@@ -275,7 +275,8 @@ async def _maybe_pool(settings: Settings, cfg) -> AsyncIterator[AsyncConnectionP
 
 
 def build_handlers(registry: Registry, *, http_client=None, secret: str | None = None, timeout: float = 10.0,
-                   source: str | None = None, target: str | None = None, refusals: Refusals | None = None):
+                   source: str | None = None, target: str | None = None, refusals: Refusals | None = None,
+                   consumer: str | None = None):
     """Resolve every route of `registry` for one consumer, `target` consuming from `source`, now: a bad
     import path fails at start, not on the first message. Returns (event_type, version) -> handler.
     A registry may hold several contexts' manifests: only the target's routes are taken, and with no
@@ -286,7 +287,8 @@ def build_handlers(registry: Registry, *, http_client=None, secret: str | None =
         if callable(target):
             return InProcessHandler(target, timeout_seconds=seconds)
         if target.startswith(("http://", "https://")):
-            return HttpHandler(target, client=http_client, secret=secret, timeout=seconds, refusals=refusals)
+            return HttpHandler(target, client=http_client, secret=secret, timeout=seconds, refusals=refusals,
+                               consumer=consumer)
         return InProcessHandler(import_object(target), timeout_seconds=seconds)
 
     table, owner = {}, {}

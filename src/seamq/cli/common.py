@@ -8,9 +8,10 @@ traceback for something a person can fix.
 from __future__ import annotations
 
 import asyncio
+import re
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Iterable, Optional
 
 import typer
 from rich.console import Console
@@ -28,7 +29,7 @@ err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 140)
 INPUT_ERRORS = {
     ErrorCode.INVALID_CONFIG, ErrorCode.INVALID_TOPOLOGY, ErrorCode.INVALID_OUTBOX, ErrorCode.FUTURE_EVENT,
     ErrorCode.INVALID_SUBJECT, ErrorCode.DESTRUCTIVE_CHANGE, ErrorCode.INVALID_MANIFEST, ErrorCode.BREAKING_CHANGE,
-    ErrorCode.NOT_FOUND, ErrorCode.INVALID_JOB, ErrorCode.INVALID_INPUT,
+    ErrorCode.NOT_FOUND, ErrorCode.INVALID_JOB, ErrorCode.INVALID_INPUT, ErrorCode.CONFIRMATION_NEEDED,
 }
 
 TopologyOption = typer.Option(None, "--topology", "-t", help="Topology YAML (default: the shipped SDS-047 §10 one).")
@@ -52,6 +53,26 @@ def report(error: SeamqError) -> int:
     err_console.print(f"[red]error[{error.code.value}][/red]: {escape(redact(error.message))}", highlight=False,
                       markup=True)
     return 2 if error.code in INPUT_ERRORS else 1
+
+
+def id_prefix(value: str, what: str) -> str:
+    """An id, or its start (4 characters at least, as tables show ids cut)."""
+    text = value.strip().lower().rstrip(".")
+    if not re.fullmatch(r"[0-9a-f-]{4,36}", text):
+        exit_with(SeamqError(ErrorCode.INVALID_CONFIG, f"{value!r} is not a {what} (a UUID, or its first "
+                                                       "4 or more characters)"))
+    return text
+
+
+def the_one(ids: Iterable[str], value: str, what: str) -> str:
+    """The one id that a prefix names; refused when it names none or several."""
+    found = sorted(set(ids))
+    if not found:
+        exit_with(SeamqError(ErrorCode.NOT_FOUND, f"no {what} with id {value}"))
+    if len(found) > 1:
+        shown = ", ".join(found[:5]) + (" ..." if len(found) > 5 else "")
+        exit_with(SeamqError(ErrorCode.INVALID_CONFIG, f"{value} names {len(found)} {what}s ({shown}): give more of it"))
+    return found[0]
 
 
 def exit_with(error: SeamqError):

@@ -25,6 +25,10 @@ def dev(
                                             "topology, until Ctrl-C: you run your own services and workers "
                                             "(docs/first-app.md)."),
     jobs: bool = typer.Option(True, "--jobs/--no-jobs", help="Run the job server too (on 8080, else a free port)."),
+    nats_port: Optional[int] = typer.Option(None, "--nats-port", min=1, max=65535,
+                                            help="nats-server's port (default 4222 when free, else a free one)."),
+    pg_port: Optional[int] = typer.Option(None, "--pg-port", min=1, max=65535,
+                                          help="PostgreSQL's port (default 5432 when free, else a free one)."),
 ) -> None:
     """Run everything locally: embedded NATS and PostgreSQL, migrations, topology, workers, the job server, demo,
     dashboard."""
@@ -36,6 +40,9 @@ def dev(
         exit_with(SeamqError(ErrorCode.INVALID_CONFIG, "the demo (its handler services and workload) runs on the "
                              "shipped topology; with your own, run `seamq dev --services-only --topology FILE` "
                              "and start your services and workers (docs/first-app.md)"))
+    ports = {k: v for k, v in (("nats_port", nats_port), ("pg_port", pg_port)) if v is not None}
+    if ports:
+        current = current.model_copy(update={"embedded": current.embedded.model_copy(update=ports)})
     if cluster > 1 and current.replicas is None:  # what a cluster is for: SDS-047 §10's replicas 3
         current = current.model_copy(update={"replicas": min(cluster, 3)})
     run(run_dev(current, topology(topology_file, current), data_dir or current.embedded.data_dir,

@@ -6,7 +6,6 @@ import dataclasses
 
 import getpass
 import json
-import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
@@ -16,7 +15,9 @@ from rich.syntax import Syntax
 from rich.table import Table
 
 from seamq import dead_letter
-from seamq.cli.common import JsonOption, TopologyOption, console, duration, exit_with, print_json, run, settings, topology
+from seamq.cli.common import (
+    JsonOption, TopologyOption, console, duration, exit_with, id_prefix, print_json, run, settings, the_one, topology,
+)
 from seamq.model import ErrorCode, SeamqError
 
 if TYPE_CHECKING:
@@ -41,26 +42,12 @@ def _filter(consumer, context, event_type, reason, older_than, limit, message_id
 
     age = duration("--older-than", older_than) if older_than else None
     return DlqFilter(consumer=consumer, context=context, event_type=event_type, reason=reason,
-                     older_than=age, prefix=id_prefix(message_id) if message_id else None, purged=purged, limit=limit)
-
-
-def id_prefix(value: str) -> str:
-    """A message id, or the start of one (4 characters at least, as `dlq list` shows them cut)."""
-    text = value.strip().lower().rstrip(".")
-    if not re.fullmatch(r"[0-9a-f-]{4,36}", text):
-        exit_with(SeamqError(ErrorCode.INVALID_CONFIG, f"{value!r} is not a message id (a UUID, or its first "
-                                                       "4 or more characters)"))
-    return text
+                     older_than=age, prefix=id_prefix(message_id, "message id") if message_id else None, purged=purged, limit=limit)
 
 
 def one_message(rows: list[dict], value: str, what: str) -> list[dict]:
     """The rows of the one message a prefix names; refused when it names none or several."""
-    ids = sorted({str(row["message_id"]) for row in rows})
-    if not ids:
-        exit_with(SeamqError(ErrorCode.NOT_FOUND, f"no {what} with message id {value}"))
-    if len(ids) > 1:
-        shown = ", ".join(ids[:5]) + (" ..." if len(ids) > 5 else "")
-        exit_with(SeamqError(ErrorCode.INVALID_CONFIG, f"{value} names {len(ids)} {what}s ({shown}): give more of it"))
+    the_one((str(row["message_id"]) for row in rows), value, what)
     return rows
 
 
@@ -187,7 +174,7 @@ def purge(
     selection = _filter(consumer, context, event_type, reason, older_than, limit)
     rows = run(_select(current.database_dsn(), selection))
     if not yes:
-        exit_with(SeamqError(ErrorCode.INVALID_CONFIG, f"{len(rows)} dead letters selected; add --yes to purge them"))
+        exit_with(SeamqError(ErrorCode.CONFIRMATION_NEEDED, f"{len(rows)} dead letters selected; add --yes to purge them"))
 
     async def go():
         from seamq.wiring import dlq_desk

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from pathlib import Path
 from typing import Optional
+from urllib.parse import urlsplit
 
 import typer
 from rich.table import Table
 
-from seamq.cli.common import JsonOption, console, exit_with, print_json, run, settings
+from seamq.cli.common import JsonOption, console, exit_with, id_prefix, print_json, run, settings, the_one
+from seamq.jobs.model import TERMINAL
 from seamq.model import ErrorCode, SeamqError, describe
 
 app = typer.Typer(help="Open Job Spec job server on NATS JetStream + KV.", no_args_is_help=True)
@@ -107,6 +110,9 @@ def _admin(url: str | None, call):
 
     current = settings().jobs
     url = url or current.url
+    if urlsplit(url.strip()).scheme not in ("http", "https"):
+        exit_with(SeamqError(ErrorCode.INVALID_CONFIG, f"--url {url!r} is not an http:// or https:// URL "
+                                                       "(e.g. http://127.0.0.1:8080)"))
 
     async def go():
         async with JobsClient(url, retries=1, token=current.client_token()) as client:
@@ -115,10 +121,7 @@ def _admin(url: str | None, call):
     try:
         return asyncio.run(go())
     except JobsError as exc:
-        code = {404: ErrorCode.NOT_FOUND, 400: ErrorCode.INVALID_CONFIG, 422: ErrorCode.INVALID_CONFIG,
-                401: ErrorCode.INVALID_CONFIG, 403: ErrorCode.INVALID_CONFIG}.get(exc.status, ErrorCode.JOB_REFUSED)
-        hint = " (set SEAMQ_JOBS__TOKENS to a token the server knows)" if exc.status in (401, 403) else ""
-        exit_with(SeamqError(code, f"the job server answered {exc.status} {exc.code}: {exc.message}{hint}"))
+        exit_with(exc.coded())
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
         exit_with(SeamqError(ErrorCode.BROKER_UNAVAILABLE, f"cannot reach the job server at {url}: "
                                                            f"{describe(exc)} (check --url or SEAMQ_JOBS__URL)"))
@@ -148,6 +151,7 @@ def list_(url: Optional[str] = Url, queue: Optional[str] = Queue, state: Optiona
 @app.command()
 def show(job_id: str = typer.Argument(..., help="The job's id."), url: Optional[str] = Url, as_json: bool = JsonOption) -> None:
     """One job: its envelope, its moments, and every failed attempt with its trace."""
+    job_id = _job_id(url, job_id)
     job = _admin(url, lambda c: c.job(job_id))
     if as_json:
         return print_json(job)
@@ -166,6 +170,16 @@ def show(job_id: str = typer.Argument(..., help="The job's id."), url: Optional[
         table.add_row(f"attempt {error['attempt']}", f"{error['occurred_at']}  {error.get('type')}: {error['message']}"
                       + (f"\n{trace}" if trace else ""))
     console.print(table)
+
+
+def _job_id(url: str | None, value: str, dead_letters: bool = False) -> str:
+    """A job id, or its start (4 characters at least), as `seamq dlq` takes message ids."""
+    try:
+        return str(uuid.UUID(value.strip()))
+    except ValueError:
+        prefix = id_prefix(value, "job id")
+    found = _admin(url, lambda c: c.jobs(dead_letters=dead_letters, limit=6, id=prefix))
+    return the_one((job["id"] for job in found), value, "dead-lettered job" if dead_letters else "job")
 
 
 def _one_or_all(action: str, job_id, all_, filters: dict) -> None:
@@ -196,6 +210,7 @@ def retry(job_id: Optional[str] = typer.Argument(None, help="One discarded or ca
     filters = {"queue": queue, "state": state, "type": job_type, "since": since}
     _one_or_all("retry", job_id, all_, filters)
     if job_id:
+        job_id = _job_id(url, job_id, dead_letters)
         job = _admin(url, lambda c: c.retry(job_id, dead_letter=dead_letters))
         return print_json(job) if as_json else console.print(f"job {job['id']} is {job['state']} again")
     _bulk_report("retried", _admin(url, lambda c: c.bulk("retry", filters, dead_letters=dead_letters)), as_json)
@@ -211,9 +226,12 @@ def cancel(job_id: Optional[str] = typer.Argument(None, help="One job not yet fi
     filters = {"queue": queue, "state": state, "type": job_type, "since": since}
     _one_or_all("cancel", job_id, all_, filters)
     if job_id:
+        job_id = _job_id(url, job_id)
         job = _admin(url, lambda c: c.cancel(job_id))
         return print_json(job) if as_json else console.print(f"job {job['id']} is {job['state']}")
-    if not yes:
-        count = len(_admin(url, lambda c: c.jobs(limit=100_000, **filters)))
-        exit_with(SeamqError(ErrorCode.INVALID_CONFIG, f"--all selects up to {count} jobs; add --yes to cancel them"))
+    if not yes:  # what the bulk cancel would act on: the unfinished jobs among those the filters select
+        selected = _admin(url, lambda c: c.jobs(limit=100_000, **filters))
+        count = sum(1 for job in selected if job["state"] not in TERMINAL)
+        exit_with(SeamqError(ErrorCode.CONFIRMATION_NEEDED, f"--all selects {count} unfinished jobs now; add --yes "
+                                                            "to cancel them"))
     _bulk_report("cancelled", _admin(url, lambda c: c.bulk("cancel", filters)), as_json)

@@ -20,9 +20,10 @@ inbox_app = typer.Typer(help="The inbox: show a message's record and attempts; p
 def inbox_show(message_id: str = typer.Argument(..., help="The message id, or its first characters."),
                as_json: bool = JsonOption) -> None:
     """A message as each consumer's inbox has it, in any state, with every failed attempt."""
-    from seamq.cli.dlq import id_prefix, one_message, record_table
+    from seamq.cli.common import id_prefix
+    from seamq.cli.dlq import one_message, record_table
 
-    prefix = id_prefix(message_id)
+    prefix = id_prefix(message_id, "message id")
     current = settings()
 
     async def go():

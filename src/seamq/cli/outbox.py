@@ -84,7 +84,7 @@ def drop(row_id: Optional[str] = Id, context: Optional[str] = Context,
     row = _id(row_id, context)
     if not yes:
         count = len(run(_parked(context, row, 100_000)))
-        exit_with(SeamqError(ErrorCode.INVALID_CONFIG, f"{count} parked rows selected; add --yes to delete them"))
+        exit_with(SeamqError(ErrorCode.CONFIRMATION_NEEDED, f"{count} parked rows selected; add --yes to delete them"))
     console.print(f"dropped {run(_change('outbox_drop_parked', context, row, None))} parked rows")
 
 

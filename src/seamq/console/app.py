@@ -9,10 +9,11 @@ what may be done live in seamq.dlq_desk and the job server; the pages only show 
 
 from __future__ import annotations
 
+import hmac
 import json
 from datetime import datetime, timezone
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Protocol
 from urllib.parse import parse_qs, quote
 
 from jinja2 import Environment, PackageLoader, select_autoescape
@@ -25,7 +26,7 @@ from starlette.staticfiles import StaticFiles
 from seamq import dead_letter
 from seamq.console.auth import COOKIE, Session, Signer, Users, csrf_ok
 from seamq.jobs.client import JobsError
-from seamq.model import SeamqError, describe
+from seamq.model import ErrorCode, SeamqError, describe
 from seamq.observability import log
 from seamq.pg.errors import database_away
 from seamq.redact import redact
@@ -63,9 +64,22 @@ class Refused(Exception):
         self.status, self.message = status, message
 
 
+class Sessions(Protocol):
+    """Where the users' session generations live (seamq.pg.console_sessions.PgSessions)."""
+
+    async def generation(self, user: str) -> int: ...
+
+    async def end(self, user: str) -> int: ...
+
+
+Audit = Callable[..., Awaitable[None]]  # audit(actor, action, **detail): a refused request, recorded
+
+
 class Console:
-    def __init__(self, users: Users, signer: Signer, templates: Environment) -> None:
+    def __init__(self, users: Users, signer: Signer, templates: Environment, sessions: Sessions,
+                 audit: Audit) -> None:
         self.users, self.signer, self.templates = users, signer, templates
+        self.sessions, self.audit = sessions, audit
 
     def render(self, name: str, ctx: Ctx, status: int = 200, **values) -> HTMLResponse:
         html = self.templates.get_template(name).render(session=ctx.session, request=ctx.request,
@@ -75,6 +89,13 @@ class Console:
     def page(self, handler: Callable[[Ctx], Awaitable[Response]], *, action: bool = False):
         async def endpoint(request: Request) -> Response:
             session = self.signer.load(request.cookies.get(COOKIE))
+            if session is not None and session.signed_in and self.users.required:
+                try:
+                    if not await self._still_on(session):
+                        log.info("console_session_refused", user=session.user[:64], reason="ended")
+                        session = None
+                except Exception as exc:  # cannot tell: nothing is shown to an unverified session
+                    return self._finish(self._failed(Ctx(request, self.signer.new("", "")), exc), None)
             fresh = session is None
             if fresh:  # a stranger gets a session to carry a CSRF token; on an open console, as "local", an admin
                 session = self.signer.new(*(("", "") if self.users.required else ("local", "admin")))
@@ -92,26 +113,47 @@ class Console:
                         raise Refused(403, f"{session.user} may only look (role {session.role}); this is an action")
                 response = await handler(ctx)
             except Refused as exc:
+                await self._record_refusal(ctx, exc)
                 response = self.render("error.html", ctx, exc.status, message=exc.message, code="refused")
-            except SeamqError as exc:
-                status = 404 if exc.code.value == "NOT_FOUND" else 400
-                response = self.render("error.html", ctx, status, message=redact(exc.message), code=exc.code.value)
-            except JobsError as exc:
-                response = self.render("error.html", ctx, exc.status if exc.status >= 400 else 502,
-                                       message=redact(f"the job server answered {exc.status} {exc.code}: "
-                                                      f"{exc.message}"), code="JOB_REFUSED")
+            except (SeamqError, JobsError) as exc:
+                coded = exc.coded() if isinstance(exc, JobsError) else exc
+                status = exc.status if isinstance(exc, JobsError) and exc.status >= 400 else \
+                    404 if coded.code.value == "NOT_FOUND" else 400
+                response = self.render("error.html", ctx, status, message=redact(coded.message), code=coded.code.value)
             except Exception as exc:
                 response = self._failed(ctx, exc)
             return self._finish(response, session if fresh else None)
 
         return endpoint
 
+    async def _still_on(self, session: Session) -> bool:
+        """A signed-in session opens pages while its user is configured with the same role and
+        password, and has not signed out since (on any console sharing the database)."""
+        known = self.users.passwords.get(session.user)
+        if known is None or known[1] != session.role or \
+                not hmac.compare_digest(self.signer.fingerprint(session.user, known[0]), session.password):
+            return False
+        return await self.sessions.generation(session.user) == session.generation
+
+    async def _record_refusal(self, ctx: Ctx, exc: Refused) -> None:
+        """A refused request (a viewer's action, a POST without the CSRF token, a form of the wrong
+        shape) in the log and in the audit (operator_actions), with who and what."""
+        what = dict(method=ctx.request.method, path=ctx.request.url.path[:200], status=exc.status, reason=exc.message)
+        actor = ctx.actor if ctx.session.signed_in or not self.users.required else "console:(not signed in)"
+        log.warning("console_refused", actor=actor, **what)
+        if ctx.request.method != "POST":
+            return
+        try:
+            await self.audit(actor, "console.refused", **what)
+        except Exception as audit_failed:  # the refusal stands; the log above has it
+            log.error("console_refusal_not_audited", error=redact(describe(audit_failed)))
+
     def _failed(self, ctx: Ctx, exc: Exception) -> Response:
         what = redact(describe(exc))
-        if _away(exc):  # not the console's fault, nor the request's
-            log.warning("console_backend_unavailable", path=ctx.request.url.path, error=what)
-            return self.render("error.html", ctx, 503, code="UNAVAILABLE",
-                               message=f"a service the console reads is away: {what}")
+        away = _away(exc, ctx.request.url.path)
+        if away:  # not the console's fault, nor the request's
+            log.warning("console_backend_unavailable", path=ctx.request.url.path, service=away, error=what)
+            return self.render("error.html", ctx, 503, code="UNAVAILABLE", message=f"{away} does not answer: {what}")
         log.error("console_failed", path=ctx.request.url.path, error=what, exc_info=True)  # a bug
         return self.render("error.html", ctx, 500, code="INTERNAL",
                            message="the console failed on this request; its log says why")
@@ -139,21 +181,31 @@ class Console:
             return self.render("login.html", ctx, 401, next=target, failed=True)
         log.info("console_signed_in", user=name, role=role)
         response = RedirectResponse(target, 303)
-        self.set_cookie(response, self.signer.new(name, role))
+        self.set_cookie(response, self.signer.new(name, role, await self.sessions.generation(name), password))
         return response
 
     async def logout(self, ctx: Ctx) -> Response:
+        if ctx.session.signed_in and self.users.required:
+            await self.sessions.end(ctx.session.user)  # every session of this user, on every console
         log.info("console_signed_out", user=ctx.session.user)
         response = RedirectResponse("/login" if self.users.required else "/", 303)
         response.delete_cookie(COOKIE, path="/")
         return response
 
 
-def _away(exc: Exception) -> bool:
-    """PostgreSQL, NATS or the job server away, or not answering."""
+def _away(exc: Exception, path: str) -> str | None:
+    """Which service the console reads is away or not answering, with the setting that points at
+    it; None for an error that is no service's absence (a bug)."""
+    import aiohttp
     from nats.errors import Error as NatsError
 
-    return database_away(exc) or isinstance(exc, (OSError, TimeoutError, NatsError))
+    if database_away(exc):
+        return "PostgreSQL (SEAMQ_DATABASE_URL)"
+    if isinstance(exc, aiohttp.ClientError) or (path.startswith("/jobs") and isinstance(exc, (OSError, TimeoutError))):
+        return "the job server (SEAMQ_JOBS__URL)"
+    if isinstance(exc, (NatsError, OSError, TimeoutError)):
+        return "NATS (SEAMQ_NATS__URL)"
+    return None
 
 
 async def _form(request: Request) -> dict[str, list[str]]:
@@ -178,15 +230,20 @@ def templates() -> Environment:
     env.filters["when"] = lambda v: str(v).replace("T", " ")[:19] if v else "-"
     env.filters["ms"] = lambda v: f"{v * 1000:.1f}" if v is not None else "-"
     env.filters["rate"] = lambda v: f"{v:.1f}" if v else "0"
+    env.filters["known"] = lambda v: "unknown" if v is None else v
     env.filters["q"] = lambda v: quote(str(v), safe="")
     env.filters["epoch"] = lambda v: datetime.fromtimestamp(v, timezone.utc).strftime("%H:%M:%S UTC")
     return env
 
 
 def build(console: Console, routes: list[Route]) -> Starlette:
+    async def nowhere(ctx: Ctx) -> Response:
+        raise SeamqError(ErrorCode.NOT_FOUND, f"the console has no page {ctx.request.url.path[:200]}")
+
     return Starlette(routes=[
         Route("/login", console.page(console.login), methods=["GET", "POST"]),
         Route("/logout", console.page(console.logout), methods=["POST"]),
         *routes,
         Mount("/static", StaticFiles(packages=[("seamq.console", "static")]), name="static"),
+        Route("/{path:path}", console.page(nowhere), methods=["GET", "POST"]),  # any other path: a coded page
     ])

@@ -3,8 +3,11 @@
 - Users from settings (`SEAMQ_CONSOLE__USERS="alice:pw:admin,bob:pw:viewer"`). With none, the console
   is open to whoever reaches it, which `seamq console` allows on loopback only (and as the one
   user "local", an admin).
-- A sign-in is a cookie signed with HMAC-SHA256 (name, role, CSRF token, expiry), HttpOnly and
-  SameSite=Strict; nothing of it is kept on the server, so any number of consoles share none.
+- A sign-in is a cookie signed with HMAC-SHA256 (name, role, CSRF token, expiry, the user's session
+  generation and a keyed fingerprint of their password), HttpOnly and SameSite=Strict. It opens
+  pages while its user is still configured with the same password and has not signed out since:
+  signing out moves the user's generation on in PostgreSQL (seamq.pg.console_sessions), which every
+  console sharing the database reads on each request.
 - Every POST carries the session's CSRF token (a form field, or the `X-CSRF-Token` header htmx
   sends); without it, or with another, it is refused with 403 before any handler runs.
 - A viewer sees no action and is refused one with 403 if it sends one anyway.
@@ -33,6 +36,8 @@ class Session:
     role: str
     csrf: str
     expires: float
+    generation: int = 0  # the user's session generation at sign-in (seamq.pg.console_sessions)
+    password: str = ""  # a keyed fingerprint of the password signed in with: a changed one ends it
 
     @property
     def may_act(self) -> bool:
@@ -76,11 +81,16 @@ class Signer:
         self.key = (secret or secrets.token_urlsafe(32)).encode()
         self.seconds = hours * 3600
 
-    def new(self, user: str, role: str) -> Session:
-        return Session(user, role, secrets.token_urlsafe(24), time.time() + self.seconds)
+    def new(self, user: str, role: str, generation: int = 0, password: str = "") -> Session:
+        return Session(user, role, secrets.token_urlsafe(24), time.time() + self.seconds, generation,
+                       self.fingerprint(user, password) if password else "")
+
+    def fingerprint(self, user: str, password: str) -> str:
+        """The password, keyed and cut: the cookie is readable, so it must not carry a plain hash."""
+        return hmac.new(self.key, f"{user}\0{password}".encode(), hashlib.sha256).hexdigest()[:32]
 
     def dump(self, session: Session) -> str:
-        fields = [session.user, session.role, session.csrf, session.expires]
+        fields = [session.user, session.role, session.csrf, session.expires, session.generation, session.password]
         body = base64.urlsafe_b64encode(json.dumps(fields).encode())
         body = body.rstrip(b"=")  # a cookie value without characters that need quoting
         return f"{body.decode()}.{self._mac(body)}"
@@ -91,12 +101,14 @@ class Signer:
         if not body or not hmac.compare_digest(mac.decode(errors="replace"), self._mac(body)):
             return None
         try:
-            user, role, csrf, expires = json.loads(base64.urlsafe_b64decode(body + b"=" * (-len(body) % 4)))
+            user, role, csrf, expires, generation, password = json.loads(
+                base64.urlsafe_b64decode(body + b"=" * (-len(body) % 4)))
         except (ValueError, TypeError):
             return None
-        if not isinstance(expires, (int, float)) or expires < time.time() or role not in (*ROLES, ""):
+        if not isinstance(expires, (int, float)) or expires < time.time() or role not in (*ROLES, "") \
+                or not isinstance(generation, int):
             return None
-        return Session(str(user), str(role), str(csrf), float(expires))
+        return Session(str(user), str(role), str(csrf), float(expires), generation, str(password))
 
     def _mac(self, body: bytes) -> str:
         return hmac.new(self.key, body, hashlib.sha256).hexdigest()

@@ -23,6 +23,7 @@ from seamq.pg.sql import query
 from seamq.stopping import sleep_unless_stopped
 from seamq.topology import Topology
 
+NATS_DOWN = "NATS (SEAMQ_NATS__URL): not connected; JetStream's numbers are unknown until it is back"
 KEEP = 120  # samples per consumer: ten minutes at one every five seconds
 EVERY = 5.0
 
@@ -66,23 +67,32 @@ class Overview:
         contexts.sort(key=lambda r: r["context"])
         consumers = []
         for name, spec in sorted(self.topology.consumers.items()):
-            row = {"consumer": name, "handled": 0, "p50": None, "p99": None, "dead_open": 0, "dead_last_hour": 0,
-                   **inbox.get(name, {})}
+            row = {"consumer": name, "handled": 0, "p50": None, "p99": None, "replayed": 0, "replay_p99": None,
+                   "dead_open": 0, "dead_last_hour": 0, **inbox.get(name, {})}
             row["handled_per_s"] = row["handled"] / 60
-            durables = []
-            for durable in spec.durables():
-                try:
-                    info = await self.js.consumer_info(spec.stream, durable)
-                except Exception as exc:
-                    errors.append(f"JetStream: consumer {durable}: {describe(exc)}")
-                    continue
-                durables.append({"name": durable, "pending": info.num_pending or 0,
-                                 "ack_pending": info.num_ack_pending or 0, "redelivered": info.num_redelivered or 0,
-                                 "waiting": info.num_waiting or 0, "held_by": self.holders.get(durable)})
-            row.update({key: sum(d[key] for d in durables) for key in ("pending", "ack_pending", "redelivered",
-                                                                      "waiting")}, durables=durables)
+            durables = [await self._durable(spec.stream, durable, errors) for durable in spec.durables()]
+            # A number JetStream did not give is unknown (None, shown so), never a zero.
+            row.update({key: None if None in durables else sum(d[key] for d in durables)
+                        for key in ("pending", "ack_pending", "redelivered", "waiting")},
+                       durables=[d for d in durables if d is not None])
             consumers.append(row)
         return Snapshot(time.time(), contexts, consumers, processes, errors)
+
+    async def _durable(self, stream: str, durable: str, errors: list[str]) -> dict | None:
+        """One durable's numbers as JetStream has them; None when it cannot say. Not asked while the
+        connection is down: the page answers from what it has instead of waiting out a request."""
+        if not self.nc.is_connected:
+            if NATS_DOWN not in errors:
+                errors.append(NATS_DOWN)
+            return None
+        try:
+            info = await self.js.consumer_info(stream, durable, timeout=2.0)
+        except Exception as exc:
+            errors.append(f"JetStream: consumer {durable}: {describe(exc)}")
+            return None
+        return {"name": durable, "pending": info.num_pending or 0, "ack_pending": info.num_ack_pending or 0,
+                "redelivered": info.num_redelivered or 0, "waiting": info.num_waiting or 0,
+                "held_by": self.holders.get(durable)}
 
     async def refresh_holders(self) -> None:
         """Which process holds each partition, as each process says (seamq.nats.partitions). Asked by the

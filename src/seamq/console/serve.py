@@ -12,6 +12,7 @@ from seamq.console.auth import Signer, Users
 from seamq.http.listen import config as uvicorn_config, listening_socket, server as uvicorn_server
 from seamq.jobs.client import JobsClient
 from seamq.observability import log
+from seamq.pg.console_sessions import PgSessions
 from seamq.settings import Settings
 from seamq.topology import Topology
 from seamq.wiring import console_parts
@@ -27,7 +28,7 @@ async def serve(settings: Settings, topology: Topology, *, host: str, port: int,
     sampling = asyncio.Event()
     async with console_parts(settings, topology) as (desk, overview), \
             JobsClient(settings.jobs.url, token=settings.jobs.client_token(), timeout=10, retries=1) as jobs:
-        console = Console(users, signer, templates())
+        console = Console(users, signer, templates(), PgSessions(desk.store.pool), desk.refused)
         app = build(console, [*pages_messages.routes(console, desk, overview),
                               *pages_jobs.routes(console, desk, jobs)])
         config = uvicorn_config(app, host, port)

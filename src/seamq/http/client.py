@@ -1,6 +1,8 @@
 """The consumer side of SDS-047 §12: POST /handle with the REQ-058 envelope.
 
-Status codes map to outcomes: 200 ok, 409 already processed, 422 poison;
+Status codes map to outcomes: 200 ok, 409 already processed, 422 poison,
+423 busy (the service is handling this message in another call: seamq.http.handled;
+it comes back later, and that is no attempt of the handler's);
 5xx, timeouts, connection errors and any other status mean "try again"
 (a 401 from a wrong shared secret must not dead-letter good messages).
 A 422 whose body says `"reason": "schema_mismatch"` (seamq.http.server, for
@@ -24,7 +26,7 @@ from seamq.model import Header, describe
 from seamq.observability import log
 
 _OUTCOMES = {200: Outcome.OK, 201: Outcome.OK, 202: Outcome.OK, 204: Outcome.OK,
-             409: Outcome.ALREADY_PROCESSED, 422: Outcome.POISON}
+             409: Outcome.ALREADY_PROCESSED, 422: Outcome.POISON, 423: Outcome.BUSY}
 _QUIET = {status: HandlerResult(outcome) for status, outcome in _OUTCOMES.items()  # the OK answers:
           if outcome == Outcome.OK}  # one shared result each, their bodies unread
 
@@ -61,16 +63,16 @@ class HttpHandler:
     transactional = False
 
     def __init__(self, url: str, *, client: HandlerClient, secret: str | None = None,
-                 timeout: float = 10.0, refusals: Refusals | None = None) -> None:
+                 timeout: float = 10.0, refusals: Refusals | None = None, consumer: str | None = None) -> None:
         self.url, self.client, self.secret, self.timeout = url, client, secret, timeout
-        self.refusals = refusals
+        self.refusals, self.consumer = refusals, consumer
         self._target = Target(url)  # parsed once
 
     def __repr__(self) -> str:
         return f"HttpHandler({self.url})"
 
     async def __call__(self, envelope: Envelope, conn=None, traceparent: str | None = None) -> HandlerResult:
-        body, headers = request_of(envelope, secret=self.secret, traceparent=traceparent)
+        body, headers = request_of(envelope, secret=self.secret, traceparent=traceparent, consumer=self.consumer)
         try:
             status, answer = await self.client.post(self._target, body, headers, self.timeout)
         except TimeoutError:
@@ -87,11 +89,14 @@ class HttpHandler:
         return result_of(status, text)
 
 
-def request_of(envelope: Envelope, *, secret: str | None = None,
-               traceparent: str | None = None) -> tuple[bytes, dict[str, str]]:
-    """The body and headers of the POST for this envelope (seamq.testing sends the same)."""
+def request_of(envelope: Envelope, *, secret: str | None = None, traceparent: str | None = None,
+               consumer: str | None = None) -> tuple[bytes, dict[str, str]]:
+    """The body and headers of the POST for this envelope (seamq.testing sends the same). The
+    consumer's name keys the service's record of what it handled (seamq.http.handled)."""
     body = envelope.body()
     headers = {"content-type": "application/json"}
+    if consumer:
+        headers[Header.CONSUMER] = consumer
     if secret:
         headers[Header.SIGNATURE] = sign(secret, body)
     if traceparent:

@@ -15,7 +15,7 @@ from typing import Any, Iterable, Mapping
 
 from seamq.jobs.model import STATES, invalid, parse_time, public
 
-FILTER_FIELDS = ("queue", "state", "type", "since", "until")
+FILTER_FIELDS = ("queue", "state", "type", "since", "until", "id")
 SORTS = ("created_at", "scheduled_at", "priority")
 PER_PAGE, MOST_PER_PAGE = 20, 100
 TIMES = ("created_at", "enqueued_at", "started_at", "scheduled_at", "completed_at", "cancelled_at", "discarded_at")
@@ -28,6 +28,7 @@ class Filter:
     type: str | None = None  # exact, or a prefix ending in `*`
     since: datetime | None = None  # created at or after
     until: datetime | None = None  # created before
+    id: str | None = None  # a job id, or its start (people copy ids as tables show them, cut)
 
     @classmethod
     def of(cls, given: Any, *, strict: bool = True) -> "Filter":
@@ -41,7 +42,7 @@ class Filter:
         if strict and unknown:
             raise invalid(f"filter: unknown field {unknown[0]!r}; known: {', '.join(FILTER_FIELDS)}")
         values = {}
-        for name in ("queue", "state", "type"):
+        for name in ("queue", "state", "type", "id"):
             value = given.get(name)
             if value is not None and (not isinstance(value, str) or not value):
                 raise invalid(f"filter: {name} must be a non-empty string")
@@ -60,6 +61,8 @@ class Filter:
         return cls(**values)
 
     def matches(self, record: dict) -> bool:
+        if self.id is not None and not str(record.get("id", "")).startswith(self.id.lower()):
+            return False
         if self.queue is not None and record.get("queue") != self.queue:
             return False
         if self.state is not None and record.get("state") != self.state:

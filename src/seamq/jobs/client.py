@@ -19,6 +19,7 @@ from urllib.parse import quote, urlencode
 import aiohttp
 
 from seamq.http import CLIENT_IDLE
+from seamq.model import ErrorCode, SeamqError
 
 MEDIA_TYPE = "application/openjobspec+json"
 
@@ -28,6 +29,14 @@ class JobsError(Exception):
         super().__init__(f"{status} {code}: {message}")
         self.status, self.code, self.message = status, code, message
         self.details = details if isinstance(details, dict) else {}
+
+    def coded(self) -> SeamqError:
+        """This answer as seamq's coded error, for the CLI and the console alike: no such job, input
+        the server refused, a token it does not take, or a job whose state does not allow it."""
+        code = {404: ErrorCode.NOT_FOUND, 400: ErrorCode.INVALID_INPUT, 422: ErrorCode.INVALID_INPUT,
+                401: ErrorCode.INVALID_CONFIG, 403: ErrorCode.INVALID_CONFIG}.get(self.status, ErrorCode.JOB_REFUSED)
+        hint = " (set SEAMQ_JOBS__TOKENS to a token the server knows)" if self.status in (401, 403) else ""
+        return SeamqError(code, f"the job server answered {self.status} {self.code}: {self.message}{hint}")
 
 
 class JobsClient:

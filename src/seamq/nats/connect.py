@@ -7,8 +7,10 @@ policy are the same everywhere, and secrets are read only at connect time.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import ssl
+import time
 
 import nats
 from nats.aio.client import Client
@@ -58,9 +60,42 @@ def _tls_context(settings: NatsSettings) -> ssl.SSLContext | None:
     return context
 
 
-async def _log_error(exc: Exception) -> None:
-    # nats-py's default prints a traceback per failed attempt; one line is enough.
-    log.warning("nats_error", error=describe(exc))
+class Outage:
+    """The broker away, said once when it goes, reminded at a slowing interval, and said when it is
+    back. nats-py reports each failed reconnect (every 0.5 s): logged as they came, an outage of a
+    few minutes filled every worker's log with hundreds of the same line. Other errors (a slow
+    consumer, a permission refused) are logged each time."""
+
+    FIRST, MOST = 5.0, 300.0  # seconds to the first reminder; the longest between two
+
+    def __init__(self, name: str, clock=time.monotonic) -> None:
+        self.name, self.clock = name, clock
+        self.since: float | None = None
+        self.next_at = 0.0
+        self.every = self.FIRST
+
+    async def error(self, exc: Exception) -> None:
+        if not isinstance(exc, _AWAY):
+            log.warning("nats_error", client=self.name, error=describe(exc))
+            return
+        now = self.clock()
+        if self.since is None:
+            self.since, self.every, self.next_at = now, self.FIRST, now + self.FIRST
+            log.warning("nats_unavailable", client=self.name, error=describe(exc))
+        elif now >= self.next_at:
+            log.warning("nats_still_unavailable", client=self.name, seconds=round(now - self.since), error=describe(exc))
+            self.every = min(2 * self.every, self.MOST)
+            self.next_at = now + self.every
+
+    async def reconnected(self) -> None:
+        if self.since is not None:
+            log.info("nats_reconnected", client=self.name, seconds=round(self.clock() - self.since, 1))
+            self.since = None
+
+
+# What a broker that is away looks like to nats-py: the socket's errors and its own.
+_AWAY = (OSError, asyncio.TimeoutError, nats.errors.NoServersError, nats.errors.StaleConnectionError,
+         nats.errors.UnexpectedEOF, nats.errors.ConnectionClosedError)
 
 
 async def connect(settings: NatsSettings, *, name: str = "seamq", persistent: bool = True, **callbacks) -> Client:
@@ -68,6 +103,7 @@ async def connect(settings: NatsSettings, *, name: str = "seamq", persistent: bo
     fail (their supervisor restarts them, and a wrong URL is said rather than waited on forever);
     once connected they reconnect forever, riding out broker restarts. One-shot commands fail fast."""
     secret = lambda s: s.get_secret_value() if s else None  # noqa: E731
+    outage = Outage(name)
     options = dict(
         servers=[s.strip() for s in settings.url.split(",")],
         name=name,
@@ -82,7 +118,8 @@ async def connect(settings: NatsSettings, *, name: str = "seamq", persistent: bo
         user_credentials=str(settings.creds_file) if settings.creds_file else None,
         nkeys_seed=str(settings.nkey_seed_file) if settings.nkey_seed_file else None,
         tls=_tls_context(settings),
-        error_cb=_log_error,
+        error_cb=outage.error,
+        reconnected_cb=outage.reconnected,
         **callbacks,
     )
     client = await nats.connect(**{k: v for k, v in options.items() if v is not None})

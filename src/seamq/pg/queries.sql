@@ -69,6 +69,20 @@ SELECT set_config('seamq.relay_buckets', coalesce((SELECT array_agg(bucket) FROM
 -- lock that the previous holder released at commit, so the rows it read are
 -- stale: a row that holder had just put into backoff is dropped on recheck
 -- while its aggregate's later rows, unchanged, are not, and go out first.
+--
+-- An aggregate waits behind its own earlier row that is backing off. Those rows
+-- are gathered once per claim (idx_outbox_backoff, in this claim's buckets), not
+-- looked up per candidate: a lookup per candidate is as fast as the plan the
+-- statistics pick for it, and statistics taken with nothing pending once picked
+-- a walk of every pending row per candidate (migration 0009).
+WITH mine AS MATERIALIZED (
+  SELECT unnest(CAST(current_setting('seamq.relay_buckets') AS smallint[])) AS bucket
+), blocked AS MATERIALIZED (
+  SELECT aggregate_type, aggregate_id, min(seq) AS from_seq FROM outbox_events
+  WHERE published_at IS NULL AND next_attempt_at IS NOT NULL AND next_attempt_at > now()
+    AND bucket = ANY (ARRAY(SELECT bucket FROM mine))
+  GROUP BY aggregate_type, aggregate_id
+)
 SELECT o.id, o.context, o.aggregate_type, o.aggregate_id, o.event_type, o.event_version,
        o.payload::text AS payload, o.occurred_at, o.correlation_id, o.causation_id,
        o.traceparent, o.publish_attempts, o.bucket, o.deliver_at
@@ -77,15 +91,11 @@ WHERE o.published_at IS NULL AND NOT o.held
   -- Subqueries, so the setting is read once, not per row, and no bucket
   -- (all held by other relays) means no scan at all.
   AND (SELECT current_setting('seamq.relay_buckets')) <> '{}'
-  AND o.bucket = ANY (ARRAY(SELECT unnest(CAST(current_setting('seamq.relay_buckets') AS smallint[]))))
+  AND o.bucket = ANY (ARRAY(SELECT bucket FROM mine))
   AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= now())
-  -- an aggregate waits behind its own earlier row that is backing off
-  AND NOT EXISTS (
-    SELECT 1 FROM outbox_events e
-    WHERE e.published_at IS NULL AND e.next_attempt_at IS NOT NULL
-      AND e.next_attempt_at > now()
-      AND e.aggregate_type = o.aggregate_type AND e.aggregate_id = o.aggregate_id
-      AND e.seq < o.seq)
+  AND NOT EXISTS (SELECT 1 FROM blocked b
+                  WHERE b.aggregate_type = o.aggregate_type AND b.aggregate_id = o.aggregate_id
+                    AND b.from_seq < o.seq)
 ORDER BY o.seq
 LIMIT %(limit)s
 FOR UPDATE OF o
@@ -161,12 +171,18 @@ WHERE id IN (SELECT id FROM outbox_events
 -- name: outbox_backlog
 -- Rows held for a later deliver_at are counted apart ("delayed"): they are not
 -- late; parked rows too (migration 0007): no relay will publish them. The oldest row is by when it could first be published.
+-- Read through the two indexes that hold exactly the unpublished rows (pending, held), so it
+-- costs what is unpublished, never the history (migration 0009).
 SELECT context, count(*) FILTER (WHERE NOT held AND parked_reason IS NULL) AS count,
        min(greatest(occurred_at, deliver_at)) FILTER (WHERE NOT held AND parked_reason IS NULL) AS oldest_at,
        count(*) FILTER (WHERE publish_error IS NOT NULL AND parked_reason IS NULL) AS failing,
        count(*) FILTER (WHERE held) AS delayed,
        count(*) FILTER (WHERE parked_reason IS NOT NULL) AS parked
-FROM outbox_events WHERE published_at IS NULL
+FROM (SELECT context, held, parked_reason, publish_error, occurred_at, deliver_at FROM outbox_events
+      WHERE published_at IS NULL AND NOT held
+      UNION ALL
+      SELECT context, held, parked_reason, publish_error, occurred_at, deliver_at FROM outbox_events
+      WHERE published_at IS NULL AND held) unpublished
 GROUP BY context ORDER BY context
 
 -- name: inbox_backlog
@@ -443,24 +459,55 @@ WHERE published_at > now() - interval '60 seconds' GROUP BY context
 
 -- name: console_inbox
 -- Per consumer, from indexed ranges only (the overview answers in milliseconds with 1M inbox rows):
--- handled and latency over the last minute, dead letters open and in the last hour.
-SELECT c.consumer, coalesce(h.handled, 0) AS handled, h.p50, h.p99,
-       coalesce(d.open, 0) AS dead_open, coalesce(d.last_hour, 0) AS dead_last_hour
-FROM (SELECT DISTINCT consumer FROM inbox_messages WHERE processed_at > now() - interval '60 seconds'
+-- deliveries handled over the last minute and their latency (commit to handled), replays apart
+-- (a DLQ replay, or an edited copy: the time a dead letter waited for an operator is not the
+-- pipeline's), dead letters open, and messages dead-lettered in the last hour, whatever became of
+-- them since (migration 0010).
+WITH edited AS MATERIALIZED (  -- edited copies, named by their originals
+  SELECT consumer, CAST(dlq_metadata->>'edited_as' AS uuid) AS message_id,
+         CAST(dlq_metadata->>'edited_at' AS timestamptz) AS replayed_at
+  FROM inbox_messages WHERE status IN ('dead_lettered', 'exhausted') AND dlq_metadata ? 'edited_as'
+), recent AS MATERIALIZED (
+  SELECT i.consumer, extract(epoch FROM i.processed_at - i.occurred_at) AS latency,
+         i.dlq_metadata IS NULL AND e.message_id IS NULL AS live,
+         extract(epoch FROM i.processed_at - coalesce(e.replayed_at,
+                 CAST(i.dlq_metadata->>'last_replayed_at' AS timestamptz))) AS since_replay
+  FROM inbox_messages i LEFT JOIN edited e ON e.consumer = i.consumer AND e.message_id = i.message_id
+  WHERE i.processed_at > now() - interval '60 seconds' AND i.status = 'processed'
+)
+SELECT c.consumer, coalesce(h.handled, 0) AS handled, h.p50, h.p99, coalesce(h.replayed, 0) AS replayed,
+       h.replay_p99, coalesce(d.open, 0) AS dead_open, coalesce(x.last_hour, 0) AS dead_last_hour
+FROM (SELECT DISTINCT consumer FROM recent
       UNION SELECT consumer FROM inbox_messages WHERE status IN ('dead_lettered', 'exhausted') GROUP BY consumer) c
-LEFT JOIN (SELECT consumer, count(*) AS handled,
-                  percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM processed_at - occurred_at)) AS p50,
-                  percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM processed_at - occurred_at)) AS p99
-           FROM inbox_messages WHERE processed_at > now() - interval '60 seconds' GROUP BY consumer) h
+LEFT JOIN (SELECT consumer, count(*) FILTER (WHERE live) AS handled,
+                  percentile_cont(0.5) WITHIN GROUP (ORDER BY latency) FILTER (WHERE live) AS p50,
+                  percentile_cont(0.99) WITHIN GROUP (ORDER BY latency) FILTER (WHERE live) AS p99,
+                  count(*) FILTER (WHERE NOT live) AS replayed,
+                  percentile_cont(0.99) WITHIN GROUP (ORDER BY since_replay) FILTER (WHERE NOT live) AS replay_p99
+           FROM recent GROUP BY consumer) h
   ON h.consumer = c.consumer
-LEFT JOIN (SELECT consumer, count(*) FILTER (WHERE dlq_metadata->>'purged_at' IS NULL
-                                             AND dlq_metadata->>'edited_as' IS NULL) AS open,
-                  count(*) FILTER (WHERE received_at > now() - interval '1 hour') AS last_hour
-           FROM inbox_messages WHERE status IN ('dead_lettered', 'exhausted') GROUP BY consumer) d
+LEFT JOIN (SELECT consumer, count(*) AS open FROM inbox_messages
+           WHERE status IN ('dead_lettered', 'exhausted') AND dlq_metadata->>'purged_at' IS NULL
+             AND dlq_metadata->>'edited_as' IS NULL GROUP BY consumer) d
   ON d.consumer = c.consumer
+LEFT JOIN (SELECT consumer, count(*) AS last_hour FROM inbox_messages
+           WHERE dlq_metadata IS NOT NULL
+             AND CAST(dlq_metadata->>'dead_lettered_at' AS timestamptz) > now() - interval '1 hour'
+           GROUP BY consumer) x
+  ON x.consumer = c.consumer
 ORDER BY c.consumer
 
 -- name: console_processes
 -- seamq's processes as PostgreSQL sees them (each names itself: "seamq relay pid 12").
 SELECT application_name AS name, count(*) AS connections, min(backend_start) AS since
 FROM pg_stat_activity WHERE application_name LIKE 'seamq %%' GROUP BY application_name ORDER BY 1
+
+-- name: console_session_generation
+-- A console user's session generation (migration 0011): 0 until they first sign out.
+SELECT coalesce((SELECT generation FROM console_sessions WHERE user_name = %(user)s), 0)
+
+-- name: console_sessions_end
+-- Sign-out: every session of this user, on every console, ends with this generation.
+INSERT INTO console_sessions (user_name, generation, ended_at) VALUES (%(user)s, 1, clock_timestamp())
+ON CONFLICT (user_name) DO UPDATE SET generation = console_sessions.generation + 1, ended_at = clock_timestamp()
+RETURNING generation
