@@ -61,13 +61,20 @@ class Browser:
         return [e["message"] for e in self.driver.get_log("browser") if e["level"] == "SEVERE"]
 
     def rows(self) -> dict[str, list[str]]:
-        """Each table row's cells' text, by its first cell."""
-        out = {}
-        for row in self.driver.find_elements(By.CSS_SELECTOR, "tbody tr"):
-            cells = [c.text.strip() for c in row.find_elements(By.TAG_NAME, "td")]
-            if cells:
-                out[cells[0]] = cells
-        return out
+        """Each table row's cells' text, by its first cell; read again when a live part of the page
+        (the overview's, every 3 s) was replaced while it was being read."""
+        deadline = time.monotonic() + WAIT
+        while True:
+            try:
+                out = {}
+                for row in self.driver.find_elements(By.CSS_SELECTOR, "tbody tr"):
+                    cells = [c.text.strip() for c in row.find_elements(By.TAG_NAME, "td")]
+                    if cells:
+                        out[cells[0]] = cells
+                return out
+            except StaleElementReferenceException:
+                assert time.monotonic() < deadline, "the table never held still long enough to be read"
+                time.sleep(0.05)
 
     def _row(self, first: str):
         for row in self.driver.find_elements(By.CSS_SELECTOR, "tbody tr"):

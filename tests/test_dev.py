@@ -153,3 +153,19 @@ def test_dev_runs_the_job_server_too(tmp_path, pg_data):
         _, errors = dev.communicate(timeout=60)  # reads what is left, and closes both pipes
     assert dev.returncode == 0, errors[-3000:]
     assert port_is_free(nats_port) and port_is_free(pg_port) and port_is_free(int(url.rsplit(":", 1)[1]))
+
+
+def test_a_port_asked_for_and_taken_is_refused_with_a_coded_error(tmp_path):
+    import socket
+
+    env, _, _ = dev_env(tmp_path)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run([*SEAMQ, "dev", "--services-only", "--nats-port", str(port), "--data-dir",
+                                 str(tmp_path / "data"), "--exit-when-ready"], env=env, capture_output=True, text=True,
+                                timeout=120)
+    assert result.returncode == 1 and f"error[PORT_IN_USE]: 127.0.0.1:{port} (--nats-port" in result.stderr, \
+        result.stderr[-2000:]
+    assert "Traceback" not in result.stderr

@@ -30,10 +30,14 @@ from seamq.stopping import sleep_unless_stopped
 from seamq.topology import Topology
 
 
-def _port(given: int | None, default: int, what: str) -> int:
+def _port(preferred: int) -> int:
+    return preferred if port_is_free(preferred) else free_port()
+
+
+def _service_port(given: int | None, default: int, what: str) -> int:
     """A port asked for is that port or an error; with none asked for, the usual one when free."""
     if given is None:
-        return default if port_is_free(default) else free_port()
+        return _port(default)
     if not port_is_free(given):
         raise SeamqError(ErrorCode.PORT_IN_USE, f"127.0.0.1:{given} ({what}) is in use by another process: stop it, "
                                                 "or pick another port")
@@ -45,7 +49,7 @@ def start_embedded(settings: Settings, data_dir: Path, stack: ExitStack, *, clus
     returns settings pointing at it."""
     update = {}
     if "nats" not in settings.model_fields_set:
-        first = _port(settings.embedded.nats_port, 4222, "--nats-port, SEAMQ_EMBEDDED__NATS_PORT")
+        first = _service_port(settings.embedded.nats_port, 4222, "--nats-port, SEAMQ_EMBEDDED__NATS_PORT")
         sync = settings.embedded.nats_sync
         nats = (NatsCluster(data_dir / "nats-cluster", cluster, ports=[first] + [free_port() for _ in range(cluster - 1)],
                             sync=sync)
@@ -54,7 +58,7 @@ def start_embedded(settings: Settings, data_dir: Path, stack: ExitStack, *, clus
         stack.callback(nats.stop)
         update["nats"] = NatsSettings(url=nats.url)
     if settings.database_url is None:
-        pg = PostgresServer(data_dir / "pg", _port(settings.embedded.pg_port, 5432, "--pg-port, SEAMQ_EMBEDDED__PG_PORT"))
+        pg = PostgresServer(data_dir / "pg", _service_port(settings.embedded.pg_port, 5432, "--pg-port, SEAMQ_EMBEDDED__PG_PORT"))
         pg.start()
         stack.callback(pg.stop)
         update["database_url"] = SecretStr(pg.create_database("seamq"))
