@@ -40,6 +40,15 @@ def test_an_unreachable_database_names_itself_without_the_password():
     assert "hunter2-secret" not in result.stdout + result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize("command", [["backlog"], ["outbox", "parked"], ["db", "status"]])
+def test_a_database_that_refuses_us_is_said_at_once_with_postgresqls_reason(pg_server, command):
+    """A wrong database name: PostgreSQL's own reason, not "couldn't get a connection after 5.00 sec"."""
+    dsn = pg_server.dsn("postgres").rsplit("/", 1)[0] + "/no_such_database"
+    result = seamq(*command, SEAMQ_DATABASE_URL=dsn)
+    assert result.returncode == 1 and "error[DATABASE_UNAVAILABLE]" in result.stderr, result.stderr
+    assert 'database "no_such_database" does not exist' in " ".join(result.stderr.split()), result.stderr
+
+
 def test_version():
     from importlib.metadata import version
 

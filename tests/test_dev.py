@@ -169,3 +169,25 @@ def test_a_port_asked_for_and_taken_is_refused_with_a_coded_error(tmp_path):
     assert result.returncode == 1 and f"error[PORT_IN_USE]: 127.0.0.1:{port} (--nats-port" in result.stderr, \
         result.stderr[-2000:]
     assert "Traceback" not in result.stderr
+
+
+def test_services_only_ends_with_a_coded_error_when_its_nats_server_dies(tmp_path, pg_data):
+    env, nats_port, pg_port = dev_env(tmp_path)
+    dev = subprocess.Popen([*SEAMQ, "dev", "--services-only", "--data-dir", str(tmp_path / "data")], env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in dev.stdout:
+            if "ready" in line:
+                break
+        found = subprocess.run(["pgrep", "-f", f"nats-server -c {tmp_path / 'data'}"], capture_output=True, text=True)
+        [pid] = found.stdout.split()
+        os.kill(int(pid), signal.SIGKILL)
+        _, stderr = dev.communicate(timeout=60)
+    finally:
+        if dev.poll() is None:
+            dev.kill()
+            dev.wait(60)
+    assert dev.returncode == 1, stderr[-2000:]
+    assert f"error[EMBEDDED_SERVICE]: nats-server (pid {pid}) exited with code -9" in stderr, stderr[-2000:]
+    assert "Traceback" not in stderr
+    assert port_is_free(pg_port)  # PostgreSQL stopped on the way out

@@ -54,6 +54,7 @@ async def pg_pool(dsn: str, *, max_size: int = 4, configure=None, timeout: float
     if one_shot:
         timeout = ONE_SHOT_TIMEOUT
         logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
+        await _refused_at_once(dsn)
     # No health check per checkout (a round trip per transaction): a connection a
     # PostgreSQL restart broke fails its transaction, which the workers retry,
     # and the pool discards it on return.
@@ -64,6 +65,27 @@ async def pg_pool(dsn: str, *, max_size: int = 4, configure=None, timeout: float
         yield pool
     finally:
         await pool.close()
+
+
+# A server that answers but will not have us does not change its mind within a command's wait; one
+# that is starting, stopping or full may.
+_PASSING = ("starting up", "shutting down", "in recovery", "too many clients", "remaining connection slots")
+
+
+async def _refused_at_once(dsn: str) -> None:
+    """A database that answers and refuses (no such database, role or password) is said at once with
+    PostgreSQL's reason; the pool alone said only that no connection came within 5 s."""
+    import psycopg
+
+    try:
+        conn = await psycopg.AsyncConnection.connect(dsn, connect_timeout=max(1, int(ONE_SHOT_TIMEOUT)))
+    except psycopg.OperationalError as exc:
+        text = str(exc)
+        if "FATAL:" in text and not any(passing in text for passing in _PASSING):
+            raise SeamqError(ErrorCode.DATABASE_UNAVAILABLE, f"PostgreSQL refused the connection: "
+                             f"{text.split('FATAL:', 1)[1].strip()} (check SEAMQ_DATABASE_URL)") from None
+        return  # away or busy: the pool waits for it, as before
+    await conn.close()
 
 
 def stop_on_signals(stop: asyncio.Event) -> list[int]:

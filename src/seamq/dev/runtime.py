@@ -44,9 +44,11 @@ def _service_port(given: int | None, default: int, what: str) -> int:
     return given
 
 
-def start_embedded(settings: Settings, data_dir: Path, stack: ExitStack, *, cluster: int = 1) -> Settings:
+def start_embedded(settings: Settings, data_dir: Path, stack: ExitStack, *, cluster: int = 1,
+                   started: list | None = None) -> Settings:
     """Start what is not configured externally (NATS as one server or a cluster of `cluster`);
-    returns settings pointing at it."""
+    returns settings pointing at it. Each process started is added to `started`."""
+    started = [] if started is None else started
     update = {}
     if "nats" not in settings.model_fields_set:
         first = _service_port(settings.embedded.nats_port, 4222, "--nats-port, SEAMQ_EMBEDDED__NATS_PORT")
@@ -56,11 +58,13 @@ def start_embedded(settings: Settings, data_dir: Path, stack: ExitStack, *, clus
                 if cluster > 1 else NatsServer(data_dir / "nats", first, sync=sync))
         nats.start()
         stack.callback(nats.stop)
+        started.extend(nats.nodes if cluster > 1 else [nats])
         update["nats"] = NatsSettings(url=nats.url)
     if settings.database_url is None:
         pg = PostgresServer(data_dir / "pg", _service_port(settings.embedded.pg_port, 5432, "--pg-port, SEAMQ_EMBEDDED__PG_PORT"))
         pg.start()
         stack.callback(pg.stop)
+        started.append(pg)
         update["database_url"] = SecretStr(pg.create_database("seamq"))
     return settings.model_copy(update=update)
 
@@ -109,7 +113,8 @@ async def run_dev(
     with ExitStack() as stack:
         console.print(f"starting embedded services in {data_dir} ...")
         embedded_db = settings.database_url is None
-        settings = start_embedded(settings, data_dir, stack, cluster=cluster)
+        started: list = []
+        settings = start_embedded(settings, data_dir, stack, cluster=cluster, started=started)
         applied = await migrate.upgrade(settings.database_dsn())
         console.print(f"database: {len(applied)} migration(s) applied, schema up to date")
         changes, batched = await provision(settings, topology)
@@ -120,7 +125,8 @@ async def run_dev(
         stop = asyncio.Event()
         stop_on_signals(stop)
         if services_only:
-            await serve_only(settings, stop, console=console, run_for=run_for, embedded_db=embedded_db)
+            await serve_only(settings, stop, console=console, run_for=run_for, embedded_db=embedded_db,
+                             services=started)
             return
         log_file = stack.enter_context(open(data_dir / "seamq.log", "a"))
         configure_logging(settings.log_level, file=log_file)
@@ -130,8 +136,9 @@ async def run_dev(
 
 
 async def serve_only(settings: Settings, stop: asyncio.Event, *, console: Console, run_for: float | None,
-                     embedded_db: bool) -> None:
-    """The services alone, for the user's own producers and workers: how to reach them, then wait."""
+                     embedded_db: bool, services: list = ()) -> None:
+    """The services alone, for the user's own producers and workers: how to reach them, then watch
+    them: one that exits by itself ends `seamq dev` with a coded error and its log's last lines."""
     dsn = settings.database_dsn()
     console.print("[bold green]ready[/bold green]: NATS and PostgreSQL, migrated and provisioned; in the shells of "
                   "your services and workers:", highlight=False)
@@ -140,10 +147,12 @@ async def serve_only(settings: Settings, stop: asyncio.Event, *, console: Consol
     console.print(f"export SEAMQ_DATABASE_URL={database}\nexport SEAMQ_NATS__URL={settings.nats.url}",
                   highlight=False, soft_wrap=True)
     console.print("Ctrl-C stops them.")
-    if run_for:
-        await sleep_unless_stopped(stop, run_for)
-    else:
-        await stop.wait()
+    deadline = asyncio.get_running_loop().time() + run_for if run_for else None
+    while not stop.is_set() and (deadline is None or asyncio.get_running_loop().time() < deadline):
+        for service in services:
+            if not service.running:
+                raise SeamqError(ErrorCode.EMBEDDED_SERVICE, service.ended())
+        await sleep_unless_stopped(stop, 0.5)
     console.print("stopped")
 
 

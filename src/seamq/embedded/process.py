@@ -55,6 +55,7 @@ class _Process:
     proc: subprocess.Popen | None = None
 
     def _spawn(self, argv: list[str], log: Path, **kwargs) -> None:
+        self.log = log
         with open(log, "ab") as out:
             # A session of its own: Ctrl-C in the terminal reaches `seamq dev`,
             # which then stops services in order, instead of killing them first.
@@ -64,7 +65,13 @@ class _Process:
 
     @property
     def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        return self.proc is not None and self.proc.poll() is None  # poll() also reaps one that ended
+
+    def ended(self) -> str:
+        """What became of a service that stopped by itself, for the person who started it."""
+        code = self.proc.returncode if self.proc is not None else None
+        return f"{self.name} (pid {self.proc.pid if self.proc else '?'}) exited with code {code}; its log, " \
+               f"{self.log}:\n{_tail(self.log)}"
 
     def stop(self, timeout: float = 15) -> None:
         if not self.running:
