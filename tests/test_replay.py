@@ -52,6 +52,7 @@ async def test_poison_once_is_replayed_within_jitter_bounds_and_processed_once(d
     waited = (when(meta["last_replayed_at"]) - when(meta["replay_scheduled_at"])).total_seconds()
     assert meta["replay_delay"] <= waited <= meta["replay_delay"] + 2.0  # replayed when due, not before
     assert meta["replay_attempts"] == 1 and meta["last_reason"] == "handler_rejected"
+    assert "next_replay_at" not in meta  # handled: no replay comes next (`seamq inbox show` showed one)
     assert service.handler.calls[str(event.id)] == 2 and service.handler.handled[str(event.id)] == 1
     assert len(await read_stream(js, "SEA_DLQ")) == 1
 

@@ -258,7 +258,8 @@ WHERE consumer = %(consumer)s AND message_id = ANY(CAST(%(ids)s AS uuid[]))
 -- a failed attempt, with its error), `dead_lettered` (with the DLQ copy's
 -- place), `keep` (only the count of copies skipped as duplicates). `attempts`
 -- is the handler's count now; a failed attempt also goes to its history.
--- last_error stays when a retry succeeds: it is the last error, not a state.
+-- last_error stays when a retry succeeds: it is the last error, not a state. A replay handled
+-- has no next replay: its watchdog time goes (it showed on a processed message).
 WITH u AS (
   SELECT * FROM jsonb_to_recordset(CAST(%(rows)s AS jsonb)) AS u(
     id uuid, state text, error text, reason text, detail text, dlq_subject text, dlq_seq bigint, copies int,
@@ -278,6 +279,7 @@ SET status = CASE u.state WHEN 'keep' THEN i.status ELSE u.state END,
     dlq_metadata = CASE WHEN u.state = 'dead_lettered' THEN coalesce(i.dlq_metadata, '{}'::jsonb) || jsonb_build_object(
       'reason', u.reason, 'detail', left(u.detail, 2000), 'dlq_subject', u.dlq_subject,
       'dlq_seq', u.dlq_seq, 'dead_lettered_at', clock_timestamp(), 'next_replay_at', NULL)
+      WHEN u.state = 'processed' THEN i.dlq_metadata - 'next_replay_at'
       ELSE i.dlq_metadata END
 FROM u
 WHERE i.consumer = %(consumer)s AND i.message_id = u.id
