@@ -89,6 +89,7 @@ async def test_the_cli_lists_shows_retries_and_cancels_jobs(server):
     assert "card declined" in table and "1 jobs" in table
     shown = seamq("show", dead["id"], "--url", server).stdout
     assert "ValueError: card declined" in shown and "discarded" in shown
+    assert "dead letter" in shown and f"seamq jobs retry {dead['id']} --dead-letters" in " ".join(shown.split())
 
     assert json.loads(seamq("retry", dead["id"], "--url", server, "--json").stdout)["state"] == "available"
     again = seamq("retry", dead["id"], "--url", server, check=1)

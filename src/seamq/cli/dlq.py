@@ -74,7 +74,7 @@ def list_(consumer: Optional[str] = Consumer, context: Optional[str] = Context, 
     table = Table(title=f"{len(rows)} dead letters")
     for name in ("id", "consumer", "event", "reason", "status", "tries", "replays", "next replay",
                  "dead-lettered"):
-        table.add_column(name, overflow="fold")
+        table.add_column(name, overflow="fold", no_wrap=name in ("id", "consumer"))  # copied whole into commands
     for row in rows:
         state = dead_letter.State.of(row["dlq_metadata"])
         event = f"{row['event_type']}.v{row['event_version']}" if row["event_type"] else row["subject"]

@@ -139,7 +139,7 @@ def list_(url: Optional[str] = Url, queue: Optional[str] = Queue, state: Optiona
         return print_json(rows)
     table = Table(title=f"{len(rows)} {'dead letters' if dead_letters else 'jobs'}")
     for name in ("id", "type", "queue", "state", "attempt", "created", "last error"):
-        table.add_column(name, overflow="fold")
+        table.add_column(name, overflow="fold", no_wrap=name == "id")  # an id on two lines cannot be copied
     for row in rows:
         error = row.get("error") or {}
         table.add_row(row["id"], row["type"], row["queue"], row["state"], f"{row['attempt']}/{row['max_attempts']}",
@@ -159,6 +159,8 @@ def show(job_id: str = typer.Argument(..., help="The job's id."), url: Optional[
     for key in ("type", "queue", "state", "priority", "attempt", "max_attempts", "worker_id"):
         if job.get(key) is not None:
             table.add_row(key, str(job[key]))
+    if job.get("dead_letter"):
+        table.add_row("dead letter", f"yes: it waits in the dead letters (seamq jobs retry {job['id']} --dead-letters)")
     for key, value in job["metadata"].items():
         if value:
             table.add_row(key, value)
@@ -166,7 +168,9 @@ def show(job_id: str = typer.Argument(..., help="The job's id."), url: Optional[
     if job.get("result") is not None:
         table.add_row("result", json.dumps(job["result"], ensure_ascii=False)[:2000])
     for error in job["errors"]:
-        trace = "\n".join(error.get("backtrace", [])[-8:])
+        lines = error.get("backtrace", [])
+        cut = len(lines) - TRACE_LINES
+        trace = "\n".join(([f"... {cut} lines before these (--json shows them)"] if cut > 0 else []) + lines[-TRACE_LINES:])
         table.add_row(f"attempt {error['attempt']}", f"{error['occurred_at']}  {error.get('type')}: {error['message']}"
                       + (f"\n{trace}" if trace else ""))
     console.print(table)
@@ -180,6 +184,9 @@ def _job_id(url: str | None, value: str, dead_letters: bool = False) -> str:
         prefix = id_prefix(value, "job id")
     found = _admin(url, lambda c: c.jobs(dead_letters=dead_letters, limit=6, id=prefix))
     return the_one((job["id"] for job in found), value, "dead-lettered job" if dead_letters else "job")
+
+
+TRACE_LINES = 40  # of a failed attempt's trace, shown from its end: where it failed, and what called it
 
 
 def _one_or_all(action: str, job_id, all_, filters: dict) -> None:

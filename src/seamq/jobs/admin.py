@@ -133,8 +133,10 @@ def summary(record: dict) -> dict:
 
 def detail(record: dict) -> dict:
     """The whole envelope, with the admin API's extras: `errors` always a list (each trace as
-    `backtrace` lines), `retry_policy`, and `metadata` with the job's moments."""
+    `backtrace` lines), `retry_policy`, `metadata` with the job's moments, and `dead_letter`: whether
+    it waits in the dead letters (discarded with on_exhaustion: dead_letter)."""
     job = public(record)
+    job["dead_letter"] = bool(record.get("_dlq"))
     job["errors"] = [_with_backtrace(e) for e in record.get("errors") or []]
     job["meta"] = record.get("meta") or {}
     job["retry_policy"] = record.get("retry") or {"max_attempts": record["max_attempts"]}
