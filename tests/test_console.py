@@ -114,6 +114,9 @@ def test_dead_letters_filtered_opened_replayed_as_a_group_edited_and_replayed_an
     assert any("scripted poison" in cause and cells[1] == "2" for cause, cells in groups.items()), groups
     assert any(cause.startswith("invalid_json") and cells[1] == "2" for cause, cells in groups.items()), groups
     assert any(cause.startswith("invalid_envelope") and cells[1] == "1" for cause, cells in groups.items()), groups
+    assert any("HTTP 422:" in cause for cause in groups), groups  # the handler's status, not blanked as an id
+    listed = b.driver.find_element(By.ID, "dead-letters").text
+    assert "vibe_created.v1" in listed and "vibespro.event." not in listed  # unreadable ones named alike
     SHOTS.mkdir(parents=True, exist_ok=True)
     b.driver.save_screenshot(str(SHOTS / "console-dead-letters.png"))
     field = b.driver.find_element(By.NAME, "text")
@@ -156,6 +159,11 @@ def test_dead_letters_filtered_opened_replayed_as_a_group_edited_and_replayed_an
     new_id = b.driver.find_element(By.ID, "edited-as").text.strip()
     uuid.UUID(new_id)
     assert stack.row(original)["dlq_metadata"]["edited_as"] == new_id and stack.row(original)["status"] == "exhausted"
+    closed = b.driver.find_element(By.CSS_SELECTOR, "p.note[role=status]")  # news, not an error
+    assert "Closed" in b.text() and "warn" not in closed.get_attribute("class")
+    assert b.driver.find_element(By.ID, "status").text == "closed: edited and replayed"
+    assert b.driver.find_element(By.ID, "handler-attempts").text.startswith("0 (dead-lettered before")
+    assert b.driver.find_element(By.ID, "replays").text == "Not replayed."
     wait_until(lambda: stack.row(new_id).get("status") == "processed", "the edited copy handled")
     copies = [m for m in stack.nats_call(lambda js: read_stream(js, "VIBESPRO_EVENTS"))
               if (m.headers or {}).get(Header.MSG_ID) == new_id]
@@ -169,6 +177,7 @@ def test_dead_letters_filtered_opened_replayed_as_a_group_edited_and_replayed_an
     b.open(f"{stack.url}/dead-letters/{CONSUMER}/{purged}", "Envelope")
     button(b, "Purge").click()
     b.wait_for("Purge 1 dead letter?")
+    assert b.driver.find_element(By.ID, "confirm-text").text.startswith("Purge exactly this dead letter.")
     button(b, "Purge 1").click()
     b.wait_for("dlq.purge: 1 of 1 done")
     assert stack.row(purged)["dlq_metadata"]["purged_at"]
@@ -185,6 +194,8 @@ def test_dead_letters_filtered_opened_replayed_as_a_group_edited_and_replayed_an
                         "ORDER BY id")
     assert ("console:ada", "dlq.replay", 2, 2) in actions and ("console:ada", "dlq.purge", 1, 1) in actions
     assert ("console:ada", "dlq.edit_replay", 1, 1) in actions
+    b.open(stack.url + "/actions", "Actions")
+    assert "{}" not in b.driver.find_element(By.ID, "actions").text  # an empty detail is a dash
     assert not b.errors()
 
 

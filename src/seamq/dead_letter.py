@@ -201,3 +201,15 @@ class ReplayPolicy:
         """Earliest and latest delay of replay number `attempt` (0-based)."""
         delay = min(self.max_delay, self.base * self.factor ** attempt)
         return delay * (1 - self.jitter), delay
+
+
+def event_of(row: Mapping[str, Any]) -> str:
+    """An inbox row's event as `name.vN`: from its columns, or, for a message that could not be read
+    (invalid JSON, no envelope), from its subject, so every row says it the same way."""
+    if row.get("event_type"):
+        return f"{row['event_type']}.v{row['event_version']}" if row.get("event_version") else row["event_type"]
+    try:
+        subject = EventSubject.parse(row.get("subject") or "")
+    except SeamqError:
+        return row.get("subject") or "-"
+    return f"{subject.name}.v{subject.version}"

@@ -77,7 +77,7 @@ def list_(consumer: Optional[str] = Consumer, context: Optional[str] = Context, 
         table.add_column(name, overflow="fold", no_wrap=name in ("id", "consumer"))  # copied whole into commands
     for row in rows:
         state = dead_letter.State.of(row["dlq_metadata"])
-        event = f"{row['event_type']}.v{row['event_version']}" if row["event_type"] else row["subject"]
+        event = dead_letter.event_of(row)
         status = "purged" if state.purged_at else row["status"]
         table.add_row(str(row["message_id"])[:13], row["consumer"], event, state.reason or "?", status,
                       str(row["attempts"]), str(state.replay_attempts),

@@ -231,6 +231,7 @@ def templates() -> Environment:
     env.filters["ms"] = lambda v: f"{v * 1000:.1f}" if v is not None else "-"
     env.filters["rate"] = lambda v: f"{v:.1f}" if v else "0"
     env.filters["known"] = lambda v: "unknown" if v is None else v
+    env.filters["event"] = dead_letter.event_of
     env.filters["q"] = lambda v: quote(str(v), safe="")
     env.filters["epoch"] = lambda v: datetime.fromtimestamp(v, timezone.utc).strftime("%H:%M:%S UTC")
     return env
