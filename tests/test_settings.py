@@ -104,3 +104,24 @@ def test_a_poison_is_not_replayed_by_default_as_the_readme_says():
     from seamq.settings import ReplaySettings
 
     assert ReplaySettings().policy().reasons == ("max_deliver",)
+
+
+def test_the_settings_page_lists_every_setting_seamq_reads_each_described():
+    """docs/settings.md is generated from the model: a setting added, renamed or left undescribed fails here."""
+    from pathlib import Path
+
+    from seamq.settings import reference
+
+    table = reference()
+    assert (Path(__file__).parent.parent / "docs" / "settings.md").read_text().endswith(table), \
+        "docs/settings.md is not what seamq.settings.reference() says: regenerate its table"
+    assert "| None |" not in table and "SEAMQ_CONSUMER__HANDLER_TIMEOUT" in table and "SEAMQ_EMBEDDED__PG_PORT" in table
+
+
+def test_a_list_not_written_as_json_is_a_coded_error(monkeypatch):
+    from seamq.model import SeamqError
+
+    monkeypatch.setenv("SEAMQ_REPLAY__REASONS", "max_deliver,consumer_error")
+    with pytest.raises(SeamqError) as refused:
+        load_settings()
+    assert refused.value.code.value == "INVALID_CONFIG" and "JSON" in str(refused.value)

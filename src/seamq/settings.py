@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings.exceptions import SettingsError
 
 from seamq.dead_letter import ReplayPolicy
 from seamq.model import ErrorCode, SeamqError
@@ -23,15 +24,15 @@ from seamq.redact import ShortSecret, conninfo_password, redact, register, url_p
 
 class NatsSettings(BaseModel):
     url: str = Field("nats://127.0.0.1:4222", description="one server, or a cluster's: a list or comma-separated")
-    user: str | None = None
-    password: SecretStr | None = None
-    token: SecretStr | None = None
-    creds_file: Path | None = None
-    nkey_seed_file: Path | None = None
-    tls_ca: Path | None = None
-    tls_cert: Path | None = None
-    tls_key: Path | None = None
-    connect_timeout: float = 5.0
+    user: str | None = Field(None, description="user name, with password")
+    password: SecretStr | None = Field(None, description="password for user (never shown in any output)")
+    token: SecretStr | None = Field(None, description="authentication token, instead of user and password")
+    creds_file: Path | None = Field(None, description="a .creds file (JWT and NKey seed), for NATS accounts")
+    nkey_seed_file: Path | None = Field(None, description="a file holding an NKey seed")
+    tls_ca: Path | None = Field(None, description="CA certificate to verify the servers with (tls://)")
+    tls_cert: Path | None = Field(None, description="client certificate, for servers that ask for one")
+    tls_key: Path | None = Field(None, description="the client certificate's key")
+    connect_timeout: float = Field(5.0, gt=0, description="seconds one connection attempt may take")
     startup_wait: float = Field(5.0, gt=0, description="seconds a worker waits for NATS at start before it exits "
                                                        "with error[BROKER_UNAVAILABLE] (its supervisor restarts it)")
     # A server that stops answering without closing the connection (a frozen or partitioned host)
@@ -65,11 +66,11 @@ class NatsSettings(BaseModel):
 
 
 class RelaySettings(BaseModel):
-    batch_size: int = Field(500, ge=1, le=10_000)
+    batch_size: int = Field(500, ge=1, le=10_000, description="outbox rows one claim takes")
     loops: int = Field(2, ge=1, le=16, description="claim loops per relay process (overlap PG and NATS work)")
     poll_interval: float = Field(1.0, gt=0, description="seconds between polls when NOTIFY is quiet")
-    publish_timeout: float = Field(5.0, gt=0)
-    max_backoff: float = Field(30.0, gt=0)
+    publish_timeout: float = Field(5.0, gt=0, description="seconds to wait for JetStream's acks of a batch")
+    max_backoff: float = Field(30.0, gt=0, description="longest wait, seconds, after NATS or PostgreSQL failed")
     backlog_interval: float = Field(5.0, gt=0, description="seconds between outbox backlog gauge updates")
     purge_older_than: str | None = Field(None, description="e.g. 7d: purge published rows on a timer")
 
@@ -85,24 +86,24 @@ class RelaySettings(BaseModel):
 
 class ConsumerSettings(BaseModel):
     batch_size: int = Field(50, ge=1, le=10_000, description="capped by the consumer's max_ack_pending")
-    fetch_timeout: float = Field(1.0, gt=0)
+    fetch_timeout: float = Field(1.0, gt=0, description="seconds one pull waits for messages")
     concurrency: int = Field(4, ge=1, le=256, description="lanes: transactions in flight at once (HTTP handlers: more)")
     ordered: bool = Field(True, description="one aggregate's messages one after another")
-    handler_timeout: float = Field(10.0, gt=0)
+    handler_timeout: float = Field(10.0, gt=0, description="seconds a handler call may take; then it is a retry")
     handler_url: str | None = Field(None, description="HTTP handler for every event without a route")
     handler_secret: SecretStr | None = Field(None, description="HMAC secret shared with handler services")
     registry: str | None = Field(None, description="import path of a Registry, e.g. myapp.registry:REGISTRY")
     inbox: bool = Field(True, description="false: at-least-once, no inbox (handlers must be idempotent)")
     nak_base: float = Field(1.0, gt=0, description="first redelivery delay after a failure, seconds")
-    nak_max: float = Field(60.0, gt=0)
+    nak_max: float = Field(60.0, gt=0, description="longest redelivery delay after failures, seconds")
     lane_batch: int = Field(100, ge=1, le=10_000, description="most messages one lane transaction takes")
 
 
 class ReplaySettings(BaseModel):
     base_delay: float = Field(5.0, gt=0, description="delay before the first replay, seconds")
-    factor: float = Field(2.0, ge=1)
-    max_delay: float = Field(300.0, gt=0)
-    max_attempts: int = Field(5, ge=0)
+    factor: float = Field(2.0, ge=1, description="each automatic replay waits this many times the last")
+    max_delay: float = Field(300.0, gt=0, description="longest delay between automatic replays, seconds")
+    max_attempts: int = Field(5, ge=0, description="automatic replays of a dead letter; then it is exhausted")
     jitter: float = Field(0.5, ge=0, le=1, description="delay x [1 - jitter, 1]")
     # Not handler_rejected: a Poison says the message can never succeed (docs/operations.md, Replay).
     reasons: list[str] = Field(["max_deliver"], description="replayable dead-letter reasons")
@@ -190,14 +191,15 @@ def console_users(text: str | None) -> list[tuple[str, str, str]]:
 class EmbeddedSettings(BaseModel):
     """The services `seamq dev` starts when no external ones are configured."""
 
-    data_dir: Path = Path(".seamq")
+    data_dir: Path = Field(Path(".seamq"), description="where the embedded services keep their data")
     nats_port: int | None = Field(None, ge=1, le=65535, description="nats-server's port; unset: 4222 when free, "
                                   "else a free one; set: that port, or PORT_IN_USE")
     pg_port: int | None = Field(None, ge=1, le=65535, description="PostgreSQL's port; unset: 5432 when free, else a "
                                 "free one; set: that port, or PORT_IN_USE")
     # JetStream fsync: "default" syncs every 2 minutes (fast, can lose acked
     # writes on power loss); "always" fsyncs every message. See docs/operations.md.
-    nats_sync: Literal["default", "always"] = "default"
+    nats_sync: Literal["default", "always"] = Field("default", description="JetStream fsync of the embedded "
+                                                    "nats-server: every 2 minutes (default), or every message")
 
 
 class Settings(BaseSettings):
@@ -205,20 +207,22 @@ class Settings(BaseSettings):
         env_prefix="SEAMQ_", env_nested_delimiter="__", extra="forbid", case_sensitive=False
     )
 
-    database_url: SecretStr | None = None
+    database_url: SecretStr | None = Field(None, description="PostgreSQL: postgresql://user:password@host:port/"
+                                           "dbname, or libpq key=value pairs")
     nats: NatsSettings = NatsSettings()
-    topology_file: Path | None = None
+    topology_file: Path | None = Field(None, description="the topology YAML; default the shipped SDS-047 one")
     replicas: int | None = Field(None, ge=1, le=5, description="overrides every stream's replicas")
     relay: RelaySettings = RelaySettings()
     consumer: ConsumerSettings = ConsumerSettings()
     replay: ReplaySettings = ReplaySettings()
-    registry_manifests: Path = Path("manifests")
-    registry_module: Path = Path("registry_generated.py")
+    registry_manifests: Path = Field(Path("manifests"), description="the handler registry's manifests folder")
+    registry_module: Path = Field(Path("registry_generated.py"), description="the module `seamq registry "
+                                  "generate` writes")
     embedded: EmbeddedSettings = EmbeddedSettings()
     jobs: JobsSettings = JobsSettings()
     console: ConsoleSettings = ConsoleSettings()
     pipeline: PipelineSettings = PipelineSettings()
-    log_level: str = "info"
+    log_level: str = Field("info", description="debug, info, warning or error")
     metrics_port: int | None = Field(None, description="serve /metrics, /healthz and /readyz on this port")
     metrics_host: str = Field("127.0.0.1", description="address to serve them on; 0.0.0.0 for a scraper elsewhere")
     health_stale_after: float = Field(60.0, gt=0, description="/healthz fails when a loop is busy this long")
@@ -288,6 +292,10 @@ def load_settings(**overrides: Any) -> Settings:
             _register(key, value if not key.endswith("_URL") else url_password(value) or conninfo_password(value))
     try:
         settings = Settings(**overrides)
+    except SettingsError as exc:  # a value the environment holds that is not the JSON a list or mapping needs
+        field = str(exc).split('"')[1] if '"' in str(exc) else "?"
+        raise SeamqError(ErrorCode.INVALID_CONFIG, f"a SEAMQ_{field.upper()}__... variable: {exc.__cause__ or exc} "
+                                                   "(a list or a mapping is written as JSON: docs/settings.md)") from None
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
@@ -304,6 +312,30 @@ def _register(key: str, secret: str | None) -> None:
         register(secret)
     except ShortSecret as exc:
         raise SeamqError(ErrorCode.INVALID_CONFIG, f"{key}: {exc}") from None
+
+
+def reference() -> str:
+    """Every setting a user can set, as docs/settings.md shows them: generated from the model, so the
+    page cannot drift from what seamq reads (tests/test_settings.py compares them)."""
+    rows = ["| variable | default | what it is |", "|---|---|---|"]
+
+    def walk(model: type[BaseModel], prefix: str) -> None:
+        for name, field in model.model_fields.items():
+            nested = next((a for a in (get_args(field.annotation) or (field.annotation,))
+                           if isinstance(a, type) and issubclass(a, BaseModel)), None)
+            if nested is not None:
+                walk(nested, f"{prefix}{name.upper()}__")
+                continue
+            default = field.get_default(call_default_factory=True)
+            if isinstance(default, bool):
+                default = str(default).lower()
+            elif isinstance(default, list):
+                default = ",".join(default)
+            shown = "-" if default in (None, {}, "") else f"`{default}`"
+            rows.append(f"| `{prefix}{name.upper()}` | {shown} | {field.description} |")
+
+    walk(Settings, "SEAMQ_")
+    return "\n".join(rows) + "\n"
 
 
 def redact_url(url: str) -> str:
