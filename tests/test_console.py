@@ -21,6 +21,7 @@ from nats.js.errors import NotFoundError
 from selenium.webdriver.common.by import By
 
 from seamq import outbox
+from seamq.embedded import NatsServer, free_port
 from seamq.model import Header, message_headers
 from seamq.testing import _TEMPLATE
 
@@ -328,6 +329,45 @@ def test_the_overview_counts_live_latency_apart_from_replays_and_every_dead_lett
     assert b.driver.title.startswith("Not found")
     b.open(stack.url + "/nope", "error[NOT_FOUND]")
     assert "no page /nope" in b.text()
+
+
+def _answering(url: str) -> bool:
+    try:
+        return answer_of(url, "/login", "")[0] == 200
+    except OSError:  # not listening yet
+        return False
+
+
+def test_the_console_starts_while_nats_is_away_and_joins_it_when_it_comes_back(tmp_path, seamq_postgres, browser):
+    """The on-call tool opens during a NATS outage (issue 44: it refused to start, BROKER_UNAVAILABLE)."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    dsn = seamq_postgres.create_database(name, template=_TEMPLATE)
+    nats = NatsServer(tmp_path / "nats")  # its port chosen, nothing listening there yet
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SEAMQ_") and k != "PGAPPNAME"}
+    env.update(SEAMQ_DATABASE_URL=dsn, SEAMQ_NATS__URL=nats.url, PYTHONUNBUFFERED="1")
+    log = tmp_path / "console.log"
+    with open(log, "wb") as out:
+        console = subprocess.Popen([*SEAMQ, "console", "--port", str(port)], env=env, stdout=out,
+                                   stderr=subprocess.STDOUT)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_until(lambda: console.poll() is not None or _answering(url), "the console answers")
+        assert console.poll() is None, log.read_text()[-3000:]
+        browser.open(url + "/", "Outbox, per context")  # open console on loopback: no sign-in
+        browser.wait_for("NATS (SEAMQ_NATS__URL): not connected")
+        assert browser.rows()[CONSUMER][5] == "unknown"
+        nats.start()
+        subprocess.run([*SEAMQ, "provision"], env=env, check=True, capture_output=True, timeout=120)
+        browser.wait_until(lambda: "not connected" not in browser.text() and
+                           browser.rows().get(CONSUMER, [""] * 6)[5] == "0", "JetStream's numbers, once joined")
+        text = log.read_text()
+        assert text.index("console_serving") < text.index("console_joined_nats") and "Traceback" not in text
+    finally:
+        console.terminate()
+        console.wait(30)
+        nats.kill()
+        seamq_postgres.drop_database(name)
 
 
 def test_a_service_away_is_said_on_the_page_and_the_rest_still_shows(stack, browser):

@@ -41,7 +41,12 @@ class Done:
 class DeadLetterDesk:
     def __init__(self, replayer: Replayer) -> None:
         self.replayer = replayer
-        self.store, self.messages, self.topology = replayer.dead_letters, replayer.messages, replayer.topology
+        self.store, self.topology = replayer.dead_letters, replayer.topology
+
+    @property
+    def messages(self):
+        """The replayer's: the console puts the real one in once it has joined NATS."""
+        return self.replayer.messages
 
     async def select(self, selection) -> list[dict]:
         async with self.store.transaction() as tx:
@@ -71,7 +76,11 @@ class DeadLetterDesk:
         if seq is None:
             return {"error": "no DLQ copy recorded"}
         stream = self.topology.dlq_stream(row["consumer"])
-        stored = await self.messages.get(stream, seq)
+        try:
+            stored = await self.messages.get(stream, seq)
+        except Exception as exc:  # NATS away: the rest of what is known about it still shows
+            return {"error": f"the DLQ copy ({stream} seq {seq}) cannot be read now: "
+                             f"{exc.message if isinstance(exc, SeamqError) else describe(exc)}"}
         if stored is None:
             return {"error": f"DLQ copy gone from {stream} (seq {seq}): expired or purged"}
         copy = json.loads(stored.data)

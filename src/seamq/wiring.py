@@ -264,19 +264,6 @@ async def dlq_desk(settings: Settings, topology: Topology, *, persistent: bool =
         yield DeadLetterDesk(replayer)
 
 
-@asynccontextmanager
-async def console_parts(settings: Settings, topology: Topology):
-    """The console's desk (seamq.dlq_desk) and its overview, which reads through the desk's pool."""
-    from seamq.console.overview import Overview
-
-    async with dlq_desk(settings, topology, persistent=True, pool_size=6) as desk:
-        nc = await connect(settings.nats, name="seamq-console", persistent=True)
-        try:
-            yield desk, Overview(desk.store.pool, nc, topology)
-        finally:
-            await _close(nc)
-
-
 async def run_replay(settings: Settings, topology: Topology, stop: asyncio.Event,
                      health: Health | None = None) -> Replayer:
     async with replay_tools(settings, topology, health=health or Health(settings.health_stale_after),

@@ -31,6 +31,7 @@ from seamq.observability import log
 from seamq.pg.errors import database_away
 from seamq.redact import redact
 
+AWAY = (ErrorCode.BROKER_UNAVAILABLE, ErrorCode.DATABASE_UNAVAILABLE)  # a service's absence: 503, not the request's fault
 MAX_FORM = 1024 * 1024  # bytes: an edited message body fits; more is refused, not read
 HEADERS = {  # pages are the operator's own: not framed, not cached, no script but ours
     "Content-Security-Policy": "default-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
@@ -118,7 +119,7 @@ class Console:
             except (SeamqError, JobsError) as exc:
                 coded = exc.coded() if isinstance(exc, JobsError) else exc
                 status = exc.status if isinstance(exc, JobsError) and exc.status >= 400 else \
-                    404 if coded.code.value == "NOT_FOUND" else 400
+                    404 if coded.code is ErrorCode.NOT_FOUND else 503 if coded.code in AWAY else 400
                 response = self.render("error.html", ctx, status, message=redact(coded.message), code=coded.code.value)
             except Exception as exc:
                 response = self._failed(ctx, exc)

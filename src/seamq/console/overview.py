@@ -39,9 +39,18 @@ class Snapshot:
 
 class Overview:
     def __init__(self, pool, nc, topology: Topology) -> None:
-        self.pool, self.nc, self.js, self.topology = pool, nc, nc.jetstream(), topology
+        """`nc`: None until the console has joined NATS (`attach`); JetStream's numbers are unknown till then."""
+        self.pool, self.topology = pool, topology
+        self.attach(nc)
         self.history: dict[str, deque] = {}
         self.holders: dict[str, str] = {}  # partition (durable) -> the process holding it
+
+    def attach(self, nc) -> None:
+        self.nc, self.js = nc, (nc.jetstream() if nc is not None else None)
+
+    @property
+    def nats_up(self) -> bool:
+        return self.nc is not None and self.nc.is_connected
 
     async def snapshot(self) -> Snapshot:
         errors: list[str] = []
@@ -81,7 +90,7 @@ class Overview:
     async def _durable(self, stream: str, durable: str, errors: list[str]) -> dict | None:
         """One durable's numbers as JetStream has them; None when it cannot say. Not asked while the
         connection is down: the page answers from what it has instead of waiting out a request."""
-        if not self.nc.is_connected:
+        if not self.nats_up:
             if NATS_DOWN not in errors:
                 errors.append(NATS_DOWN)
             return None
@@ -97,6 +106,8 @@ class Overview:
     async def refresh_holders(self) -> None:
         """Which process holds each partition, as each process says (seamq.nats.partitions). Asked by the
         sampler, not by a page: every ask waits a moment for the answers."""
+        if not self.nats_up:
+            return
         held = {}
         for name, spec in self.topology.consumers.items():
             if spec.partitions:
