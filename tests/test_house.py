@@ -15,7 +15,7 @@ def test_no_test_module_imports_another_test_module():
 
 SRC = TESTS.parent / "src" / "seamq"
 # The layers of docs/architecture.md, lowest first: a module imports its own layer and those below.
-CORE = {"stopping", "units", "backoff", "health", "model", "envelope", "dead_letter", "holds", "verdict", "redact",
+CORE = {"ids", "stopping", "units", "backoff", "health", "model", "envelope", "dead_letter", "holds", "verdict", "redact",
         "typed", "compat", "republish", "codec"}
 JOBS_CORE = {"jobs.model", "jobs.job", "jobs.attempts", "jobs.cron", "jobs.workflows", "jobs.schemas", "jobs.admin",
              "jobs.activity"}

@@ -139,3 +139,16 @@ def test_a_payload_reads_exactly_as_the_standard_library_reads_it(data):
     expected = json.loads(data)
     assert repr(payload) == repr(expected)  # types too: 1 is not 1.0, NaN is NaN
     assert [type(v) for v in payload.values()] == [type(v) for v in expected.values()]
+
+
+def test_new_events_get_time_ordered_ids():
+    """Issue 45: UUIDv7, so the outbox's indexes append and an id tells its time."""
+    import time
+
+    from seamq.model import Event
+
+    before = int(time.time() * 1000)
+    made = [Event(context="sea", aggregate_type="order", aggregate_id="o-1", event_type="order_placed", payload={}).id
+            for _ in range(2000)]
+    assert all(i.version == 7 for i in made) and made == sorted(made) and len(set(made)) == len(made)
+    assert before <= made[0].int >> 80 <= int(time.time() * 1000)  # its first 48 bits: when it was made

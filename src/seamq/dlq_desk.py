@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable
 
 from seamq import dead_letter
+from seamq.ids import uuid7
 from seamq.dlq_replay import Replayer, read_original
 
 from seamq.model import ErrorCode, Header, SeamqError, describe
@@ -132,7 +133,7 @@ class DeadLetterDesk:
         original = await self.replayer.original(row)
         if isinstance(original, str):
             raise SeamqError(ErrorCode.NOT_FOUND, f"the original cannot be read: {original}")
-        new_id = uuid.uuid4()
+        new_id = uuid7()
         headers = {k: v for k, v in original.headers.items()
                    if k not in (Header.MSG_ID, Header.REPLAY_MESSAGE_ID, Header.REPLAY_ATTEMPT, Header.REPLAY_CONSUMER, Header.EDIT_OF)}
         headers.update({Header.MSG_ID: str(new_id), Header.EDIT_OF: str(row["message_id"]), Header.REPLAY_CONSUMER: row["consumer"]})

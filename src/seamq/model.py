@@ -16,6 +16,8 @@ from datetime import datetime, timedelta, timezone
 from enum import Enum
 from typing import Any, Mapping
 
+from seamq.ids import uuid7
+
 # A subject token: lowercase snake case, starting with a letter. No dots,
 # wildcards or whitespace can pass this, which is what keeps subjects routable.
 NAME = r"[a-z][a-z0-9_]*"  # a context, event or consumer part: the one name rule
@@ -186,7 +188,7 @@ class Event:
     event_type: str
     payload: Mapping[str, Any]
     event_version: int = 1
-    id: uuid.UUID = field(default_factory=uuid.uuid4)
+    id: uuid.UUID = field(default_factory=uuid7)  # time-ordered: the outbox's indexes append (seamq.ids)
     occurred_at: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
     correlation_id: uuid.UUID | None = None
     causation_id: uuid.UUID | None = None

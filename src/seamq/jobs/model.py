@@ -14,16 +14,13 @@ fetch; `errors[].type` is derived when the client sends none.
 
 from __future__ import annotations
 
-import os
 import random
 import re
-import time
-import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from seamq import codec
+from seamq import codec, ids
 
 SCHEDULED, AVAILABLE, ACTIVE, RETRYABLE = "scheduled", "available", "active", "retryable"
 COMPLETED, DISCARDED, CANCELLED = "completed", "discarded", "cancelled"
@@ -133,7 +130,6 @@ def resolve_time(text: Any, now: datetime, what: str) -> datetime:
     return parse_time(text)
 
 
-_LAST = [0, 0]  # the last id's milliseconds and 12-bit sequence, for ids that sort as they were made
 
 
 def is_job_id(value: Any) -> bool:
@@ -142,20 +138,8 @@ def is_job_id(value: Any) -> bool:
 
 
 def uuid7(now_ms: int | None = None) -> str:
-    """A UUIDv7: 48-bit Unix milliseconds, version 7, a 12-bit sequence (RFC 9562 method 1: random
-    start, counted up within a millisecond, so ids made in one process sort in the order made),
-    variant 10, 62 random bits. Python 3.11 has none."""
-    ms = int(time.time() * 1000) if now_ms is None else now_ms
-    seq = int.from_bytes(os.urandom(2), "big") & 0x7FF  # room to count up
-    if now_ms is None:
-        if ms <= _LAST[0]:
-            ms, seq = _LAST[0], _LAST[1] + 1
-            if seq > 0xFFF:  # 4,096 in one millisecond: borrow the next one
-                ms, seq = ms + 1, 0
-        _LAST[:] = [ms, seq]
-    value = (ms & ((1 << 48) - 1)) << 80 | 0x7 << 76 | seq << 64 | 0b10 << 62 | (
-        int.from_bytes(os.urandom(8), "big") & ((1 << 62) - 1))
-    return str(uuid.UUID(int=value))
+    """A job's or a workflow's id: a UUIDv7 (seamq.ids), as text."""
+    return str(ids.uuid7(now_ms))
 
 
 # ---- retry policy ------------------------------------------------------------------------------
