@@ -74,7 +74,8 @@ def list_(consumer: Optional[str] = Consumer, context: Optional[str] = Context, 
     table = Table(title=f"{len(rows)} dead letters")
     for name in ("id", "consumer", "event", "reason", "status", "tries", "replays", "next replay",
                  "dead-lettered"):
-        table.add_column(name, overflow="fold", no_wrap=name in ("id", "consumer"))  # copied whole into commands
+        # Ids and consumers are copied whole into commands, and a reason is read whole: never on two lines.
+        table.add_column(name, overflow="fold", no_wrap=name in ("id", "consumer", "reason"))
     for row in rows:
         state = dead_letter.State.of(row["dlq_metadata"])
         event = dead_letter.event_of(row)
