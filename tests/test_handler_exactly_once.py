@@ -92,3 +92,19 @@ async def test_a_handler_past_its_timeout_runs_its_side_effect_once_with_its_rec
         assert all(inbox(dsn, e.id)["status"] == "processed" for e in events)  # none dead-lettered for it
     else:  # what a handler without its record gets: a second run alongside the first
         assert len(calls) > len(events) and len(billed) > len(events), (calls, billed)
+
+
+def test_only_a_second_required_parameter_asks_for_the_connection():
+    """A handler written before the record existed, with a defaulted second parameter of its own,
+    still starts without a database_url; one that needs `conn` is refused at start without it."""
+    from seamq.http.server import handler_app
+
+    async def old(envelope, extra=None):
+        return None
+
+    async def needs_conn(envelope, conn):
+        return None
+
+    assert handler_app(old, secret=None) is not None
+    with pytest.raises(TypeError, match="takes a connection"):
+        handler_app(needs_conn, secret=None)

@@ -26,6 +26,7 @@ from seamq.topology import Topology
 NATS_DOWN = "NATS (SEAMQ_NATS__URL): not connected; JetStream's numbers are unknown until it is back"
 KEEP = 120  # samples per consumer: ten minutes at one every five seconds
 EVERY = 5.0
+ASK_NATS = 2.0  # at most, per consumer read: a slow NATS shows as unknown, never as a slow page
 
 
 @dataclass
@@ -95,7 +96,7 @@ class Overview:
                 errors.append(NATS_DOWN)
             return None
         try:
-            info = await self.js.consumer_info(stream, durable, timeout=2.0)
+            info = await self.js.consumer_info(stream, durable, timeout=ASK_NATS)
         except Exception as exc:
             errors.append(f"JetStream: consumer {durable}: {describe(exc)}")
             return None

@@ -54,9 +54,10 @@ def handler_router(handle: EventFunction, *, secret: str | None, path: str = "/h
                    handled: Handled | None = None) -> APIRouter:
     router = APIRouter()
     model = model_of_handler(handle)
-    positional = [p for p in inspect.signature(handle).parameters.values()
-                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    takes_conn = len(positional) >= 2
+    # A second required positional parameter is the connection; a defaulted one is the function's own.
+    required = [p for p in inspect.signature(handle).parameters.values()
+                if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty]
+    takes_conn = len(required) >= 2
     if takes_conn and handled is None:
         raise TypeError(f"{getattr(handle, '__name__', handle)!r} takes a connection: give handler_app a "
                         "database_url, where each message handled is recorded with the handler's writes")
