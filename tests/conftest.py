@@ -41,7 +41,9 @@ SERVICES = {"dsn", "empty_dsn", "pg_server", "nats_server", "nats_cluster", "nat
 # whichever worker is free, except these modules, whose tests share one costly service (a module
 # fixture, or the session's Spark JVM) and so stay together on one worker, in order; and the tests
 # of `seamq dev`, which takes the well-known ports 8080 and 8090 when they are free and checks that
-# it gave them back, so that no other `seamq dev` may hold them meanwhile.
+# it gave them back, so that no other `seamq dev` may hold them meanwhile. The grouping is our own
+# scheduler's (pytest_xdist_make_scheduler below), by module: xdist's `xdist_group` mark works by
+# rewriting a test's node id, which pytest 9.2 no longer lets a plugin do, and then groups nothing.
 TOGETHER = {"test_pipeline_cluster": "spark-cluster", "test_pipeline_kpis": "spark", "test_pipeline_lake": "spark",
             "test_pipeline_source": "spark", "test_pipeline_reconcile": "spark", "test_console": "console",
             "test_jobs_admin_ui": "admin-ui", "test_jobs_sdk_js": "sdk-js", "test_jobs_sdk_python": "sdk-py",
@@ -87,8 +89,49 @@ def pytest_collection_modifyitems(config, items):
         item.add_marker(getattr(pytest.mark, _tier(module, set(item.fixturenames))))
         if module in SPARK_MODULES and module in CLUSTER_MODULES:
             item.add_marker(pytest.mark.spark)  # the Spark cluster's tests are both
-        if module in TOGETHER:
-            item.add_marker(pytest.mark.xdist_group(TOGETHER[module]))
+
+
+def group_of(nodeid: str) -> str:
+    """The unit of work a worker takes whole: a TOGETHER module's group, else the test alone."""
+    module = nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
+    return TOGETHER.get(module, nodeid)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class Together(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid)
+
+    return Together(config, log)
+
+
+# The controller checks that each group ran on one worker: a scheduler that stops grouping (as
+# xdist's own did on pytest 9.2, silently: four Spark clusters at once on two cores) fails the run.
+RAN_ON: dict[str, set[str]] = {}
+
+
+def pytest_runtest_logreport(report):
+    node = getattr(report, "node", None)  # set by xdist on the controller: the worker that ran it
+    if node is not None and group_of(report.nodeid) != report.nodeid:
+        RAN_ON.setdefault(group_of(report.nodeid), set()).add(node.gateway.id)
+
+
+def _split() -> dict[str, list[str]]:
+    return {group: sorted(workers) for group, workers in RAN_ON.items() if len(workers) > 1}
+
+
+def pytest_sessionfinish(session):
+    if _split():
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _split():
+        terminalreporter.write_line(f"error: test groups ran on several workers: {_split()}", red=True)
 
 
 @pytest.fixture(scope="session")
