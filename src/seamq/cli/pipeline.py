@@ -25,22 +25,26 @@ def lake(
     max_records: int = typer.Option(50_000, help="Most messages per micro-batch."),
 ) -> None:
     """Stream -> Parquet lake partitioned by context / event_type / date, exactly once across restarts."""
-    from seamq.pipeline.lake import follow, start_lake
+    from seamq.pipeline.lake import keep_following, start_lake
     from seamq.pipeline.spark import spark_session
 
     current = settings()
     _reachable(current, stream=stream)
     with spark_session(master, app=f"seamq-lake-{stream}", settings=current.pipeline) as spark:
-        query = start_lake(spark, nats=current.nats, stream=stream, lake=path,
-                           checkpoint=checkpoint or path / "_checkpoints" / stream,
-                           max_records=max_records, available_now=available_now)
+        def start():
+            return start_lake(spark, nats=current.nats, stream=stream, lake=path,
+                              checkpoint=checkpoint or path / "_checkpoints" / stream,
+                              max_records=max_records, available_now=available_now)
+
         stopping = []
         signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
         console.print(f"lake: {stream} -> {path} (Ctrl-C to stop)")
         try:
-            follow(query, lambda batch, rows: console.print(f"batch {batch}: {rows} events"), lambda: bool(stopping))
+            keep_following(start, lambda batch, rows: console.print(f"batch {batch}: {rows} events"),
+                           lambda: bool(stopping))
         except KeyboardInterrupt:
-            query.stop()
+            for query in spark.streams.active:
+                query.stop()
 
 
 @app.command()

@@ -18,8 +18,11 @@ from typing import Callable
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
+from seamq.observability import log
 from seamq.pipeline.source import source_options
 from seamq.settings import NatsSettings
+
+RESTARTS = 3  # failures in a row, with no batch committed between them, before the command gives up
 
 
 def start_lake(spark: SparkSession, *, nats: NatsSettings, stream: str, lake: Path, checkpoint: Path,
@@ -39,13 +42,40 @@ def start_lake(spark: SparkSession, *, nats: NatsSettings, stream: str, lake: Pa
 def follow(query, report: Callable[[int, int], None], stop: Callable[[], bool] = lambda: False) -> None:
     """Wait for the query, reporting (batch id, rows) per micro-batch; raise what failed it."""
     seen = -1
-    while query.isActive and not stop():
+
+    def new_batches() -> None:
+        nonlocal seen
         for progress in query.recentProgress:
             if progress["batchId"] > seen:
                 seen = progress["batchId"]
                 report(seen, progress["numInputRows"])
+
+    while query.isActive and not stop():
+        new_batches()
         time.sleep(0.5)
     if query.isActive:
         query.stop()
+    new_batches()  # the last ones, committed after the last look
     if query.exception() is not None:  # a failed streaming query shows only here
         raise RuntimeError(f"lake query failed: {query.exception()}")
+
+
+def keep_following(start: Callable[[], object], report: Callable[[int, int], None],
+                   stop: Callable[[], bool] = lambda: False, *, restarts: int = RESTARTS,
+                   pause: Callable[[float], None] = time.sleep) -> None:
+    """Follow the query `start` starts; one that fails is started again from its checkpoint, which
+    keeps the lake exactly once, after a pause that doubles: a Spark Python worker that misses its
+    10 s to connect back on a busy machine must not end a long-running lake. Each failure is logged
+    with its reason; `restarts` failures in a row without a batch committed raise the last."""
+    failures = 0
+    while True:
+        committed = []
+        try:
+            follow(start(), lambda batch, rows: (committed.append(batch), report(batch, rows)), stop)
+            return
+        except RuntimeError as exc:
+            failures = 1 if committed else failures + 1
+            if failures > restarts:
+                raise
+            log.warning("lake_query_restarting", reason=str(exc).splitlines()[0], failure=failures, of=restarts)
+            pause(2.0 ** failures)
