@@ -190,7 +190,7 @@ async def test_order_per_aggregate_holds_after_transient_failures(dsn, nats_serv
     assert sum(fails_first(e.id) for e in events) > 50
     await publish(js, events)
     async with consuming(dsn, nats_server.url, topo, registry=Registry(default=handler), concurrency=4):
-        await wait_for(lambda: settled(js), timeout=120, what="all 5,000 handled")
+        await wait_for(lambda: settled(js), timeout=240, what="all 5,000 handled")  # a liveness wait, not a rate
     with psycopg.connect(dsn) as conn:
         rows = conn.execute("SELECT aggregate_id, n FROM handled ORDER BY id").fetchall()
     by_aggregate: dict[str, list[int]] = {}

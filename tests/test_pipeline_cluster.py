@@ -111,12 +111,12 @@ def local_run(spark, dsn: str, nats: NatsSettings, out: Path) -> tuple:
     """The same three jobs on the session's local[2] JVM, through the functions the commands call:
     the commands' own JVMs are the cluster side's (each JVM costs a minute of CPU on a busy CI)."""
     from seamq.pipeline.kpis import compute, summary
-    from seamq.pipeline.lake import follow, start_lake
+    from seamq.pipeline.lake import keep_following, start_lake
     from seamq.pipeline.reconcile import reconcile, report_text
 
     lake = out / "lake"
-    follow(start_lake(spark, nats=nats, stream="VIBESPRO_EVENTS", lake=lake, checkpoint=lake / "_checkpoints" /
-                      "VIBESPRO_EVENTS", max_records=50_000, available_now=True), lambda batch, rows: None)
+    keep_following(lambda: start_lake(spark, nats=nats, stream="VIBESPRO_EVENTS", lake=lake, available_now=True,
+                                      checkpoint=lake / "_checkpoints" / "VIBESPRO_EVENTS"), lambda batch, rows: None)
     kpis = json.loads(json.dumps(summary(compute(spark, dsn).collect()), default=str, sort_keys=True))
     report = reconcile(spark, dsn=dsn, nats=nats, topology=load_topology(), grace=0)
     return lake_ids(spark, lake), kpis, json.loads(report_text(report))

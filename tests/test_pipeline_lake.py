@@ -24,6 +24,7 @@ def committed_batches(checkpoint) -> int:
     return len([p for p in commits.iterdir() if p.name.isdigit()]) if commits.exists() else 0
 
 
+@pytest.mark.timeout(900)  # its own limit: two Spark jobs of its own on a busy machine are no hang
 async def test_lake_kill_9_and_restart_holds_exactly_n_rows(spark, nats_server, nc, provisioned, tmp_path,
                                                            service_env):
     lake = tmp_path / "lake"
@@ -61,16 +62,16 @@ async def test_replay_from_the_lake_restores_a_window_processed_once(spark, dsn,
                                                                     tmp_path):
     from datetime import datetime, timedelta
 
-    from seamq.pipeline.lake import follow, start_lake
+    from seamq.pipeline.lake import keep_following, start_lake
     from seamq.pipeline.lake_replay import replay
     from seamq.registry import Registry
     from helpers.consumer import consuming
 
     events = await publish(nc, 400)
     lake = tmp_path / "lake"
-    query = start_lake(spark, nats=NatsSettings(url=nats_server.url), stream="VIBESPRO_EVENTS", lake=lake,
-                       checkpoint=tmp_path / "checkpoint", available_now=True)
-    follow(query, lambda batch, rows: None)
+    keep_following(lambda: start_lake(spark, nats=NatsSettings(url=nats_server.url), stream="VIBESPRO_EVENTS",
+                                      lake=lake, checkpoint=tmp_path / "checkpoint", available_now=True),
+                   lambda batch, rows: None)
     await nc.jetstream().purge_stream("VIBESPRO_EVENTS")  # the stream loses its history
 
     handled = []
