@@ -162,6 +162,9 @@ def test_every_command_without_its_service_ends_in_a_coded_error_within_10s(scen
         except subprocess.TimeoutExpired:
             failures.append(f"{command}: still running after 120 s")
             continue
+        if wall - 1.5 * cpu * slowdown > 10:  # the machine may have become busier since: time it again
+            _, probe_wall, probe_cpu = _timed([*SEAMQ, "monitoring", "rules"], timeout=120)
+            slowdown = max(slowdown, probe_wall / max(probe_cpu, 0.01))
         if wall - 1.5 * cpu * slowdown > 10:
             failures.append(f"{command}: waited {wall - cpu * slowdown:.1f} s ({wall:.1f} s in all, {cpu:.1f} s of CPU)")
         found = re.search(r"error\[([A-Z_]+)\]", result.stderr)

@@ -39,7 +39,7 @@ async def test_lake_kill_9_and_restart_holds_exactly_n_rows(spark, nats_server, 
     job = subprocess.Popen(argv, env=killed_env, start_new_session=True,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        await wait_for(lambda: committed_batches(checkpoint) >= 3, timeout=120, what="three committed batches")
+        await wait_for(lambda: committed_batches(checkpoint) >= 3, timeout=300, what="three committed batches")
         events += await publish(nc, 2000, start=3000)  # more arrives while the query runs
         time.sleep(0.7)  # likely mid-batch
     finally:
