@@ -14,7 +14,7 @@ import pytest
 
 from seamq import outbox
 from seamq.model import Event, message_headers, traceparent_for
-from seamq.nats.partitions import handed_over
+from seamq.nats.partitions import handed_over, members
 from seamq.nats.provision import apply
 from seamq.wiring import run_relay
 from seamq.settings import NatsSettings, RelaySettings, Settings
@@ -92,6 +92,10 @@ async def test_an_unpartitioned_consumer_is_not_replaced_silently(nc, tmp_path):
     assert {c.action for c in again if c.kind == "consumer"} == {"unchanged"}
 
 
+async def members_answering(nc, count: int) -> bool:
+    return len(await members(nc, CONSUMER, wait=1.0)) == count
+
+
 async def provisioned_with_order_table(nc, dsn, tmp_path, text: str):
     """The topology file, provisioned, and the table inprocess_handlers.record_order writes to."""
     path = tmp_path / "topology.yaml"
@@ -117,18 +121,21 @@ async def test_three_processes_keep_each_aggregates_order_through_failures_and_a
         for i in range(0, len(events), 2000):
             await outbox.add_many_async(conn, events[i:i + 2000])
             await conn.commit()
-    settings = Settings(database_url=dsn, nats=NatsSettings(url=nats_server.url), relay=RelaySettings())
-    stop = asyncio.Event()
-    relay = asyncio.create_task(run_relay(settings, topology, stop))
     env = dict(service_env, PYTHONPATH=str(Path(__file__).parent), SEAMQ_TOPOLOGY_FILE=str(topology_file),
                SEAMQ_CONSUMER__REGISTRY="inprocess_handlers:ORDER_REGISTRY", SEAMQ_CONSUMER__NAK_BASE="0.1",
                SEAMQ_CONSUMER__NAK_MAX="0.5")
     argv = [*SEAMQ, "consume", "--consumer", CONSUMER]
     workers = [subprocess.Popen(argv, env=env, stderr=subprocess.DEVNULL) for _ in range(3)]
     handled = "SELECT count(*) FROM handled_order"
-    killed = None
+    killed = relay = None
+    stop = asyncio.Event()
     try:
-        await wait_for(lambda: scalar(dsn, "SELECT count(DISTINCT pid) FROM handled_order") == 3, timeout=60,
+        # The events flow once all three are up: on a busy machine a process can take many seconds
+        # to start, and two would handle everything before it came.
+        await wait_for(lambda: members_answering(nc, 3), timeout=240, what="three processes up")
+        settings = Settings(database_url=dsn, nats=NatsSettings(url=nats_server.url), relay=RelaySettings())
+        relay = asyncio.create_task(run_relay(settings, topology, stop))
+        await wait_for(lambda: scalar(dsn, "SELECT count(DISTINCT pid) FROM handled_order") == 3, timeout=120,
                        what="all three processes handling")
         await wait_for(lambda: scalar(dsn, handled) > 6000, timeout=60, what="progress")
         victim = scalar(dsn, "SELECT pid FROM handled_order ORDER BY id DESC LIMIT 1")
@@ -149,7 +156,8 @@ async def test_three_processes_keep_each_aggregates_order_through_failures_and_a
         await wait_for(settled, timeout=60, what="every partition acked")
     finally:
         stop.set()
-        await asyncio.wait_for(relay, 30)
+        if relay is not None:
+            await asyncio.wait_for(relay, 30)
         for w in workers:
             if w.poll() is None:
                 w.send_signal(signal.SIGTERM)

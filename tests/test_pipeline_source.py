@@ -97,3 +97,14 @@ async def test_the_source_and_the_drivers_connect_with_the_settings_credentials(
             read(spark, server.url, "VIBESPRO_EVENTS").count()  # no credentials: refused, not a silent empty read
     finally:
         server.kill()
+
+
+def test_python_workers_import_the_compiled_pyspark(spark):
+    """Not pyspark.zip, which Python compiles again in each worker: three times the CPU per start,
+    and Spark gives a starting worker 10 s to connect back (a busy machine missed it)."""
+    def where(_):
+        import pyspark
+        return pyspark.__file__
+
+    [path] = spark.sparkContext.parallelize([0], 1).map(where).collect()
+    assert ".zip" not in path and path.endswith("pyspark/__init__.py"), path

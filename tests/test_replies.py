@@ -72,3 +72,20 @@ async def test_a_publish_ack_is_read_and_no_stream_is_said(nc, replies):
     assert acked(await replies.request("acks.one", b"x"))["seq"] == 1
     with pytest.raises(nats.errors.NoRespondersError):
         acked(await replies.request("nobody.listens", b"x"))
+
+
+async def test_a_request_may_wait_longer_or_shorter_than_the_default(nc, replies):
+    """A longer wait asked first does not hold back a shorter one asked after it (the default is 0.6 s)."""
+    await responder(nc, "slow", lambda m: [(b"late " + m.data, None)], delay=1.5)
+
+    async def ignore(message):
+        pass
+
+    await nc.subscribe("silent", cb=ignore)
+    patient = asyncio.create_task(replies.request("slow", b"1", timeout=6.0))
+    await asyncio.sleep(0.05)  # asked first
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(nats.errors.TimeoutError):
+        await replies.request("silent", b"2", timeout=0.3)
+    assert asyncio.get_running_loop().time() - started < 1.5  # swept at its own deadline
+    assert (await patient).data == b"late 1"  # past the default, within its own

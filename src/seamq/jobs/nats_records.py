@@ -31,6 +31,7 @@ JOBS, UNIQUE = "OJS_JOBS", "OJS_UNIQUE"
 RECORD_TTL_SECONDS = 7 * 86400  # a finished job is kept this long (KV per-message TTL)
 MULTI_GET = 1000  # keys in one batched direct get (nats-server 2.15 refuses more than 1,024: measured)
 CAS_LOST = (10071, 10164)  # JetStream's "wrong last sequence": a compare-and-set lost
+BATCH_WAIT = 0.01  # seconds more, per write, that an atomic batch may take to be acked
 
 
 class Records:
@@ -94,7 +95,9 @@ class Records:
                 continue
             if batch_id:
                 headers["Nats-Batch-Commit"] = "1"
-            reply = acked(await self.replies.request(subject, payload, header_block(headers)))
+            # NATS stores a batch whole, so a bigger one may take longer before its ack.
+            reply = acked(await self.replies.request(subject, payload, header_block(headers),
+                                                     timeout=self.replies.timeout + BATCH_WAIT * len(writes)))
         error = reply.get("error")
         if error:
             if error.get("err_code") in CAS_LOST:

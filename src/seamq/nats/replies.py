@@ -45,7 +45,7 @@ class Replies:
         self.wire = Wire(nc)
         self._prefix = nc.new_inbox() + "."
         self._next = 0
-        self._waiting: dict[int, tuple[float, asyncio.Future | _Run]] = {}  # in the order asked: by deadline
+        self._waiting: dict[int, tuple[float, asyncio.Future | _Run]] = {}  # number: (deadline, waiter)
         self._sub = self._sweeper = None
 
     async def start(self) -> "Replies":
@@ -74,15 +74,16 @@ class Replies:
         elif not waiter.done():
             waiter.set_result(message)
 
-    def _ask(self, waiter) -> tuple[int, str]:
+    def _ask(self, waiter, timeout: float | None = None) -> tuple[int, str]:
         self._next += 1
-        self._waiting[self._next] = (asyncio.get_running_loop().time() + self.timeout, waiter)
+        self._waiting[self._next] = (asyncio.get_running_loop().time() + (timeout or self.timeout), waiter)
         return self._next, f"{self._prefix}{self._next}"
 
-    async def request(self, subject: str, payload: bytes, headers: bytes = b"") -> Msg:
-        """The one answer (nats.errors.TimeoutError if none came in time)."""
+    async def request(self, subject: str, payload: bytes, headers: bytes = b"", *,
+                      timeout: float | None = None) -> Msg:
+        """The one answer (nats.errors.TimeoutError if none came within `timeout`, else the default)."""
         future = asyncio.get_running_loop().create_future()
-        number, reply = self._ask(future)
+        number, reply = self._ask(future, timeout)
         try:
             await self.wire.publish(subject, payload, reply=reply, headers=headers)
             return await future
@@ -120,11 +121,7 @@ class Replies:
             self._fail(lambda deadline: deadline <= now, nats.errors.TimeoutError())
 
     def _fail(self, due, error: Exception) -> None:
-        ended = []
-        for number, (deadline, _) in self._waiting.items():
-            if not due(deadline):
-                break  # the rest were asked later
-            ended.append(number)
+        ended = [number for number, (deadline, _) in self._waiting.items() if due(deadline)]
         for number in ended:
             waiter = self._waiting.pop(number)[1]
             if isinstance(waiter, _Run):

@@ -47,6 +47,9 @@ def session(master: str | None = None, app: str = "seamq", *, quiet: bool = True
         builder = builder.master(master)
     if local:
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        home = _compiled_spark_home()
+        if home is not None:
+            os.environ["SPARK_HOME"] = str(home)
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         builder = builder.config("spark.driver.bindAddress", "127.0.0.1")
     elif not submitted:
@@ -71,6 +74,31 @@ def session(master: str | None = None, app: str = "seamq", *, quiet: bool = True
     spark.dataSource.register(JetStreamDataSource)
     spark.dataSource.register(PgDataSource)
     return spark
+
+
+@functools.cache
+def _compiled_spark_home() -> Path | None:
+    """pip's pyspark as SPARK_HOME, less `python/lib/pyspark.zip`; None where the user set one.
+
+    Spark puts `$SPARK_HOME/python/lib/pyspark.zip` first on every Python worker's path, and Python
+    compiles what it imports from a zip each time, caching nothing. A worker then starts in three
+    times the CPU of one importing the installed, compiled package, and Spark gives it a hard-coded
+    10 s to connect back: a busy machine failed queries that way. Locally the workers run this
+    interpreter, which has pyspark installed, so without the zip they import that."""
+    import pyspark
+
+    package = Path(pyspark.__file__).resolve().parent
+    if "SPARK_HOME" in os.environ or not (package / "python" / "lib" / "pyspark.zip").exists():
+        return None
+    home = Path(tempfile.mkdtemp(prefix="seamq-spark-home-"))
+    atexit.register(shutil.rmtree, home, ignore_errors=True)  # symlinks only: the package stays
+    for entry in package.iterdir():
+        if entry.name != "python":
+            (home / entry.name).symlink_to(entry)
+    (home / "python" / "lib").mkdir(parents=True)
+    for py4j in (package / "python" / "lib").glob("py4j-*.zip"):
+        (home / "python" / "lib" / py4j.name).symlink_to(py4j)
+    return home
 
 
 @functools.cache
