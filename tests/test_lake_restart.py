@@ -7,6 +7,7 @@ import pytest
 
 pytest.importorskip("pyspark")
 
+from seamq.model import ErrorCode, SeamqError  # noqa: E402
 from seamq.pipeline.lake import keep_following  # noqa: E402
 
 
@@ -39,8 +40,9 @@ def test_a_query_that_fails_at_start_is_started_again_with_a_growing_pause():
 
 def test_failures_in_a_row_without_a_batch_end_it_with_the_last_reason():
     failing = [Query([], f"failure {n}") for n in range(1, 5)]
-    with pytest.raises(RuntimeError, match="failure 4"):
+    with pytest.raises(SeamqError, match="failure 4") as ended:
         run(failing)
+    assert ended.value.code is ErrorCode.PIPELINE_FAILED and "run it again" in str(ended.value)
 
 
 def test_a_batch_committed_between_failures_starts_the_count_again():

@@ -76,6 +76,7 @@ class ErrorCode(str, Enum):
     JOB_REFUSED = "JOB_REFUSED"  # the job server refused an operator's request (a job in the wrong state)
     BROKER_UNAVAILABLE = "BROKER_UNAVAILABLE"
     DATABASE_ERROR = "DATABASE_ERROR"
+    PIPELINE_FAILED = "PIPELINE_FAILED"  # a Spark query failed again after its restarts
     INTERNAL = "INTERNAL"  # a bug: an unexpected exception, reported with its (redacted) traceback
 
 

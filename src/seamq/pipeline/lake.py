@@ -18,6 +18,7 @@ from typing import Callable
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
+from seamq.model import ErrorCode, SeamqError
 from seamq.observability import log
 from seamq.pipeline.source import source_options
 from seamq.settings import NatsSettings
@@ -70,12 +71,19 @@ def keep_following(start: Callable[[], object], report: Callable[[int, int], Non
     failures = 0
     while True:
         committed = []
+
+        def counted(batch: int, rows: int) -> None:
+            committed.append(batch)
+            report(batch, rows)
+
         try:
-            follow(start(), lambda batch, rows: (committed.append(batch), report(batch, rows)), stop)
+            follow(start(), counted, stop)
             return
         except RuntimeError as exc:
             failures = 1 if committed else failures + 1
+            reason = str(exc).splitlines()[0]
             if failures > restarts:
-                raise
-            log.warning("lake_query_restarting", reason=str(exc).splitlines()[0], failure=failures, of=restarts)
+                raise SeamqError(ErrorCode.PIPELINE_FAILED, f"{reason} ({failures} failures in a row, none of "
+                                 "them after a committed batch; the checkpoint is intact: run it again)") from exc
+            log.warning("lake_query_restarting", reason=reason, failure=failures, of=restarts)
             pause(2.0 ** failures)
