@@ -115,3 +115,13 @@ async def test_events_written_by_one_server_are_listed_by_another(nc, engine):
         assert [e["type"] for e in after["events"]] == ["job.cancelled"]
     finally:
         await other.stop()
+
+
+async def test_the_watches_of_a_server_that_stopped_or_died_leave_no_consumer_for_long(nc):
+    """Each server follows flags through KV watches: nats-py keeps a watch's consumer 5 minutes after
+    no one listens, and servers restarting often filled the stream's 1,000 consumers."""
+    engines = [await Engine(await NatsJobStore(nc).start()).start(clocks=False) for _ in range(2)]
+    infos = await nc.jetstream().consumers_info("KV_OJS_JOBS")
+    for engine in engines:
+        await engine.stop()
+    assert infos and all(0 < info.config.inactive_threshold <= 30 for info in infos)

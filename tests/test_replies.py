@@ -89,3 +89,31 @@ async def test_a_request_may_wait_longer_or_shorter_than_the_default(nc, replies
         await replies.request("silent", b"2", timeout=0.3)
     assert asyncio.get_running_loop().time() - started < 1.5  # swept at its own deadline
     assert (await patient).data == b"late 1"  # past the default, within its own
+
+
+async def test_at_most_in_flight_requests_wait_for_an_answer_and_the_rest_wait_their_turn(nc):
+    """A burst bigger than the bound is sent as answers free turns: none is timed out by its own queue."""
+    replies = await Replies(nc, timeout=5, in_flight=4).start()
+    unanswered, most = [], [0]
+
+    async def hold(message):
+        unanswered.append(message)
+        most[0] = max(most[0], len(unanswered))
+
+    await nc.subscribe("held", cb=hold)
+
+    async def answer_all():
+        while True:
+            await asyncio.sleep(0.01)
+            while unanswered:
+                message = unanswered.pop(0)
+                await nc.publish(message.reply, b"ok:" + message.data)
+
+    answering = asyncio.create_task(answer_all())
+    try:
+        answers = await asyncio.gather(*(replies.request("held", str(n).encode()) for n in range(40)))
+    finally:
+        answering.cancel()
+        await replies.close()
+    assert sorted(a.data for a in answers) == sorted(f"ok:{n}".encode() for n in range(40))
+    assert most[0] <= 4

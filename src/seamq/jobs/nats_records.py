@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import math
 import uuid
@@ -31,6 +32,7 @@ JOBS, UNIQUE = "OJS_JOBS", "OJS_UNIQUE"
 RECORD_TTL_SECONDS = 7 * 86400  # a finished job is kept this long (KV per-message TTL)
 MULTI_GET = 1000  # keys in one batched direct get (nats-server 2.15 refuses more than 1,024: measured)
 CAS_LOST = (10071, 10164)  # JetStream's "wrong last sequence": a compare-and-set lost
+WATCH_KEPT = 30  # seconds a watch's consumer outlives a server killed -9 (nats-py's default: 5 minutes)
 BATCH_WAIT = 0.01  # seconds more, per write, that an atomic batch may take to be acked
 
 
@@ -176,8 +178,10 @@ class Records:
         changes: asyncio.Queue = asyncio.Queue()
 
         async def watch(prefix: str) -> None:
+            watcher = None
             try:
-                async for entry in await self.jobs.watch(f"{prefix}>"):
+                watcher = await self.jobs.watch(f"{prefix}>", inactive_threshold=WATCH_KEPT)
+                async for entry in watcher:
                     if entry is None:  # what was there at the start has all come
                         changes.put_nowait(("", prefix))
                     else:
@@ -186,6 +190,10 @@ class Records:
                 raise ConnectionError(f"the watch of {prefix}> ended")
             except Exception as exc:
                 changes.put_nowait((None, exc))
+            finally:  # no one listens: its consumer goes WATCH_KEPT later (a stream holds 1,000)
+                if watcher is not None:
+                    with contextlib.suppress(Exception):
+                        await watcher.stop()
 
         tasks = [asyncio.create_task(watch(prefix)) for prefix in prefixes]
         started = set()

@@ -6,6 +6,10 @@ and a waiter) for every request; the job server makes two or three per processed
 answer finds its waiter by the number at the end of its subject, and one sweep a quarter second
 fails those whose answer did not come in time. An answer that comes after its waiter gave up finds
 no one and is dropped, so it can never be taken for the answer to a later request.
+
+At most IN_FLIGHT requests wait for an answer at once; more wait their turn before they are sent,
+so a burst (eight batches of 1,000 jobs, each job's entry a publish) is not timed out by its own
+queue on a busy machine: a request's time starts when it is sent.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from nats.aio.msg import Msg
 from seamq.nats.wire import Wire
 
 SWEEP = 0.25  # seconds between looks for answers that did not come
+IN_FLIGHT = 512  # requests waiting for their answer at once
 
 
 class _Run:
@@ -40,13 +45,14 @@ class _Run:
 
 
 class Replies:
-    def __init__(self, nc: Client, *, timeout: float = 5.0) -> None:
+    def __init__(self, nc: Client, *, timeout: float = 5.0, in_flight: int = IN_FLIGHT) -> None:
         self.nc, self.timeout = nc, timeout
         self.wire = Wire(nc)
         self._prefix = nc.new_inbox() + "."
         self._next = 0
         self._waiting: dict[int, tuple[float, asyncio.Future | _Run]] = {}  # number: (deadline, waiter)
         self._sub = self._sweeper = None
+        self._turns = asyncio.Semaphore(in_flight)
 
     async def start(self) -> "Replies":
         self._sub = await self.nc.subscribe(self._prefix + "*", cb=self._on_answer)
@@ -82,13 +88,14 @@ class Replies:
     async def request(self, subject: str, payload: bytes, headers: bytes = b"", *,
                       timeout: float | None = None) -> Msg:
         """The one answer (nats.errors.TimeoutError if none came within `timeout`, else the default)."""
-        future = asyncio.get_running_loop().create_future()
-        number, reply = self._ask(future, timeout)
-        try:
-            await self.wire.publish(subject, payload, reply=reply, headers=headers)
-            return await future
-        finally:
-            self._waiting.pop(number, None)
+        async with self._turns:
+            future = asyncio.get_running_loop().create_future()
+            number, reply = self._ask(future, timeout)
+            try:
+                await self.wire.publish(subject, payload, reply=reply, headers=headers)
+                return await future
+            finally:
+                self._waiting.pop(number, None)
 
     async def answers(self, subject: str, payload: bytes, ends: tuple[str, ...]) -> AsyncIterator[Msg]:
         """Each answer as it comes, until one with a `Status` header (not yielded): one of `ends`
