@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-unit install browser redis bench-peers clean bench bench-quick soak
+.PHONY: run test lint test-unit install browser redis bench-peers clean bench bench-quick soak
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -30,8 +30,12 @@ run: $(STAMP)
 # compute, so even 2 cores run several at once (tests/conftest.py keeps the ones that share a costly
 # service together). TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= 4
-test: $(STAMP) browser bench-peers
+test: lint browser bench-peers
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup
+
+# Mistakes ruff finds without running anything (pyproject.toml, [tool.ruff]: which rules, and why those).
+lint: $(STAMP)
+	$(BIN)/ruff check src tests bench
 
 # The unit tier only: pure logic on in-memory fakes, in seconds (tests/conftest.py, UNIT_MODULES).
 test-unit: $(STAMP)

@@ -136,7 +136,7 @@ async def lateness(http: Http, seconds: float, per_second: int = 300) -> list[fl
 
     async def producer() -> None:
         tick = 0.1
-        for step in range(int(seconds / tick)):
+        for _ in range(int(seconds / tick)):
             due = datetime.now(timezone.utc) + timedelta(seconds=1)
             batch = [_job(n, "timed", scheduled_at=due.isoformat()) for n in range(int(per_second * tick))]
             await http.call("/jobs/batch", {"jobs": batch})

@@ -42,7 +42,7 @@ class JobServer:
             except OSError:
                 if time.monotonic() > deadline or self.proc.poll() is not None:
                     self.kill()
-                    raise RuntimeError(f"seamq jobs serve did not start:\n{self.log()[-3000:]}")
+                    raise RuntimeError(f"seamq jobs serve did not start:\n{self.log()[-3000:]}") from None
                 time.sleep(0.05)
 
     def log(self) -> str:

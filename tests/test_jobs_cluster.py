@@ -92,7 +92,8 @@ class Workers:
             await asyncio.sleep(1)
             if held:
                 beat = list(held)
-                answer = await self._call(home, lambda c: c.heartbeat(name, beat, visibility_timeout_ms=LEASE_MS))
+                answer = await self._call(home, lambda c, beat=beat: c.heartbeat(name, beat,
+                                                                                      visibility_timeout_ms=LEASE_MS))
                 for job_id in set(beat) - set(answer["jobs_extended"]):
                     self.trail[job_id].append((round(time.time() % 1000, 3), name, "not extended"))
 
@@ -196,7 +197,7 @@ async def test_three_servers_on_an_r3_cluster_through_kill_9_of_one_and_of_a_nat
 
     assert {records[i]["state"] for i in ids} == {"completed"}, "every job completed"
     assert [i for i in ids if workers.effects[i] != 1] == [], "every side effect done exactly once"
-    for job_id, runs in workers.runs.items():  # no attempt beside another: each one after the last ended
+    for runs in workers.runs.values():  # no attempt beside another: each one after the last ended
         assert [attempt for *_, attempt in runs] == sorted({attempt for *_, attempt in runs}), runs
     flaky = [i for n, i in enumerate(ids) if n % 10 == 3 and i not in workers.abandoned]  # failed attempt 1
     assert len(flaky) > JOBS // 10 - 25 and all(i in workers.failed_at for i in flaky)

@@ -209,7 +209,7 @@ async def test_kill_9_mid_batch_then_restart_no_duplicate(dsn, nats_server, nc, 
         stored = await _stream_count(js)
         relay = subprocess.Popen([*SEAMQ, "relay"], env=env, stderr=subprocess.DEVNULL)
         try:
-            await wait_for(lambda: _grew(js, stored), timeout=30, what="the relay publishing")
+            await wait_for(lambda stored=stored: _grew(js, stored), timeout=30, what="the relay publishing")
             relay.kill()
             kills += 1
         finally:

@@ -83,7 +83,7 @@ async def measure(peer, count: int) -> dict:
         begun = time.monotonic()
         for step in range(int(seconds / tick)):
             due = time.time() + 1.0
-            await _limited(((lambda n=n: peer.enqueue_in({"n": n, "due": due}, 1.0))
+            await _limited(((lambda n=n, due=due: peer.enqueue_in({"n": n, "due": due}, 1.0))
                             for n in range(int(per_second * tick))), 8)
             await asyncio.sleep(max(0.0, begun + (step + 1) * tick - time.monotonic()))
         await done.until(2 * count + int(seconds / tick) * int(per_second * tick), timeout=120)

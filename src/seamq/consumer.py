@@ -58,7 +58,7 @@ from seamq.stopping import sleep_unless_stopped
 from seamq.topology import ConsumerSpec
 from seamq.verdict import Ack, DeadLetter, Duplicate, Nak, Verdict, copy_of, dead_letter_failed, decide, lane_failed
 
-_lane_beat: ContextVar[Beat] = ContextVar("lane_beat", default=Beat(0))  # outside a lane: a beat nobody reads
+_lane_beat: ContextVar[Beat] = ContextVar("lane_beat", default=Beat(0))  # noqa: B039  # outside a lane: nobody reads it
 
 
 class InboxConsumer:

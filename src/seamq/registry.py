@@ -148,7 +148,8 @@ def subscriptions(directory: Path) -> list[tuple[str, Route]]:
                     try:
                         Draft202012Validator.check_schema(schema)
                     except SchemaError as exc:
-                        raise _manifest_error(source, f"{vkey}.schema", f"not a valid JSON Schema: {exc.message}")
+                        raise _manifest_error(source, f"{vkey}.schema",
+                                              f"not a valid JSON Schema: {exc.message}") from None
                 timeout = spec.get("timeout")
                 if timeout is not None and (not isinstance(timeout, (int, float)) or timeout <= 0):
                     raise _manifest_error(source, f"{vkey}.timeout", "seconds > 0")

@@ -74,7 +74,7 @@ class Relay:
             return f"payload of {len(payload)} bytes exceeds the server's max_payload {self.max_payload}"
         return OutMessage(subject, payload, message_headers(row, row.traceparent), stream)
 
-    @functools.lru_cache(maxsize=16384)
+    @functools.lru_cache(maxsize=16384)  # noqa: B019  # one relay per process: its cache lives as long
     def _subject(self, context: str, event_type: str, version: int, bucket: int) -> tuple[str | None, ...]:
         """(subject, stream, None) or (None, None, why not); cached, as there are few distinct ones."""
         if context == JOBS_CONTEXT:  # a job enqueued in a transaction, for the job server

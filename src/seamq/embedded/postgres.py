@@ -103,7 +103,8 @@ def _shared_binaries(install: Path) -> Path:
         pass  # another process built it at the same time
     except OSError as exc:
         if not target.exists():
-            raise SeamqError(ErrorCode.EMBEDDED_SERVICE, f"cannot prepare PostgreSQL binaries in {target}: {exc}")
+            raise SeamqError(ErrorCode.EMBEDDED_SERVICE,
+                             f"cannot prepare PostgreSQL binaries in {target}: {exc}") from exc
     finally:
         shutil.rmtree(building, ignore_errors=True)
     return moved
@@ -216,7 +217,8 @@ class PostgresServer(_Process):
                 return
             except psycopg.OperationalError:
                 if time.monotonic() > deadline or not self.running:
-                    raise SeamqError(ErrorCode.EMBEDDED_SERVICE, f"postgres not ready; see {log}:\n{_tail(log)}")
+                    raise SeamqError(ErrorCode.EMBEDDED_SERVICE,
+                                     f"postgres not ready; see {log}:\n{_tail(log)}") from None
                 time.sleep(0.05)
 
     def create_database(self, name: str, template: str | None = None) -> str:

@@ -212,7 +212,7 @@ class Engine:
                 error = {"code": "worker_lost", "type": "WorkerLost", "retryable": True,
                          "message": f"worker {worker_id} was deregistered while it ran attempt {record['attempt']}"}
                 try:
-                    await self.ops.change(record["id"], lambda job: J.released(job, self.clock(), error))
+                    await self.ops.change(record["id"], lambda job, error=error: J.released(job, self.clock(), error))
                 except OjsError:
                     continue  # it ended meanwhile
                 released.append(record["id"])

@@ -125,7 +125,7 @@ class Replies:
         while True:
             await asyncio.sleep(SWEEP)
             now = asyncio.get_running_loop().time()
-            self._fail(lambda deadline: deadline <= now, nats.errors.TimeoutError())
+            self._fail(lambda deadline, now=now: deadline <= now, nats.errors.TimeoutError())
 
     def _fail(self, due, error: Exception) -> None:
         ended = [number for number, (deadline, _) in self._waiting.items() if due(deadline)]
