@@ -19,10 +19,10 @@ import psycopg
 
 from bench.common import Result, payload, relay_and_consumer, services, stop
 from bench.e2e import offer, percentile
-
-HANDLED_WAIT = 300.0  # seconds the bench waits for the last events to be handled
 from seamq import outbox
 from seamq.model import Event
+
+HANDLED_WAIT = 300.0  # seconds the bench waits for the last events to be handled
 
 
 async def timer_lateness(deadlines: list[float]) -> list[float]:

@@ -40,9 +40,10 @@ class Browser:
         self.driver.get(url)
         self.wait_for(expect)
 
-    def text(self) -> str:
+    def text(self, element_id: str | None = None) -> str:
+        """The page's text, or one element's; "" while a live part is being swapped."""
         try:
-            return self.driver.find_element(By.TAG_NAME, "body").text
+            return self.driver.find_element(*((By.ID, element_id) if element_id else (By.TAG_NAME, "body"))).text
         except (StaleElementReferenceException, WebDriverException):
             return ""
 

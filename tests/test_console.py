@@ -322,7 +322,7 @@ def test_the_overview_counts_live_latency_apart_from_replays_and_every_dead_lett
     row = b.rows()[CONSUMER]
     assert row[3] != "-" and float(row[3]) < 600_000, row  # p99 of live deliveries: not the hour-old replay's
     assert int(row[4].split()[0]) >= 1, row  # the replay, counted apart
-    assert "whatever became of them since" in b.driver.find_element(By.ID, "consumers-legend").text
+    b.wait_until(lambda: "whatever became of them since" in b.text("consumers-legend"), "the consumers' legend")
 
     # Pages that do not exist, and a job that does not: coded pages that say so.
     b.open(stack.url + "/jobs/does-not-exist", "error[NOT_FOUND]")

@@ -12,6 +12,8 @@ import pytest
 
 from seamq.nats.replies import Replies, acked
 
+from helpers import wait_for
+
 
 @pytest.fixture
 async def replies(nc):
@@ -76,18 +78,24 @@ async def test_a_publish_ack_is_read_and_no_stream_is_said(nc, replies):
 
 async def test_a_request_may_wait_longer_or_shorter_than_the_default(nc, replies):
     """A longer wait asked first does not hold back a shorter one asked after it (the default is 0.6 s)."""
-    await responder(nc, "slow", lambda m: [(b"late " + m.data, None)], delay=1.5)
+    held = []
+
+    async def hold(message):
+        held.append(message)
 
     async def ignore(message):
         pass
 
+    await nc.subscribe("held", cb=hold)
     await nc.subscribe("silent", cb=ignore)
-    patient = asyncio.create_task(replies.request("slow", b"1", timeout=6.0))
-    await asyncio.sleep(0.05)  # asked first
-    started = asyncio.get_running_loop().time()
-    with pytest.raises(nats.errors.TimeoutError):
-        await replies.request("silent", b"2", timeout=0.3)
-    assert asyncio.get_running_loop().time() - started < 1.5  # swept at its own deadline
+    asked = asyncio.get_running_loop().time()
+    patient = asyncio.create_task(replies.request("held", b"1", timeout=60.0))
+    await wait_for(lambda: held, what="the long request asked first")
+    with pytest.raises(nats.errors.TimeoutError):  # swept at its own deadline, not after the long one's
+        await asyncio.wait_for(replies.request("silent", b"2", timeout=0.3), 30)
+    await asyncio.sleep(max(0.0, asked + 1.0 - asyncio.get_running_loop().time()))  # past the default
+    assert not patient.done()
+    await nc.publish(held[0].reply, b"late 1")
     assert (await patient).data == b"late 1"  # past the default, within its own
 
 
