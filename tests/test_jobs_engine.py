@@ -120,8 +120,11 @@ async def test_events_written_by_one_server_are_listed_by_another(nc, engine):
 async def test_the_watches_of_a_server_that_stopped_or_died_leave_no_consumer_for_long(nc):
     """Each server follows flags through KV watches: nats-py keeps a watch's consumer 5 minutes after
     no one listens, and servers restarting often filled the stream's 1,000 consumers."""
+    js = nc.jetstream()
     engines = [await Engine(await NatsJobStore(nc).start()).start(clocks=False) for _ in range(2)]
-    infos = await nc.jetstream().consumers_info("KV_OJS_JOBS")
+    infos = await js.consumers_info("KV_OJS_JOBS")
     for engine in engines:
         await engine.stop()
     assert infos and all(0 < info.config.inactive_threshold <= 30 for info in infos)
+    left = {info.name for info in await js.consumers_info("KV_OJS_JOBS")}
+    assert not left & {info.name for info in infos}, "a server that stopped cleanly takes its watches along"

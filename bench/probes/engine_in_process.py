@@ -1,8 +1,8 @@
 """Probe: the job engine over the NATS store, in process, no HTTP; time spent per store call and CPU per job.
 
-    PYTHONPATH=src python bench/probes/engine_in_process.py 5000
+    PYTHONPATH=src python bench/probes/engine_in_process.py 5000    (LOOPS=64 for 64 fetch-and-ack loops; 16 by default)
 """
-import asyncio, sys, tempfile, time
+import asyncio, os, sys, tempfile, time
 from pathlib import Path
 import nats
 from seamq.embedded import NatsServer
@@ -43,7 +43,7 @@ async def main():
         ns = psutil.Process(s.proc.pid); me = psutil.Process(os.getpid())
         c0 = (sum(ns.cpu_times()[:2]), sum(me.cpu_times()[:2]))
         t = time.perf_counter()
-        await asyncio.gather(*(loop() for _ in range(16)))
+        await asyncio.gather(*(loop() for _ in range(int(os.environ.get("LOOPS", "16")))))
         rate = N / (time.perf_counter() - t)
         c1 = (sum(ns.cpu_times()[:2]), sum(me.cpu_times()[:2]))
         print(f"  CPU per processed job: nats-server {(c1[0]-c0[0])/N*1e6:.0f} us, engine {(c1[1]-c0[1])/N*1e6:.0f} us")

@@ -35,8 +35,9 @@ from seamq.jobs.ext import Schemas
 from seamq.jobs.flows import Flows
 from seamq.jobs.model import OjsError, conflict
 from seamq.jobs.operations import Operations
-from seamq.jobs.ports import Fired, JobStore
+from seamq.jobs.ports import Conflict, Fired, JobStore, Write
 from seamq.jobs.queues import Queues
+from seamq.jobs.tallied import Tallied
 from seamq.model import ErrorCode, SeamqError, describe
 from seamq.observability import log
 from seamq.stopping import wait_event
@@ -51,6 +52,7 @@ SOON = 60.0  # seconds: a timer due within this is also kept here (bounded by th
 class Engine:
     def __init__(self, store: JobStore, *, test_mode: bool = False, rng: random.Random | None = None,
                  clock: Callable[[], datetime] = model.utcnow) -> None:
+        store = Tallied(store, clock=clock)  # type: ignore[assignment]  # the store, with its counts
         self.store, self.clock = store, clock
         self.events = Events(store, clock)
         self.queues = Queues(store, clock)
@@ -176,10 +178,13 @@ class Engine:
 
     async def delete(self, job_id: str) -> dict:
         """A finished job is removed before its retention ends (the admin API's purge and bulk delete)."""
-        job, _ = await self.ops.load(job_id)
+        job, revision = await self.ops.load(job_id)
         if job.state not in J.FINISHED:
             raise conflict(f"job {job_id} is {job.state.value}: only finished jobs can be deleted; cancel it first")
-        await self.store.delete(job_id)
+        try:
+            await self.store.commit([Write(job_id, None, revision, before=J.to_record(job))])
+        except Conflict:
+            raise conflict(f"job {job_id} changed meanwhile; read it again") from None
         if job.dead_letter:
             await self.store.delete(f"dlq.{job_id}")
         return {"deleted": True, "job_id": job_id}

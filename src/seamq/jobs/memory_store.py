@@ -76,7 +76,10 @@ class MemoryJobStore:
         out = []
         for write in writes:
             self.revision += 1
-            self.records[write.key] = (copy.deepcopy(write.record), self.revision)
+            if write.record is None:
+                self.records.pop(write.key, None)
+            else:
+                self.records[write.key] = (copy.deepcopy(write.record), self.revision)
             self._tell(write.key, write.record)
             out.append(self.revision)
         return out
@@ -200,16 +203,10 @@ class MemoryJobStore:
         if self.handed.pop(fired.handle, None) is not None:
             self.timers.setdefault(fired.handle, (self.clock() + timedelta(seconds=seconds), fired.token))
 
-    async def armed(self, kind: str, queue: str) -> int:
-        return sum(1 for k, key in [*self.timers, *self.handed] if k == kind and key.rsplit(".", 1)[0] == queue)
-
     # ---- finished jobs --------------------------------------------------------------------
 
     async def finished(self, queue: str, state: str) -> None:
         self.ended[(queue, state)] += 1
-
-    async def tally(self, queue: str) -> dict[str, int]:
-        return {state: n for (q, state), n in self.ended.items() if q == queue}
 
     async def log(self, batch: bytes) -> int:
         seq = self.batches[-1][0] + 1 if self.batches else 1

@@ -37,7 +37,7 @@ DURATION_PATTERN = re.compile(
 DEFAULT_QUEUE = "default"
 DEFAULT_MAX_ATTEMPTS = 3
 DEFAULT_VISIBILITY_MS = 1_800_000  # the worker protocol's 1800 s; L2-CRON-005 needs more than 65 s
-MAX_BATCH = 1000  # one NATS atomic batch
+MAX_BATCH = 1000  # records in one NATS atomic batch: the jobs and a count per queue (seamq.jobs.tally)
 MAX_ARGS_BYTES = 512 * 1024  # a job's args; the record must fit one KV message with room to spare
 
 # Fields the server owns: a client cannot set them in a push.
@@ -352,6 +352,10 @@ def new_records(body: Any, now: datetime) -> list[dict]:
             raise OjsError(exc.status, exc.code, f"jobs[{index}]: {exc.message}") from None
     if len({r["id"] for r in records}) < len(records):
         raise invalid("two jobs of the batch have the same id")
+    queues = len({r["queue"] for r in records})
+    if len(records) + queues > MAX_BATCH:
+        raise invalid(f"a batch is stored at once with each queue's count: its jobs and queues number at most "
+                      f"{MAX_BATCH}, got {len(records)} jobs in {queues} queue(s)")
     return records
 
 

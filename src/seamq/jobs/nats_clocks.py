@@ -80,16 +80,6 @@ class Clocks:
     async def again(self, fired: Fired, seconds: float) -> None:
         await fired.handle.nak(delay=seconds)
 
-    async def armed(self, kind: str, queue: str) -> int:
-        """A consumer made for the count and dropped: its pending count is the number of timers."""
-        info = await self.js.add_consumer(TIMERS, ConsumerConfig(
-            filter_subject=f"ojs.sched.{kind}.{queue}.*", ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.ALL,
-            inactive_threshold=10, mem_storage=True))
-        try:
-            return info.num_pending
-        finally:
-            await self.js.delete_consumer(TIMERS, info.name)
-
     # ---- intake: jobs enqueued in a database transaction (seamq.jobs.intake) -----------------------
 
     async def taken_in(self, batch: int = 100, timeout: float = 1.0) -> list[tuple[bytes, object]]:

@@ -94,7 +94,8 @@ class ReadyOrder:
             pending = self._registering.get((queue, priority))
             if pending is None:
                 pending = self._registering[queue, priority] = asyncio.ensure_future(self._register(queue, priority))
-                pending.add_done_callback(lambda _: self._registering.pop((queue, priority), None))
+                pending.add_done_callback(lambda done: (self._registering.pop((queue, priority), None),
+                                                        done.cancelled() or done.exception()))  # heard, if late
             await asyncio.shield(pending)
         await self.published(_subject(queue, priority, job_id), b"")  # the subject names the job
 
@@ -208,11 +209,6 @@ class ReadyOrder:
 
     async def finished(self, queue: str, state: str) -> None:
         await self.nc.publish(f"ojs.done.{queue}.{state}", b"")
-
-    async def tally(self, queue: str) -> dict[str, int]:
-        await self.nc.flush()
-        info = await self.js.stream_info(DONE, subjects_filter=f"ojs.done.{queue}.*")
-        return {s.rsplit(".", 1)[1]: n for s, n in (info.state.subjects or {}).items()}
 
     # ---- the event log ------------------------------------------------------------------------
 

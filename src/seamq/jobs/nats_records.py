@@ -23,13 +23,14 @@ from typing import AsyncIterator
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, KeyValueConfig, StorageType
 from nats.js.errors import APIError, BadRequestError, KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 
-from seamq.jobs.model import decode, encode
+from seamq.jobs.model import decode, encode, utcnow
 from seamq.jobs.ports import Conflict, Write
+from seamq.jobs.tally import RETENTION, record_ttl
 from seamq.nats.replies import acked
 from seamq.nats.wire import header_block
 
 JOBS, UNIQUE = "OJS_JOBS", "OJS_UNIQUE"
-RECORD_TTL_SECONDS = 7 * 86400  # a finished job is kept this long (KV per-message TTL)
+RECORD_TTL_SECONDS = int(RETENTION.total_seconds())  # a finished record that is not a job's (KV per-message TTL)
 MULTI_GET = 1000  # keys in one batched direct get (nats-server 2.15 refuses more than 1,024: measured)
 CAS_LOST = (10071, 10164)  # JetStream's "wrong last sequence": a compare-and-set lost
 WATCH_KEPT = 30  # seconds a watch's consumer outlives a server killed -9 (nats-py's default: 5 minutes)
@@ -87,11 +88,14 @@ class Records:
         batch_id = uuid.uuid4().hex if len(writes) > 1 else None
         for index, write in enumerate(writes, 1):
             headers = {} if write.revision is None else {"Nats-Expected-Last-Subject-Sequence": str(write.revision)}
-            if write.finished:
-                headers["Nats-TTL"] = str(RECORD_TTL_SECONDS)
+            if write.record is None:
+                headers["KV-Operation"] = "DEL"
+            elif write.finished:  # a job's record, until its count ends (seamq.jobs.tally)
+                headers["Nats-TTL"] = str(record_ttl(write.record, utcnow()) if "." not in write.key
+                                          else RECORD_TTL_SECONDS)
             if batch_id:
                 headers.update({"Nats-Batch-Id": batch_id, "Nats-Batch-Sequence": str(index)})
-            subject, payload = f"$KV.{JOBS}.{write.key}", encode(write.record)
+            subject, payload = f"$KV.{JOBS}.{write.key}", b"" if write.record is None else encode(write.record)
             if index < len(writes):
                 await self.replies.wire.publish(subject, payload, headers=header_block(headers))
                 continue
@@ -190,10 +194,12 @@ class Records:
                 raise ConnectionError(f"the watch of {prefix}> ended")
             except Exception as exc:
                 changes.put_nowait((None, exc))
-            finally:  # no one listens: its consumer goes WATCH_KEPT later (a stream holds 1,000)
-                if watcher is not None:
+            finally:  # no one listens: its consumer goes now, or WATCH_KEPT later if NATS is away
+                if watcher is not None:  # (a stream holds 1,000, and servers restart)
                     with contextlib.suppress(Exception):
                         await watcher.stop()
+                        sub = watcher._sub  # nats-py's stop leaves the consumer to its inactive threshold
+                        await self.js.delete_consumer(sub._stream, sub._consumer)
 
         tasks = [asyncio.create_task(watch(prefix)) for prefix in prefixes]
         started = set()
@@ -211,6 +217,7 @@ class Records:
         finally:
             for task in tasks:
                 task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)  # each takes its consumer along
 
     # ---- unique locks -------------------------------------------------------------------------
 

@@ -109,7 +109,7 @@ class Operations(JobClocks):
                 held = None
         raise conflict(f"job {job_id} kept changing while this request tried to change it; try again")
 
-    async def _store(self, job: J.Job, revision: int, before: J.Job | None = None) -> tuple[int, dict]:
+    async def _store(self, job: J.Job, revision: int, before: J.Job) -> tuple[int, dict]:
         """Write a job's next state by CAS, with its workflow's next move when it ended. What the new
         state needs comes first: its entry in the ready order when it became available, its clocks
         (an entry or a timer whose change was never stored is dropped when it comes). Then the end
@@ -117,7 +117,7 @@ class Operations(JobClocks):
         record, finished = J.to_record(job), job.state in J.FINISHED
         await self.ready(job)
         for attempt in range(TRIES):
-            writes, started, moved = [Write(job.id, record, revision, finished)], [], None
+            writes, started, moved = [Write(job.id, record, revision, finished, J.to_record(before))], [], None
             if finished and job.workflow_id and self.flows is not None:
                 extra, started, moved = await self.flows.ending(record)
                 writes += extra
@@ -237,7 +237,8 @@ class Operations(JobClocks):
         Conflict when one of them moved meanwhile."""
         now, jobs = self.clock(), [(J.from_record(r), rev) for r, rev in held]
         jobs = [(job, J.cancelled(job, now), rev) for job, rev in jobs if job.state not in J.FINISHED]
-        await self.store.commit([*also, *(Write(new.id, J.to_record(new), rev, True) for _, new, rev in jobs)])
+        await self.store.commit([*also, *(Write(new.id, J.to_record(new), rev, True, J.to_record(old))
+                                          for old, new, rev in jobs)])
         for before, new, _ in jobs:
             self.mine.pop(new.id, None)
             if before.hold:
@@ -284,8 +285,8 @@ class Operations(JobClocks):
         for latest in (False, True, True):  # the hint, then the record as last stored (again if a CAS lost)
             if latest:
                 held = await self.store.get(taken.job_id)
-            job, revision = (J.from_record(held[0]), held[1]) if held else (None, 0)
-            now = self.clock()
+            read, revision = (J.from_record(held[0]), held[1]) if held else (None, 0)
+            job, now = read, self.clock()
             if job is not None and job.state == J.State.ACTIVE and job.entry == taken.entry:
                 if job.lease_until and job.lease_until > now:  # a lease longer than the hold, or extended
                     if latest:
@@ -302,21 +303,20 @@ class Operations(JobClocks):
                        if taken.deliveries < EARLY_ENTRY_TRIES else self.store.settle(taken.hold))
                 return None
             if job.expires and job.expires <= now:
-                if await self._expire_taken(job, revision, taken):
+                if await self._expire_taken(job, revision, taken, read):
                     return None
                 continue
-            claimed = await self._claimed(job, revision, taken, worker_id, visibility)
+            claimed = await self._claimed(job, revision, taken, worker_id, visibility, read)
             if claimed is not None:
                 return claimed
         await self.store.settle(taken.hold)  # claimed through another entry of it, or moved on, as it was read
         return None
 
     async def _claimed(self, job: J.Job, revision: int, taken: Taken, worker_id: str | None,
-                       visibility: Any) -> dict | None:
-        """The claim's CAS; None when it lost (claimed through another entry of it, or moved on). A
-        lease shorter than the entry's hold holds it for the lease; a longer one (the default, 30
-        minutes) meets its entry again when the hold ends, and is held then for what remains of it
-        (`_claim`): most jobs end first, and their entries need no hold of their own."""
+                       visibility: Any, read: J.Job) -> dict | None:
+        """The claim's CAS; None when it lost (claimed through another entry of it, or moved on). A lease
+        shorter than the entry's hold holds it for the lease; a longer one (the default, 30 minutes) meets
+        its entry again when the hold ends, and is held then for what remains of it (`_claim`)."""
         lease = self._lease(job, visibility)
         claimed = J.claimed(job, self.clock(), worker_id, lease, taken.entry, taken.hold)
         record = J.to_record(claimed)
@@ -324,7 +324,7 @@ class Operations(JobClocks):
             at = claimed.started_at + timedelta(milliseconds=claimed.timeout_ms)
             await self.arm("timeout", J.timer_key(claimed), at, {"attempt": claimed.attempt})
         try:
-            [stored] = await self.store.commit([Write(job.id, record, revision)])
+            [stored] = await self.store.commit([Write(job.id, record, revision, before=J.to_record(read))])
         except Conflict:
             return None
         self._keep(claimed, stored)
@@ -333,10 +333,10 @@ class Operations(JobClocks):
         await self.events.emit("job.started", record)
         return record
 
-    async def _expire_taken(self, job: J.Job, revision: int, taken: Taken) -> bool:
-        """Expire a job met in its entry past its time; False when it moved on meanwhile."""
+    async def _expire_taken(self, job: J.Job, revision: int, taken: Taken, read: J.Job) -> bool:
+        """Expire a job met in its entry past its time (`read` as stored); False when it moved on meanwhile."""
         try:
-            await self._store(J.expired(job, self.clock()), revision, job)
+            await self._store(J.expired(job, self.clock()), revision, read)
         except OjsError:
             return False
         await self.events.emit("job.expired", J.to_record(job))

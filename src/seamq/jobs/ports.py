@@ -32,12 +32,15 @@ class Conflict(Exception):
 @dataclass(frozen=True)
 class Write:
     """One record to store: `revision` 0 creates the key (refused if it exists), None writes it
-    whatever is there, else a CAS on it. A `finished` record is kept for the retention period only."""
+    whatever is there, else a CAS on it; `record` None deletes the key. A `finished` record is kept
+    for the retention period only. A job's write names the record it replaces (`before`, as read
+    at `revision`): its counts move with it (seamq.jobs.tally)."""
 
     key: str
-    record: dict
+    record: dict | None
     revision: int | None = 0
     finished: bool = False
+    before: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -121,13 +124,11 @@ class JobStore(Protocol):
     async def again(self, fired: Fired, seconds: float) -> None:
         """Hand the timer out again in `seconds` (it came before the change it was armed for was stored)."""
 
-    async def armed(self, kind: str, queue: str) -> int:
-        """How many timers of `kind` wait for jobs of `queue` (keys `{queue}.{job id}`)."""
-
     # ---- the log of finished jobs ----------------------------------------------------------------------
 
     async def finished(self, queue: str, state: str) -> None:
-        """Count a job of `queue` that ended in `state` (kept for the retention period)."""
+        """A job of `queue` ended in `state`: the queue is listed for the retention period (`queues`).
+        What is counted is counted in the tallies (seamq.jobs.tally)."""
 
     # ---- the event log: batches of events, from every server ------------------------------------------
 
@@ -139,9 +140,6 @@ class JobStore(Protocol):
 
     async def log_bounds(self) -> tuple[int, int]:
         """The first and last sequence kept ((0, 0) when none is)."""
-
-    async def tally(self, queue: str) -> dict[str, int]:
-        """Jobs of `queue` that finished within the retention period, by state."""
 
     # ---- unique locks --------------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Callable
 
-from seamq.jobs import model
+from seamq.jobs import model, tally
 from seamq.jobs.model import conflict, iso
 from seamq.jobs.ports import Conflict, JobStore, Write
 from seamq.observability import log
@@ -159,12 +159,8 @@ class Queues:
 
     async def stats(self, queue: Any) -> dict:
         queue = model.check_queue(queue)
-        available, active = await self.store.ready_counts(queue)
-        finished = await self.store.tally(queue)
-        counts = {"scheduled": await self.store.armed("scheduled", queue),
-                  "available": available, "active": active,
-                  "retryable": await self.store.armed("retry", queue),
-                  **{state: finished.get(state, 0) for state in ("completed", "discarded", "cancelled")}}
+        counts = tally.summed([record for record, _ in (await self.store.get_many(tally.keys(queue))).values()],
+                              self.clock())
         return {"name": queue, **{state: counts[state] for state in model.STATES}, "paused": self.paused(queue)}
 
     async def names(self) -> list[str]:

@@ -25,7 +25,14 @@ from seamq.jobs.model import COMPLETED, OjsError, invalid, iso
 KINDS = ("chain", "group", "batch")
 CALLBACKS = ("on_success", "on_failure", "on_complete")
 RUNNING, WF_COMPLETED, FAILED, CANCELLED = "running", "completed", "failed", "cancelled"
-MAX_ITEMS = model.MAX_BATCH - 4  # the record, the callbacks: one atomic batch
+MAX_ITEMS = model.MAX_BATCH - 4  # with the record, the callbacks and a count per queue: one atomic batch
+
+
+def _queue_of(item: Any) -> str:
+    """The queue a step names, as far as counting batch records goes (a wrong one is refused later)."""
+    options = item.get("options") if isinstance(item, dict) else None
+    queue = options.get("queue", "default") if isinstance(options, dict) else "default"
+    return queue if isinstance(queue, str) else ""
 
 
 def key(workflow_id: str) -> str:
@@ -88,8 +95,10 @@ def new(body: Any, now: datetime) -> tuple[dict, list[dict]]:
     field = "steps" if kind == "chain" else "jobs"
     if not isinstance(items, list) or not items:
         raise invalid(f"a {kind} workflow needs a non-empty {field} list")
-    if len(items) > MAX_ITEMS:
-        raise invalid(f"a workflow holds at most {MAX_ITEMS} {field}")
+    queues = {_queue_of(item) for item in items}
+    if len(items) + len(queues) > MAX_ITEMS:
+        raise invalid(f"a workflow's {field} and their queues number at most {MAX_ITEMS}, "
+                      f"got {len(items)} in {len(queues)} queue(s)")
     callbacks = body.get("callbacks") or {}
     if not isinstance(callbacks, dict) or set(callbacks) - set(CALLBACKS):
         raise invalid(f"callbacks may only be {', '.join(CALLBACKS)}")

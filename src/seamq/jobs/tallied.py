@@ -1,0 +1,199 @@
+"""The job store with its counts: a commit that moves a job's state also writes its queue's tally,
+in the same atomic batch (seamq.jobs.tally says why and what a tally holds).
+
+An atomic batch costs NATS about as much for one record as for a hundred (a flush under the
+stream's lock: docs/benchmarks.md §7f), so commits that move counts are gathered: those waiting
+when a lane comes free go out together, as one batch with one tally per queue, the way River's
+completer gathers completions. A batch whose CAS loses is tried again one commit at a time, so a
+conflict is told to the commit that lost it and to no other.
+
+A queue has tally.SLOTS tally records, whatever the number of servers and however often they
+restart, so reading a queue's counts costs the same in a year as today. Each process sends its batches on
+LANES of them, starting at a random one: a slot is rarely shared, and a CAS lost to another
+process's batch on it (seen as its record changed behind this one's back) is read again and tried
+again. A batch whose outcome is unknown (NATS did not answer) forgets what it knew of its slots,
+which are read again before their next use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Callable
+
+from seamq.jobs import model, tally
+from seamq.jobs.ports import Conflict, JobStore, Write
+
+LANES = 2  # batches in flight at once, per process: NATS stores a stream's batches one at a time
+TRIES = 8  # a batch tried again while other processes' batches move its slot's tally
+MOST = 1000  # records in one atomic batch: nats-server refuses more
+
+
+@dataclass
+class _Commit:
+    writes: list[Write]
+    moved: list[tally.Move]
+    done: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+    def size(self) -> int:
+        return len(self.writes) + len({move[0] for move in self.moved})
+
+
+class Tallied:
+    """A JobStore (every method but `commit`, `wipe` and `close` is the store's own) whose commits
+    keep counts."""
+
+    def __init__(self, store: JobStore, *, clock: Callable[[], datetime] = model.utcnow, lanes: int = LANES) -> None:
+        self.store, self.clock = store, clock
+        first = random.randrange(tally.SLOTS)
+        self._idle = [(first + lane) % tally.SLOTS for lane in range(lanes)]
+        self._waiting: list[_Commit] = []
+        self._running: set[asyncio.Task] = set()
+        self._known: dict[str, tuple[dict | None, int]] = {}  # a slot's tally as this process last saw it
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    async def commit(self, writes: list[Write]) -> list[int]:
+        moved = [move for write in writes if _is_job(write) for move in tally.moves(_before(write), write.record)]
+        if not moved:
+            return await self.store.commit(writes)
+        pending = _Commit(writes, moved)
+        pending.done.add_done_callback(_heard)
+        self._waiting.append(pending)
+        self._lend()
+        try:
+            return await asyncio.shield(pending.done)
+        except asyncio.CancelledError:
+            if pending in self._waiting:  # not yet sent: it never will be
+                self._waiting.remove(pending)
+                pending.done.cancel()
+            raise  # else it is in a batch on its way, stored or not as NATS decides
+
+    async def wipe(self) -> None:
+        self._known.clear()
+        await self.store.wipe()
+
+    async def close(self) -> None:
+        for task in list(self._running):
+            task.cancel()
+        await asyncio.gather(*self._running, return_exceptions=True)
+        await self.store.close()
+
+    def _lend(self) -> None:
+        while self._waiting and self._idle:
+            task = asyncio.create_task(self._send(self._idle.pop()))
+            self._running.add(task)
+            task.add_done_callback(self._running.discard)
+
+    async def _send(self, lane: int) -> None:  # a lane is its slot
+        try:
+            while group := self._gather():
+                await self._batch(group, lane)
+        finally:
+            self._idle.append(lane)
+            self._lend()
+
+    def _gather(self) -> list[_Commit]:
+        """The waiting commits that fit one batch, in the order they came; one that writes a key
+        already in the batch waits for the next (its CAS would lose to the first)."""
+        group: list[_Commit] = []
+        keys: set[str] = set()
+        size = 0
+        for pending in list(self._waiting):
+            mine = {write.key for write in pending.writes}
+            if group and (keys & mine or size + pending.size() > MOST):
+                continue
+            self._waiting.remove(pending)
+            group.append(pending)
+            keys |= mine
+            size += pending.size()
+        return group
+
+    async def _batch(self, group: list[_Commit], lane: int) -> None:
+        try:
+            revisions = await self._commit([w for c in group for w in c.writes], [m for c in group for m in c.moved], lane)
+        except Conflict as exc:
+            if len(group) == 1:
+                return _settle(group[0], exc)
+            for pending in group:  # which one lost, only each alone can tell
+                await self._batch([pending], lane)
+            return
+        except asyncio.CancelledError:
+            for pending in group:
+                pending.done.cancel()
+            raise
+        except Exception as exc:  # stored or not, nobody knows: each caller is told
+            for pending in group:
+                _settle(pending, exc)
+            return
+        start = 0
+        for pending in group:
+            _settle(pending, revisions[start:start + len(pending.writes)])
+            start += len(pending.writes)
+
+    async def _commit(self, writes: list[Write], moved: list[tally.Move], lane: int) -> list[int]:
+        by_queue: dict[str, list[tally.Move]] = {}
+        for move in moved:
+            by_queue.setdefault(move[0], []).append(move)
+        for attempt in range(TRIES):
+            tallies = []
+            for queue, queue_moves in by_queue.items():
+                key = tally.key(queue, lane)
+                record, revision = self._known.get(key) or await self._read(key)
+                tallies.append(Write(key, tally.applied(record, queue, queue_moves, self.clock()), revision))
+            try:
+                revisions = await self.store.commit([*writes, *tallies])
+            except Conflict:
+                if attempt == TRIES - 1 or not await self._stale(tallies):
+                    raise  # a job's own CAS lost (or the slot stayed too busy)
+                continue
+            except BaseException:
+                for write in tallies:  # stored or not: read again before the next use
+                    self._known.pop(write.key, None)
+                raise
+            for write, revision in zip(tallies, revisions[len(writes):]):
+                self._known[write.key] = (write.record, revision)
+            return revisions[:len(writes)]
+        raise AssertionError("unreachable")
+
+    async def _read(self, key: str) -> tuple[dict | None, int]:
+        held = await self.store.get(key)
+        return held if held is not None else (None, 0)
+
+    async def _stale(self, tallies: list[Write]) -> bool:
+        """Whether a slot's record changed since it was read for this batch (another process's batch,
+        or one of this process's whose answer never came); what it holds now is kept."""
+        stale = False
+        for write in tallies:
+            fresh = await self._read(write.key)
+            self._known[write.key] = fresh
+            stale = stale or fresh[1] != write.revision
+        return stale
+
+
+def _settle(pending: _Commit, outcome: list[int] | BaseException) -> None:
+    if pending.done.done():
+        return
+    if isinstance(outcome, BaseException):
+        pending.done.set_exception(outcome)
+    else:
+        pending.done.set_result(outcome)
+
+
+def _heard(done: asyncio.Future) -> None:
+    """A caller cancelled while its batch was on the way is not there to hear how it went."""
+    if not done.cancelled():
+        done.exception()
+
+
+def _is_job(write: Write) -> bool:
+    return "." not in write.key  # the jobs' keys have no dot; queues', crons', tallies' have
+
+
+def _before(write: Write) -> dict | None:
+    if write.before is None and write.revision != 0:
+        raise ValueError(f"the change of job {write.key} does not say what it replaces: its counts would drift")
+    return write.before

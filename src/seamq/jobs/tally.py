@@ -1,0 +1,105 @@
+"""Job counts per queue and state, kept exact by the commits that change them (no I/O here).
+
+Every count a server shows (OJS queue stats, the admin API, the console) is a sum of tally
+records. Each change of a job's state moves its counts in the same atomic commit as the job's
+record (seamq.jobs.tallied), so a count equals a scan of the jobs after any sequence of retries,
+cancels, lease expiries or server kills: a commit is stored whole or not at all. Before, finishes
+were appended to a log and running jobs read from the ready order's held entries; a job retried
+and finished again counted twice, and an entry outliving its job counted as running.
+
+A queue's counts are spread over a few tally records (seamq.jobs.tallied says how they are
+written); a count is the sum over them. Finished jobs are counted per hour of finishing, and a
+finished job's record is kept until its hour leaves the retention period (`record_ttl`), so its
+count and its record end together.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+from seamq.jobs.model import parse_time
+
+LIVE = ("scheduled", "available", "active", "retryable")
+FINISHED = ("completed", "discarded", "cancelled")
+RETENTION = timedelta(days=7)
+SLOTS = 16  # tally records per queue, whatever the number of servers and however often they restart
+HOUR = "%Y%m%d%H"
+
+Place = tuple[str, str, str]  # (queue, state, hour finished or "")
+Move = tuple[str, str, str, int]  # a place and +1 or -1
+
+
+def prefix(queue: str) -> str:
+    """Keys of a queue's tallies: the queue as one token (its dots made `=`, which no name has)."""
+    return f"tally.{queue.replace('.', '=')}."
+
+
+def key(queue: str, slot: int) -> str:
+    return f"{prefix(queue)}{slot}"
+
+
+def keys(queue: str) -> list[str]:
+    """Every tally record a queue may have: its counts are their sum."""
+    return [key(queue, slot) for slot in range(SLOTS)]
+
+
+def place(record: dict | None) -> Place | None:
+    """Where a job record counts; None for no record (not yet created, or deleted)."""
+    if record is None:
+        return None
+    state, at = record["state"], record.get(f"{record['state']}_at")
+    return record["queue"], state, (_hour(at) if state in FINISHED and at else "")
+
+
+def moves(before: dict | None, after: dict | None) -> list[Move]:
+    """What a write of `after` over `before` does to the counts."""
+    old, new = place(before), place(after)
+    if old == new:
+        return []
+    return [*([(*old, -1)] if old else []), *([(*new, 1)] if new else [])]
+
+
+def applied(record: dict | None, queue: str, lane_moves: list[Move], now: datetime) -> dict:
+    """A lane's tally of `queue` with `lane_moves` added; hours past retention dropped (their jobs'
+    records are gone), and zeros."""
+    live = dict((record or {}).get("live", {}))
+    done = {hour: dict(states) for hour, states in (record or {}).get("done", {}).items() if not _expired(hour, now)}
+    for _, state, hour, delta in lane_moves:
+        counts = done.setdefault(hour, {}) if state in FINISHED else live
+        counts[state] = counts.get(state, 0) + delta
+    done = {hour: {s: n for s, n in states.items() if n} for hour, states in done.items()}
+    return {"_kind": "tally", "queue": queue, "live": {s: n for s, n in live.items() if n},
+            "done": {hour: states for hour, states in done.items() if states}}
+
+
+def summed(records: list[dict], now: datetime) -> dict[str, int]:
+    """A queue's count of each state, from every lane's tally."""
+    out = dict.fromkeys((*LIVE, *FINISHED), 0)
+    for record in records:
+        for state, n in record.get("live", {}).items():
+            out[state] += n
+        for hour, states in record.get("done", {}).items():
+            if not _expired(hour, now):
+                for state, n in states.items():
+                    out[state] += n
+    return out
+
+
+def record_ttl(record: dict, now: datetime) -> int:
+    """Seconds a finished job's record is kept: until its hour leaves the retention period."""
+    found = place(record)
+    if found is None or not found[2]:
+        return int(RETENTION.total_seconds())
+    return max(1, int((_kept_until(found[2]) - now).total_seconds()))
+
+
+def _hour(at: str) -> str:
+    return parse_time(at).astimezone(timezone.utc).strftime(HOUR)
+
+
+def _kept_until(hour: str) -> datetime:
+    return datetime.strptime(hour, HOUR).replace(tzinfo=timezone.utc) + timedelta(hours=1) + RETENTION
+
+
+def _expired(hour: str, now: datetime) -> bool:
+    return bool(hour) and _kept_until(hour) <= now

@@ -1,0 +1,226 @@
+"""Every count a job server shows equals a scan of the jobs (seamq.jobs.tally), after random sequences
+of pushes, fetches, acks, failures, cancels, retries of dead letters, deletes, lease expiries, timers
+and servers killed mid-request: 2,000 sequences on the in-memory store, 2,000 on NATS."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import Counter
+from datetime import timedelta
+
+import pytest
+
+from seamq.ids import uuid7
+from seamq.jobs import model, tally
+from seamq.jobs.engine import Engine
+from seamq.jobs.memory_store import Clock, MemoryJobStore
+from seamq.jobs.model import OjsError
+from seamq.jobs.nats_store import NatsJobStore
+from seamq.jobs.ports import Conflict, Write
+from seamq.jobs.tallied import Tallied
+
+SEQUENCES, STEPS = 2_000, 8
+RETRY = {"max_attempts": 2, "initial_interval": "PT0.2S", "jitter": False, "on_exhaustion": "dead_letter"}
+
+
+class Run:
+    """One sequence's world: two servers on one store, the queue it owns, the jobs it made."""
+
+    def __init__(self, rng: random.Random, queue: str, servers: list[Engine], make, at, wait) -> None:
+        self.rng, self.queue, self.servers, self.make, self.at, self.wait = rng, queue, servers, make, at, wait
+        self.ids: list[str] = []
+        self.held: list[str] = []
+
+    def server(self) -> Engine:
+        return self.rng.choice(self.servers)
+
+    def body(self) -> dict:
+        options = {"queue": self.queue, "priority": self.rng.choice([0, 5])}
+        if self.rng.random() < 0.3:
+            options["retry"] = RETRY
+        if self.rng.random() < 0.15:
+            options["scheduled_at"] = self.at(self.rng.choice([0.2, 0.5]))
+        return {"type": "t.count", "args": [], "options": options}
+
+    async def step(self) -> None:
+        name = self.rng.choice(["push", "push", "batch", "fetch", "fetch", "ack", "fail", "fail", "cancel", "retry",
+                                "delete", "wait"] * 2 + ["kill"])
+        job = self.rng.choice(self.ids) if self.ids else None
+        held = self.rng.choice(self.held) if self.held else None
+        try:
+            if name == "push":
+                self.ids.append((await self.server().ops.push(self.body()))[1]["id"])
+            elif name == "batch":
+                made = await self.server().ops.push_batch({"jobs": [self.body() for _ in range(self.rng.randint(2, 4))]})
+                self.ids += [j["id"] for j in made]
+            elif name == "fetch":
+                lease = self.rng.choice([300, 60_000])
+                got = await self.server().ops.fetch([self.queue], self.rng.randint(1, 3), "w", lease)
+                self.held += [j["id"] for j in got]
+            elif name == "ack" and held:
+                await self.server().ops.ack(held)
+            elif name == "fail" and held:
+                await self.server().ops.nack(held, {"type": "Boom", "message": "failed"}, self.rng.random() < 0.2)
+            elif name == "cancel" and job:
+                await self.server().ops.cancel(job)
+            elif name == "retry" and job:
+                await (self.server().retry_dead_letter if self.rng.random() < 0.5 else self.server().retry)(job)
+            elif name == "delete" and job:
+                await self.server().delete(job)
+                self.ids.remove(job)
+            elif name == "wait":
+                await self.wait(self.rng.choice([0.1, 0.4]))
+                for server in self.servers:
+                    await server.tick()
+            elif name == "kill":
+                await self.kill()
+        except OjsError as refused:  # a move the job's state does not allow: refused, nothing changed
+            assert refused.status in (404, 409), refused
+
+    async def kill(self) -> None:
+        """A server dies in the middle of a request (cancelled at a random await) and another starts."""
+        victim = self.rng.randrange(len(self.servers))
+        bodies = [{**self.body(), "id": str(uuid7())} for _ in range(3)]
+        self.ids += [body["id"] for body in bodies]  # stored or not: the store says which
+        request = asyncio.ensure_future(self.servers[victim].ops.push_batch({"jobs": bodies}))
+        for _ in range(self.rng.randint(0, 6)):
+            await asyncio.sleep(0)
+        request.cancel()
+        await asyncio.gather(request, return_exceptions=True)
+        await self.servers[victim].stop()
+        self.servers[victim] = await self.make()
+
+    async def check(self) -> None:
+        async def made() -> list[dict]:
+            return [record for record, _ in (await self.server().store.get_many(sorted(set(self.ids)))).values()]
+        await agree(self.server(), {self.queue}, made)
+
+
+async def agree(server: Engine, queues: set[str], read) -> None:
+    """Counts equal the records. Another lane's timers may move a job meanwhile (a scheduled job due):
+    the records are read before and after the counts, and a comparison across such a move is made again."""
+    for _ in range(20):
+        before = Counter((r["queue"], r["state"]) for r in await read())
+        shown = {queue: await server.queues.stats(queue) for queue in queues}
+        if Counter((r["queue"], r["state"]) for r in await read()) == before:
+            break
+    assert {q: {s: shown[q][s] for s in model.STATES} for q in queues} == {
+        q: {s: before[q, s] for s in model.STATES} for q in queues}
+
+
+async def sequences(count: int, lanes: int, world, at, wait, seed: int) -> None:
+    """`count` sequences on `lanes` at once; each lane has its two servers on the store `world()` makes
+    it, and ends with one scan of every job it made against every queue's counts."""
+    async def lane(n: int) -> None:
+        make = world()
+        servers = [await make(), await make()]
+        try:
+            for k in range(n, count, lanes):
+                rng = random.Random(seed * 100_000 + k)
+                run = Run(rng, f"q{seed}-{k}", servers, make, at, wait)
+                for _ in range(rng.randint(1, STEPS)):
+                    await run.step()
+                await run.check()
+            await everything_agrees(servers[0], {f"q{seed}-{k}" for k in range(n, count, lanes)})
+        finally:
+            for server in servers:
+                await server.stop()
+
+    await asyncio.gather(*(lane(n) for n in range(lanes)))
+
+
+async def everything_agrees(server: Engine, queues: set[str]) -> None:
+    async def scan():
+        return [j for j in await server.jobs() if j["queue"] in queues]
+    await agree(server, queues, scan)
+
+
+async def test_counts_equal_a_scan_after_random_sequences_on_the_memory_store():
+    clock = Clock()
+
+    def world():  # a store per lane: the memory store's scans read every record
+        store = MemoryJobStore(clock)
+
+        async def make() -> Engine:
+            return await Engine(store, clock=clock).start(clocks=False)
+        return make
+
+    async def wait(seconds: float) -> None:
+        clock.advance(seconds)
+
+    await sequences(SEQUENCES, 100, world, lambda seconds: model.iso(clock() + timedelta(seconds=seconds)), wait,
+                    seed=1)
+
+
+@pytest.mark.timeout(900)  # its own limit: up to 20,000 steps on NATS, on a busy machine
+async def test_counts_equal_a_scan_after_random_sequences_on_nats(nc):
+    async def make() -> Engine:
+        return await Engine(await NatsJobStore(nc).start()).start(clocks=False)
+
+    def at(seconds: float) -> str:
+        return model.iso(model.utcnow() + timedelta(seconds=seconds))
+
+    await sequences(SEQUENCES, 16, lambda: make, at, asyncio.sleep, seed=2)
+
+
+class Counted:
+    """A store that counts the commits it is given: the batches Tallied sends."""
+
+    def __init__(self, store) -> None:
+        self.store, self.batches = store, 0
+
+    def __getattr__(self, name: str):
+        return getattr(self.store, name)
+
+    async def commit(self, writes):
+        self.batches += 1
+        return await self.store.commit(writes)
+
+
+@pytest.fixture(params=["memory", "nats"])
+async def raw_store(request):
+    if request.param == "memory":
+        yield MemoryJobStore()
+        return
+    import nats
+
+    nc = await nats.connect(request.getfixturevalue("nats_server").url)
+    found = await NatsJobStore(nc).start()
+    yield found
+    await found.close()
+    await nc.close()
+
+
+async def test_commits_sent_together_each_hear_their_own_outcome(raw_store):
+    """Commits waiting together go out as one batch; a CAS that loses in it fails that commit only,
+    and the counts move for the commits stored and no other."""
+    store = Counted(raw_store)
+    tallied = Tallied(store)
+
+    def job(n: int, state: str) -> dict:
+        return {"id": f"g{n}", "queue": "gathered", "state": state}
+
+    async def outcome(writes: list[Write]):
+        try:
+            return await tallied.commit(writes)
+        except Conflict:
+            return None
+
+    created = await asyncio.gather(*(outcome([Write(f"g{n % 120}", job(n % 120, "available"))]) for n in range(140)))
+    assert store.batches < 140  # gathered
+    assert sum(r is None for r in created) == 20  # g0..g19 twice: the second create of each lost
+    revisions = {f"g{n % 120}": r[0] for n, r in enumerate(created) if r is not None}
+    assert len(revisions) == 120
+
+    before = store.batches
+    moves = [Write(key, job(int(key[1:]), "active"), revision - (n % 6 == 0), before=job(int(key[1:]), "available"))
+             for n, (key, revision) in enumerate(sorted(revisions.items()))]  # every sixth on a stale revision
+    moved = await asyncio.gather(*(outcome([write]) for write in moves))
+    assert [r is None for r in moved] == [n % 6 == 0 for n in range(120)]
+    assert store.batches - before < 120 + 20  # one batch, then the stale ones' alone and the rest's
+
+    records = [record for record, _ in (await raw_store.get_many(sorted(revisions))).values()]
+    counts = tally.summed([r for r, _ in await raw_store.scan(tally.prefix("gathered"))], model.utcnow())
+    assert {s: n for s, n in counts.items() if n} == dict(Counter(r["state"] for r in records)) == {
+        "available": 20, "active": 100}
