@@ -202,7 +202,7 @@ async def server_scenarios(svc, count: int, waiting: int, result: Result, raw: d
         http = Http(server.url)  # the old one's kept-alive connections went with the old process
         held = 0
         for level in waiting:
-            loaded = await enqueue_batched(http, level - held, f"waiting-{level}", size=1000)
+            loaded = await enqueue_batched(http, level - held, f"waiting-{level}", size=999)
             held = level
             rss = peak_rss_mb(server.proc.pid)
             result.add(case=f"server peak RSS, {level:,} jobs waiting (enqueued 1,000 per batch; MB)",

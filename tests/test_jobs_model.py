@@ -180,3 +180,27 @@ def test_times_are_read_in_any_rfc_3339_form_and_written_in_utc_with_z(text, exp
 def test_a_time_that_is_not_one_is_refused(text):
     with pytest.raises(OjsError):
         model.parse_time(text)
+
+
+def test_a_batch_and_its_queues_fit_one_atomic_batch():
+    """NATS stores at most 1,000 records at once: a batch's jobs, and a count per queue they go to."""
+    one_queue = {"jobs": [{"type": "t", "args": []} for _ in range(999)]}
+    assert len(model.new_records(one_queue, NOW)) == 999
+    with pytest.raises(OjsError, match="got 1000 jobs in 1 queue"):
+        model.new_records({"jobs": [{"type": "t", "args": []} for _ in range(1000)]}, NOW)
+    spread = {"jobs": [{"type": "t", "args": [], "options": {"queue": f"q{n % 2}"}} for n in range(999)]}
+    with pytest.raises(OjsError, match="got 999 jobs in 2 queue"):
+        model.new_records(spread, NOW)
+
+
+def test_a_workflow_and_its_queues_fit_one_atomic_batch():
+    from seamq.jobs import workflows
+
+    def group(jobs):
+        return {"type": "group", "jobs": jobs}
+    fits = [{"type": "t", "args": []}] * (workflows.MAX_ITEMS - 1)
+    assert len(workflows.new(group(fits), NOW)[1]) == workflows.MAX_ITEMS - 1
+    with pytest.raises(OjsError, match="and their queues number at most"):
+        workflows.new(group(fits + [{"type": "t", "args": [], "options": {"queue": "other"}}]), NOW)
+    with pytest.raises(OjsError):  # a queue of the wrong shape is refused, not a crash
+        workflows.new(group([{"type": "t", "args": [], "options": {"queue": ["x"]}}]), NOW)

@@ -2,7 +2,7 @@
 
     PYTHONPATH=src python bench/probes/engine_in_process.py 5000    (LOOPS=64 for 64 fetch-and-ack loops; 16 by default)
 """
-import asyncio, os, sys, tempfile, time
+import asyncio, sys, tempfile, time
 from pathlib import Path
 import nats
 from seamq.embedded import NatsServer
