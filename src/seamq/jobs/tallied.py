@@ -27,7 +27,7 @@ from seamq.jobs import model, tally
 from seamq.jobs.ports import Conflict, JobStore, Write
 
 LANES = 2  # batches in flight at once, per process: NATS stores a stream's batches one at a time
-TRIES = 8  # a batch tried again while other processes' batches move its slot's tally
+SLOT_TRIES = 8  # a batch tried again while other processes' batches move its slot's tally
 MOST = 1000  # records in one atomic batch: nats-server refuses more
 
 
@@ -138,7 +138,7 @@ class Tallied:
         by_queue: dict[str, list[tally.Move]] = {}
         for move in moved:
             by_queue.setdefault(move[0], []).append(move)
-        for attempt in range(TRIES):
+        for attempt in range(SLOT_TRIES):
             tallies = []
             for queue, queue_moves in by_queue.items():
                 key = tally.key(queue, lane)
@@ -147,7 +147,7 @@ class Tallied:
             try:
                 revisions = await self.store.commit([*writes, *tallies])
             except Conflict:
-                if attempt == TRIES - 1 or not await self._stale(tallies):
+                if attempt == SLOT_TRIES - 1 or not await self._stale(tallies):
                     raise  # a job's own CAS lost (or the slot stayed too busy)
                 continue
             except BaseException:
