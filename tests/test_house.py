@@ -18,17 +18,18 @@ SRC = TESTS.parent / "src" / "seamq"
 CORE = {"ids", "stopping", "units", "backoff", "health", "model", "envelope", "dead_letter", "holds", "verdict", "redact",
         "typed", "compat", "republish", "codec"}
 JOBS_CORE = {"jobs.model", "jobs.job", "jobs.attempts", "jobs.cron", "jobs.workflows", "jobs.schemas", "jobs.admin",
-             "jobs.activity"}
+             "jobs.activity", "jobs.tally"}
 WORKERS = {"relay", "consumer", "handling", "metered", "dlq_replay", "dlq_desk", "jobs.operations", "jobs.job_clocks",
            "jobs.flows", "jobs.crontab", "jobs.queues", "jobs.events", "jobs.unique", "jobs.ext", "jobs.engine",
-           "jobs.intake"}
+           "jobs.intake", "jobs.tallied"}
 DRIVERS = ("nats", "psycopg", "psycopg_pool", "sqlalchemy", "asyncpg", "aiohttp", "httptools", "seamq.nats", "seamq.pg",
            "seamq.http", "seamq.jobs.nats_store", "seamq.jobs.nats_records", "seamq.jobs.nats_ready",
            "seamq.jobs.nats_clocks", "seamq.jobs.memory_store", "seamq.wiring", "seamq.cli")
 
 
-def _imports(module: str) -> set[str]:
-    """What a module imports when it runs (imports inside `if TYPE_CHECKING:` are types only)."""
+def _imports(module: str, *, types: bool = False) -> set[str]:
+    """What a module imports when it runs (imports inside `if TYPE_CHECKING:` are types only, and
+    counted with `types`)."""
     import ast
 
     tree = ast.parse((SRC / (module.replace(".", "/") + ".py")).read_text())
@@ -36,7 +37,7 @@ def _imports(module: str) -> set[str]:
                    and getattr(block.test, "id", None) == "TYPE_CHECKING" for node in ast.walk(block)}
     found = set()
     for node in ast.walk(tree):
-        if id(node) in typing_only:
+        if id(node) in typing_only and not types:
             continue
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names}
@@ -62,3 +63,34 @@ def test_workers_see_ports_never_a_driver():
     drivers = {m: sorted(i for i in _imports(m) if i.split(".")[0] in DRIVERS or i.startswith(DRIVERS))
                for m in WORKERS}
     assert not {m: i for m, i in drivers.items() if i}
+
+
+def test_no_cycle_inside_the_jobs_package():
+    """A module of seamq.jobs that needs another's methods names them (a Protocol), rather than
+    importing a module that imports it back, even for types: such a pair can only change together."""
+    modules = sorted(p.relative_to(SRC).with_suffix("").as_posix().replace("/", ".")
+                     for p in (SRC / "jobs").glob("*.py") if p.stem != "__init__")
+    needs = {m: {i.removeprefix("seamq.") for i in _imports(m, types=True)} & set(modules) for m in modules}
+
+    def reaches(start: str, goal: str, seen: set[str]) -> bool:
+        return any(n == goal or (n not in seen and not seen.add(n) and reaches(n, goal, seen)) for n in needs[start])
+    cycles = sorted(m for m in modules if reaches(m, m, set()))
+    assert not cycles, f"modules on an import cycle: {cycles}"
+
+
+def test_a_job_state_is_written_once():
+    """The seven states are seamq.jobs.model.State; a second list of them drifts (it did: a tuple in
+    model, an enum in job)."""
+    import ast
+
+    names = {"scheduled", "available", "active", "retryable", "completed", "discarded", "cancelled"}
+    offenders = []
+    for path in sorted((SRC / "jobs").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            values = [getattr(e, "value", None) for e in getattr(node, "elts", [])] if isinstance(
+                node, (ast.Tuple, ast.List, ast.Set)) else [getattr(getattr(b, "value", None), "value", None)
+                                                           for b in node.body] if isinstance(node, ast.ClassDef) else []
+            if len(names & {v for v in values if isinstance(v, str)}) >= 3 and not (
+                    path.name == "model.py" and getattr(node, "name", "") == "State"):
+                offenders.append(f"{path.name}:{node.lineno}")
+    assert not offenders, f"job states written again: {offenders}"

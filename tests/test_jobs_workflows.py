@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from seamq.jobs import workflows
-from seamq.jobs.model import COMPLETED, DISCARDED, OjsError, utcnow
+from seamq.jobs.model import OjsError, State, utcnow
+
+COMPLETED, DISCARDED = State.COMPLETED, State.DISCARDED
 
 
 def item(name: str, queue: str = "q") -> dict:

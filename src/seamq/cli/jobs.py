@@ -13,7 +13,7 @@ import typer
 from rich.table import Table
 
 from seamq.cli.common import JsonOption, console, exit_with, id_prefix, print_json, run, settings, the_one
-from seamq.jobs.model import TERMINAL
+from seamq.jobs.model import FINISHED
 from seamq.model import ErrorCode, SeamqError, describe
 
 app = typer.Typer(help="Open Job Spec job server on NATS JetStream + KV.", no_args_is_help=True)
@@ -238,7 +238,7 @@ def cancel(job_id: Optional[str] = typer.Argument(None, help="One job not yet fi
         return print_json(job) if as_json else console.print(f"job {job['id']} is {job['state']}")
     if not yes:  # what the bulk cancel would act on: the unfinished jobs among those the filters select
         selected = _admin(url, lambda c: c.jobs(limit=100_000, **filters))
-        count = sum(1 for job in selected if job["state"] not in TERMINAL)
+        count = sum(1 for job in selected if job["state"] not in FINISHED)
         exit_with(SeamqError(ErrorCode.CONFIRMATION_NEEDED, f"--all selects {count} unfinished jobs now; add --yes "
                                                             "to cancel them"))
     _bulk_report("cancelled", _admin(url, lambda c: c.bulk("cancel", filters)), as_json)

@@ -18,7 +18,7 @@ from seamq.jobs import admin
 from seamq.jobs.admin import Filter
 from seamq.jobs.api import answer, body_of
 from seamq.jobs.engine import Engine
-from seamq.jobs.model import STATES, OjsError, TERMINAL, check_queue, invalid, iso, utcnow
+from seamq.jobs.model import FINISHED, STATES, OjsError, State, check_queue, invalid, iso, utcnow
 
 SCOPE = "server"  # workers and throughput are what this server process saw (seamq.jobs.activity)
 
@@ -84,8 +84,8 @@ def admin_routes(engine: Engine) -> list[Route]:
         body = await body_of(request)
         admin.confirmed(body)
         states = body.get("states")
-        if not isinstance(states, list) or not states or not all(s in TERMINAL for s in states):
-            raise invalid(f"states must be a list of finished states ({', '.join(sorted(TERMINAL))}); "
+        if not isinstance(states, list) or not states or not all(s in FINISHED for s in states):
+            raise invalid(f"states must be a list of finished states ({', '.join(sorted(FINISHED))}); "
                           "waiting and running jobs are cancelled, not purged")
         found = [r for r in await engine.jobs(name) if r["state"] in states]
         return answer({"purged_count": await purge_older(found, body, engine.delete), "states": states})
@@ -197,10 +197,10 @@ def admin_routes(engine: Engine) -> list[Route]:
         Route(f"{prefix}/queues/{{name}}/jobs", purge, methods=["DELETE"]),
         Route(f"{prefix}/queues/{{name}}/config", configure, methods=["PUT"]),
         Route(f"{prefix}/jobs", jobs, methods=["GET"]),
-        Route(f"{prefix}/jobs/bulk/retry", bulk("retry", ("discarded", "cancelled"), engine.retry), methods=["POST"]),
-        Route(f"{prefix}/jobs/bulk/cancel", bulk("cancel", ("scheduled", "available", "active", "retryable"),
+        Route(f"{prefix}/jobs/bulk/retry", bulk("retry", (State.DISCARDED, State.CANCELLED), engine.retry), methods=["POST"]),
+        Route(f"{prefix}/jobs/bulk/cancel", bulk("cancel", tuple(s for s in STATES if s not in FINISHED),
                                                  engine.ops.cancel), methods=["POST"]),
-        Route(f"{prefix}/jobs/bulk/delete", bulk("delete", tuple(TERMINAL), engine.delete), methods=["POST"]),
+        Route(f"{prefix}/jobs/bulk/delete", bulk("delete", tuple(FINISHED), engine.delete), methods=["POST"]),
         Route(f"{prefix}/jobs/{{job_id}}", job, methods=["GET"]),
         Route(f"{prefix}/jobs/{{job_id}}/retry", retry, methods=["POST"]),
         Route(f"{prefix}/jobs/{{job_id}}/cancel", cancel, methods=["POST"]),

@@ -15,7 +15,7 @@ from starlette.routing import Route
 from seamq.jobs import admin
 from seamq.jobs.api import answer, body_of
 from seamq.jobs.engine import Engine
-from seamq.jobs.model import TERMINAL, invalid
+from seamq.jobs.model import FINISHED, invalid
 from seamq.jobs.unique import fingerprint
 
 
@@ -54,7 +54,7 @@ def console_routes(engine: Engine) -> list[Route]:
 
     async def unique_jobs(request: Request) -> Response:
         rows = [{"key": fingerprint(r), "job_id": r["id"], "type": r["type"], "queue": r["queue"], "state": r["state"]}
-                for r in await engine.jobs() if r.get("unique") and r["state"] not in TERMINAL]
+                for r in await engine.jobs() if r.get("unique") and r["state"] not in FINISHED]
         return answer(admin.paged(rows, request.query_params))
 
     async def middleware(request: Request) -> Response:

@@ -85,7 +85,7 @@ class Crontab:
         following = {**record, "next_run_at": iso(cron.parse(record["expression"]).next_after(
             max(now, due), record["timezone"]))}
         last = await self.store.get(record.get("_last_job_id") or "-")
-        if record["overlap_policy"] == "skip" and last is not None and last[0]["state"] not in model.TERMINAL:
+        if record["overlap_policy"] == "skip" and last is not None and last[0]["state"] not in model.FINISHED:
             try:
                 await self.store.commit([Write(key, following, revision)])
             except Conflict:

@@ -59,7 +59,7 @@ class Engine:
         self.ops = Operations(store, self.queues, self.events, rng=rng, test_mode=test_mode, clock=clock)
         self.flows = self.ops.flows = Flows(self.ops)
         self.crontab = Crontab(self.ops)
-        self.schemas = Schemas(self)
+        self.schemas = Schemas(store, self.queues)
         self.ops.check = self.schemas.check
         self.ops.soon = self._soon
         self._deadlines: list[tuple[float, int, Fired]] = []  # timers due within SOON, armed here

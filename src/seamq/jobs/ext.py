@@ -8,27 +8,27 @@ naming one is checked without a read.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from seamq.jobs import job as J
 from seamq.jobs import schemas
+from seamq.jobs.events import Events
 from seamq.jobs.model import OjsError, conflict, invalid, iso, utcnow
-from seamq.jobs.ports import Conflict, Write
-
-if TYPE_CHECKING:
-    from seamq.jobs.engine import Engine
+from seamq.jobs.operations import Operations
+from seamq.jobs.ports import Conflict, JobStore, Write
+from seamq.jobs.queues import Queues
 
 
 class Schemas:
-    def __init__(self, engine: "Engine") -> None:
-        self.engine = engine
+    def __init__(self, store: JobStore, queues: Queues) -> None:
+        self.store, self.queues = store, queues
 
     def _all(self) -> list[dict]:
-        return self.engine.queues.of("schema.")
+        return self.queues.of("schema.")
 
     async def put(self, record: dict) -> tuple[int, dict]:
         """201 for a new (type, version); 200 for the same schema again; 409 for another schema."""
-        held = await self.engine.store.get(record["_key"])
+        held = await self.store.get(record["_key"])
         if held is not None:
             if held[0]["schema"] == record["schema"] and held[0]["uri"] == record["uri"]:
                 return 200, schemas.public(held[0])
@@ -38,11 +38,11 @@ class Schemas:
         if taken is not None:
             raise OjsError(409, "duplicate", f"uri {record['uri']} names {taken['type']} version {taken['version']}")
         try:
-            await self.engine.store.commit([Write(record["_key"], record, 0)])
+            await self.store.commit([Write(record["_key"], record, 0)])
         except Conflict:
             raise conflict(f"schema {record['type']} version {record['version']} changed while it was "
                            "registered") from None
-        self.engine.queues.kept(record["_key"], record)
+        self.queues.kept(record["_key"], record)
         return 201, schemas.public(record)
 
     def list(self, job_type: str | None = None) -> list[dict]:
@@ -55,7 +55,7 @@ class Schemas:
             if not found:
                 raise OjsError(404, "not_found", f"no schema registered for {job_type}")
             return found[-1]
-        held = self.engine.queues.flags.get(schemas.key(job_type, schemas.version_of(version)))
+        held = self.queues.flags.get(schemas.key(job_type, schemas.version_of(version)))
         if held is None:
             raise OjsError(404, "not_found", f"no schema {job_type} version {version}")
         return schemas.public(held)
@@ -67,8 +67,8 @@ class Schemas:
         return found
 
     async def delete(self, record: dict) -> dict:
-        await self.engine.store.delete(record["_key"])
-        self.engine.queues.kept(record["_key"], None)
+        await self.store.delete(record["_key"])
+        self.queues.kept(record["_key"], None)
         return {"deleted": True, **schemas.public(record)}
 
     def check(self, record: dict) -> None:
@@ -108,7 +108,7 @@ def progress_value(body: Any) -> tuple[float, str | None, Any]:
     return given[0], message, data
 
 
-async def report_progress(engine: "Engine", job_id: Any, body: Any) -> dict:
+async def report_progress(ops: Operations, events: Events, job_id: Any, body: Any) -> dict:
     value, message, data = progress_value(body)
 
     def move(job: J.Job) -> J.Job:
@@ -117,8 +117,8 @@ async def report_progress(engine: "Engine", job_id: Any, body: Any) -> dict:
         return J.replace(job, extra={**job.extra, "progress": value, "progress_message": message,
                                    "progress_data": data, "progress_updated_at": iso(utcnow())})
 
-    _, _, record = await engine.ops.change(job_id, move)
-    await engine.events.emit("job.progress", record, progress=value, message=message)
+    _, _, record = await ops.change(job_id, move)
+    await events.emit("job.progress", record, progress=value, message=message)
     return progress_of(record)
 
 

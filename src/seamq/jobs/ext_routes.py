@@ -20,11 +20,12 @@ def extensions(engine: Engine) -> list[Route]:
     registry = engine.schemas
 
     async def report_progress(request: Request) -> Response:  # the suite: PUT /jobs/{id}/progress
-        return answer(await ext.report_progress(engine, request.path_params["job_id"], await body_of(request)))
+        return answer(await ext.report_progress(engine.ops, engine.events, request.path_params["job_id"],
+                                                  await body_of(request)))
 
     async def worker_progress(request: Request) -> Response:  # the SDKs: POST /workers/progress
         body = await body_of(request)
-        return answer(await ext.report_progress(engine, body.get("job_id"), body))
+        return answer(await ext.report_progress(engine.ops, engine.events, body.get("job_id"), body))
 
     async def progress(request: Request) -> Response:
         return answer(ext.progress_of(await engine.ops.record(request.path_params["job_id"])))

@@ -9,21 +9,35 @@ same revision; the one that loses reads the workflow again and tries again.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from datetime import datetime
+from typing import Any, Callable, Protocol
 
 from seamq.jobs import job as J
 from seamq.jobs import workflows
+from seamq.jobs.events import Events
 from seamq.jobs.model import OjsError, conflict, is_job_id
-from seamq.jobs.ports import Conflict, Write
-
-if TYPE_CHECKING:
-    from seamq.jobs.operations import Operations
+from seamq.jobs.ports import Conflict, JobStore, Write
 
 TRIES = 8
 
 
+class Jobs(Protocol):
+    """What a workflow asks of the jobs' operations (seamq.jobs.operations), named here so that
+    neither module imports the other."""
+
+    store: JobStore
+    events: Events
+    clock: Callable[[], datetime]
+
+    async def create(self, records: list[dict], also: list[Write] = ...) -> None: ...
+
+    async def ready(self, job: J.Job) -> None: ...
+
+    async def cancel_all(self, held: list[tuple[dict, int]], also: list[Write]) -> list[dict]: ...
+
+
 class Flows:
-    def __init__(self, ops: "Operations") -> None:
+    def __init__(self, ops: Jobs) -> None:
         self.ops, self.store = ops, ops.store
 
     async def create(self, body: Any) -> dict:

@@ -17,7 +17,7 @@ import asyncio
 import json
 
 from seamq.jobs import model
-from seamq.jobs.model import DISCARDED, OjsError, iso, utcnow
+from seamq.jobs.model import OjsError, State, iso, utcnow
 from seamq.observability import log
 from seamq.model import describe
 
@@ -30,7 +30,7 @@ def refused(body: dict, error: OjsError) -> dict:
     record = model.new_record(body, now)
     entry = {"code": error.code, "type": "JobRefused", "message": error.message, "retryable": False,
              "attempt": 0, "occurred_at": iso(now)}
-    return {**record, "state": DISCARDED, "discarded_at": iso(now), "error": entry, "errors": [entry]}
+    return {**record, "state": State.DISCARDED, "discarded_at": iso(now), "error": entry, "errors": [entry]}
 
 
 async def run(engine) -> None:

@@ -13,27 +13,14 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
-from enum import Enum
 from typing import Any
 
 from seamq.jobs.attempts import error_entry
-from seamq.jobs.model import RetryPolicy, conflict, iso, parse_time
+from seamq.jobs.model import FINISHED, WAITING, RetryPolicy, State, conflict, iso, parse_time
 
 RECORD_TTL = timedelta(days=7)  # a finished job is kept this long (the store's per-message TTL)
 
 
-class State(str, Enum):
-    SCHEDULED = "scheduled"
-    AVAILABLE = "available"
-    ACTIVE = "active"
-    RETRYABLE = "retryable"
-    COMPLETED = "completed"
-    DISCARDED = "discarded"
-    CANCELLED = "cancelled"
-
-
-WAITING = frozenset({State.SCHEDULED, State.AVAILABLE, State.RETRYABLE})
-FINISHED = frozenset({State.COMPLETED, State.DISCARDED, State.CANCELLED})
 TIMES = ("created_at", "enqueued_at", "scheduled_at", "started_at", "completed_at", "cancelled_at", "discarded_at",
          "next_attempt_at", "lease_until")
 INTERNAL = {"lease_until": "_lease_until", "dead_letter": "_dlq", "entry": "_entry", "hold": "_hold"}  # never shown

@@ -18,14 +18,28 @@ import random
 import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
+from enum import StrEnum
 from typing import Any
 
 from seamq import codec, ids
 
-SCHEDULED, AVAILABLE, ACTIVE, RETRYABLE = "scheduled", "available", "active", "retryable"
-COMPLETED, DISCARDED, CANCELLED = "completed", "discarded", "cancelled"
-TERMINAL = frozenset({COMPLETED, DISCARDED, CANCELLED})
-STATES = (SCHEDULED, AVAILABLE, ACTIVE, RETRYABLE, COMPLETED, DISCARDED, CANCELLED)
+
+
+class State(StrEnum):
+    """A job's state, OJS's seven: the one place they are written (a member is its string)."""
+
+    SCHEDULED = "scheduled"
+    AVAILABLE = "available"
+    ACTIVE = "active"
+    RETRYABLE = "retryable"
+    COMPLETED = "completed"
+    DISCARDED = "discarded"
+    CANCELLED = "cancelled"
+
+
+STATES = tuple(State)
+WAITING = frozenset({State.SCHEDULED, State.AVAILABLE, State.RETRYABLE})
+FINISHED = frozenset({State.COMPLETED, State.DISCARDED, State.CANCELLED})
 
 TYPE_PATTERN = re.compile(r"^[a-z][a-z0-9_-]*(\.[a-z][a-z0-9_-]*)*$")  # `-` allowed: 19 cases use it
 QUEUE_PATTERN = re.compile(r"^[a-z0-9][a-z0-9\-.]*$")
@@ -321,7 +335,7 @@ def new_record(body: Any, now: datetime) -> dict:
         "queue": queue,
         "args": args,
         "priority": priority,
-        "state": SCHEDULED if scheduled else AVAILABLE,
+        "state": State.SCHEDULED if scheduled else State.AVAILABLE,
         "attempt": 0,
         "max_attempts": policy.max_attempts,
         "created_at": iso(now),

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import random
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from seamq.jobs import job as J
 from seamq.jobs import attempts, model, unique
@@ -24,12 +24,10 @@ from seamq.jobs.activity import Workers
 from seamq.jobs.events import Events
 from seamq.jobs.job_clocks import JobClocks
 from seamq.jobs.model import OjsError, conflict, not_found
-from seamq.jobs.ports import TAKEN_HOLD, Conflict, JobStore, Taken, Write
+from seamq.jobs.ports import TAKEN_HOLD, Conflict, JobStore, Taken, WorkflowMoves, Write
 from seamq.jobs.queues import Queues
 from seamq.observability import log
 
-if TYPE_CHECKING:
-    from seamq.jobs.flows import Flows
 
 MINE_KEPT = 100_000  # jobs handed out here, kept for their ack (bounded: most are acked within seconds)
 TRIES = 8  # a job's end racing other ends of its workflow
@@ -46,7 +44,7 @@ class Operations(JobClocks):
                  model.utcnow, rng: random.Random | None = None, test_mode: bool = False) -> None:
         self.store, self.queues, self.events, self.clock = store, queues, events, clock
         self.rng, self.test_mode, self.workers = rng or random.Random(), test_mode, Workers()
-        self.flows: Flows | None = None
+        self.flows: WorkflowMoves | None = None
         self.check: Callable[[dict], None] = lambda record: None  # the schema registry's, when it runs
         self.soon: Callable[[str, str, datetime, dict], None] = lambda *timer: None  # the engine's clock
         # The jobs handed out here, as stored: their ack, which usually comes back here, needs no read

@@ -156,3 +156,13 @@ class JobStore(Protocol):
         """Empty the store (test mode's reset)."""
 
     async def close(self) -> None: ...
+
+
+class WorkflowMoves(Protocol):
+    """What a job's end asks of its workflow: seamq.jobs.flows, which the engine gives the operations
+    (named here so that neither imports the other)."""
+
+    async def ending(self, record: dict) -> tuple[list[Write], list[dict], dict | None]:
+        """The writes to commit with the job's end, the jobs they create, the workflow's new record."""
+
+    async def ended(self, moved: dict | None) -> None: ...

@@ -17,10 +17,8 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from seamq.jobs.model import parse_time
+from seamq.jobs.model import FINISHED, STATES, parse_time
 
-LIVE = ("scheduled", "available", "active", "retryable")
-FINISHED = ("completed", "discarded", "cancelled")
 RETENTION = timedelta(days=7)
 SLOTS = 16  # tally records per queue, whatever the number of servers and however often they restart
 HOUR = "%Y%m%d%H"
@@ -74,7 +72,7 @@ def applied(record: dict | None, queue: str, lane_moves: list[Move], now: dateti
 
 def summed(records: list[dict], now: datetime) -> dict[str, int]:
     """A queue's count of each state, from every lane's tally."""
-    out = dict.fromkeys((*LIVE, *FINISHED), 0)
+    out = dict.fromkeys(STATES, 0)
     for record in records:
         for state, n in record.get("live", {}).items():
             out[state] += n

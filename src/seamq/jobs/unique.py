@@ -30,7 +30,7 @@ async def apply(store: JobStore, record: dict, cancel: Callable[[str], Awaitable
     if holder_id is None:
         return None
     holder = await store.get(holder_id)
-    states = unique.get("states") or [s for s in model.STATES if s not in model.TERMINAL]
+    states = unique.get("states") or [s.value for s in model.STATES if s not in model.FINISHED]
     if holder is None or holder[0]["state"] not in states:
         await store.take_unique(key, record["id"], period)
         return None

@@ -20,7 +20,7 @@ from datetime import datetime
 from typing import Any
 
 from seamq.jobs import model
-from seamq.jobs.model import COMPLETED, OjsError, invalid, iso
+from seamq.jobs.model import OjsError, State, invalid, iso
 
 KINDS = ("chain", "group", "batch")
 CALLBACKS = ("on_success", "on_failure", "on_complete")
@@ -139,7 +139,7 @@ def public(workflow: dict, states: dict[str, str]) -> dict:
     ended = [states.get(j) for j in workflow["_ids"]]
     metadata = {"created_at": workflow["created_at"], "started_at": workflow["created_at"],
                 "completed_at": workflow.get("completed_at"), "job_count": len(workflow["_ids"]),
-                "completed_count": ended.count(COMPLETED),
+                "completed_count": ended.count(State.COMPLETED),
                 "failed_count": sum(s in ("discarded", "cancelled") for s in ended)}
     return {**model.public(workflow), "steps": steps, "metadata": {k: v for k, v in metadata.items() if v is not None}}
 
@@ -171,7 +171,7 @@ def job_ended(workflow: dict, job: dict, now: datetime) -> tuple[dict | None, li
         return None, []
     done = {**workflow, "_ended": {**workflow["_ended"], str(index): job["state"]},
             "_results": {**workflow["_results"], str(index): job.get("result")}}
-    completed = job["state"] == COMPLETED
+    completed = job["state"] == State.COMPLETED
     total = len(workflow["_items"])
     if workflow["type"] == "chain":
         if completed:
