@@ -16,9 +16,7 @@ from seamq.jobs import job as J
 from seamq.jobs import workflows
 from seamq.jobs.events import Events
 from seamq.jobs.model import OjsError, conflict, is_job_id
-from seamq.jobs.ports import Conflict, JobStore, Write
-
-TRIES = 8
+from seamq.jobs.ports import CAS_TRIES, Conflict, JobStore, Write
 
 
 class Jobs(Protocol):
@@ -89,7 +87,7 @@ class Flows:
 
     async def cancel(self, workflow_id: str) -> dict:
         """The workflow and each of its jobs not yet ended, in one atomic batch; later steps never start."""
-        for _ in range(TRIES):
+        for _ in range(CAS_TRIES):
             workflow, revision = await self._load(workflow_id)
             stopped = workflows.cancelled(workflow, self.ops.clock())
             jobs = []

@@ -17,6 +17,7 @@ from typing import Any
 
 from seamq.jobs.attempts import error_entry
 from seamq.jobs.model import FINISHED, WAITING, RetryPolicy, State, conflict, iso, parse_time
+from seamq.jobs.model import public as model_public
 
 RECORD_TTL = timedelta(days=7)  # a finished job is kept this long (the store's per-message TTL)
 
@@ -133,8 +134,8 @@ def to_record(job: Job) -> dict:
 
 
 def public(job: Job) -> dict:
-    """What a client sees: no internal field, no null."""
-    return {k: v for k, v in to_record(job).items() if not k.startswith("_") and v is not None}
+    """What a client sees (seamq.jobs.model.public says what is left out)."""
+    return model_public(to_record(job))
 
 
 # ---- transitions: one function per move, each refusing the states it does not start from -----------

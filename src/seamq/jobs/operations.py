@@ -24,13 +24,12 @@ from seamq.jobs.activity import Workers
 from seamq.jobs.events import Events
 from seamq.jobs.job_clocks import JobClocks
 from seamq.jobs.model import OjsError, conflict, not_found
-from seamq.jobs.ports import TAKEN_HOLD, Conflict, JobStore, Taken, WorkflowMoves, Write
+from seamq.jobs.ports import CAS_TRIES, TAKEN_HOLD, Conflict, JobStore, Taken, WorkflowMoves, Write
 from seamq.jobs.queues import Queues
 from seamq.observability import log
 
 
 MINE_KEPT = 100_000  # jobs handed out here, kept for their ack (bounded: most are acked within seconds)
-TRIES = 8  # a job's end racing other ends of its workflow
 WAITING_TIMERS = {"run", "expire"}
 EARLY_ENTRY_TRIES = 12  # an entry taken before its record was stored comes again, for about 40 s
 
@@ -94,7 +93,7 @@ class Operations(JobClocks):
         compare-and-set lost to a write made meanwhile (the same worker's heartbeat, a timer) is read
         and tried again: only a move that the job's state as last stored refuses is refused."""
         held = self.mine.get(job_id) if isinstance(job_id, str) else None
-        for _ in range(TRIES):
+        for _ in range(CAS_TRIES):
             job, revision = held if held is not None else await self.load(job_id)
             try:
                 moved = move(job)
@@ -114,7 +113,7 @@ class Operations(JobClocks):
         of the hold it ran under."""
         record, finished = J.to_record(job), job.state in J.FINISHED
         await self.ready(job)
-        for attempt in range(TRIES):
+        for attempt in range(CAS_TRIES):
             writes, started, moved = [Write(job.id, record, revision, finished, J.to_record(before))], [], None
             if finished and job.workflow_id and self.flows is not None:
                 extra, started, moved = await self.flows.ending(record)
@@ -125,7 +124,7 @@ class Operations(JobClocks):
                 revisions = await self.store.commit(writes)
                 break
             except Conflict:
-                current = await self.store.get(job.id) if len(writes) > 1 and attempt < TRIES - 1 else None
+                current = await self.store.get(job.id) if len(writes) > 1 and attempt < CAS_TRIES - 1 else None
                 if current is None or current[1] != revision:
                     raise Lost(409, "conflict", f"job {job.id} changed meanwhile; read it again") from None
                 # the job is as it was: its workflow moved on meanwhile (another of its jobs ended)

@@ -24,6 +24,9 @@ from typing import AsyncIterator, Protocol
 # to claim its job, short enough that one killed meanwhile delays the job by no more (kill -9
 # mid-fetch). Most jobs end within it, so their entries need no other hold.
 TAKEN_HOLD = 30
+# A change whose compare-and-set lost to another writer (a heartbeat, a timer, another job of its
+# workflow) is read again and tried again, this many times in all, before it is refused as a conflict.
+CAS_TRIES = 8
 
 class Conflict(Exception):
     """A compare-and-set lost: someone else changed the record (or created the key) first."""
