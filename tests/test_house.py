@@ -94,3 +94,11 @@ def test_a_job_state_is_written_once():
                     path.name == "model.py" and getattr(node, "name", "") == "State"):
                 offenders.append(f"{path.name}:{node.lineno}")
     assert not offenders, f"job states written again: {offenders}"
+
+
+def test_no_file_of_the_product_over_400_lines():
+    """A file that grows past 400 lines holds more than one idea: split it by idea, not by size."""
+    root = TESTS.parent
+    long = {str(p.relative_to(root)): n for p in sorted([*SRC.rglob("*.py"), *(root / "bench").rglob("*.py")])
+            if (n := len(p.read_text().splitlines())) > 400}
+    assert not long, long

@@ -24,10 +24,8 @@ from typing import Any
 from seamq import codec, ids
 
 
-
 class State(StrEnum):
     """A job's state, OJS's seven: the one place they are written (a member is its string)."""
-
     SCHEDULED = "scheduled"
     AVAILABLE = "available"
     ACTIVE = "active"
