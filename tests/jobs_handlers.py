@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 
 from seamq.jobs.handlers import JobHandlers
 
@@ -39,3 +40,20 @@ def build_report(n: int) -> int:  # sync: runs in a thread
     with open(os.environ["JOBS_TEST_EFFECTS"], "a") as effects:
         effects.write(f"report {n}\n")
     return n * 2
+
+
+def _note(line: str) -> None:
+    with open(os.environ["JOBS_TEST_EFFECTS"], "a") as effects:
+        effects.write(line + "\n")
+
+
+async def span(n: int, *, job: dict) -> dict:
+    """Each run written as it starts and as it ends (`end`, or `fail` for every tenth job's first
+    attempt), with the process and the time: two runs of one job must never overlap."""
+    _note(f"start {job['id']} {job['attempt']} {os.getpid()} {time.time()}")
+    await asyncio.sleep(0.02)
+    if n % 10 == 0 and job["attempt"] == 1:
+        _note(f"fail {job['id']} {job['attempt']} {os.getpid()} {time.time()}")
+        raise Flaky(f"job {n} fails its first attempt")
+    _note(f"end {job['id']} {job['attempt']} {os.getpid()} {time.time()}")
+    return {"n": n}

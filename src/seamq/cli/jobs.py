@@ -47,7 +47,9 @@ def serve(
 
 @app.command()
 def worker(
-    url: str = typer.Option(..., help="The OJS server, e.g. http://127.0.0.1:8080."),
+    url: str = typer.Option("", help="The OJS server, e.g. http://127.0.0.1:8080. Or --nats."),
+    nats: bool = typer.Option(False, "--nats", help="No job server: run the engine in this process, on the NATS "
+                                                    "of SEAMQ_NATS__* (the server's rules; no HTTP hop)."),
     queue: list[str] = typer.Option(..., "--queue", "-q", help="Queue to take jobs from (repeat for several, "
                                                                 "in order of preference)."),
     handler: list[str] = typer.Option(..., help="Job functions: package.module:jobs (a JobHandlers, routed by job "
@@ -65,12 +67,19 @@ def worker(
     from seamq.jobs.worker import WorkerConfig, run_worker
 
     try:
+        if bool(url) == nats:
+            raise SeamqError(ErrorCode.INVALID_CONFIG, "give the job server (--url URL) or --nats, one of them")
         handlers = _handlers(handler)
     except SeamqError as exc:
         exit_with(exc)
     config = WorkerConfig(queues=tuple(queue), concurrency=concurrency, visibility_timeout=visibility_timeout,
                           grace=grace, worker_id=worker_id)
-    run(run_worker(url, handlers, config, settings().jobs.client_token()))
+    if nats:
+        from seamq.jobs.native import run_native_worker
+
+        run(run_native_worker(settings(), handlers, config))
+    else:
+        run(run_worker(url, handlers, config, settings().jobs.client_token()))
 
 
 def _handlers(given: list[str]):

@@ -57,7 +57,8 @@ class WorkerConfig:
 
 
 class Worker:
-    def __init__(self, client: JobsClient, handlers: JobHandlers | Callable, config: WorkerConfig) -> None:
+    def __init__(self, client: JobsClient | Any, handlers: JobHandlers | Callable, config: WorkerConfig) -> None:
+        """`client`: a JobsClient over HTTP, or seamq.jobs.native's engine in this process (the same calls)."""
         self.client, self.handlers, self.config = client, JobHandlers.of(handlers), config
         self.worker_id = config.worker_id or f"{socket.gethostname()}-{os.getpid()}"
         self.stopping = asyncio.Event()
@@ -200,11 +201,15 @@ async def run_worker(url: str, handler: JobHandlers | Callable, config: WorkerCo
         except JobsError as exc:  # something answers, but not an OJS server's health check
             raise SeamqError(ErrorCode.INVALID_CONFIG, f"{redact(url)} is not an OJS server "
                              f"(GET /ojs/v1/health answered {exc}): give the server's root, e.g. http://host:8080") from None
-        worker = Worker(client, handler, config)
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, worker.stop)
-        log.info("jobs_worker_started", worker_id=worker.worker_id, queues=list(config.queues),
-                 concurrency=config.concurrency)
-        await worker.run()
-        log.info("jobs_worker_stopped", worker_id=worker.worker_id)
+        await run_until_signalled(Worker(client, handler, config), via=redact(url))
+
+
+async def run_until_signalled(worker: Worker, *, via: str) -> None:
+    """Run `worker` until SIGTERM or SIGINT, then let it drain (`via`: what answers its calls)."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, worker.stop)
+    log.info("jobs_worker_started", worker_id=worker.worker_id, queues=list(worker.config.queues),
+             concurrency=worker.config.concurrency, via=via)
+    await worker.run()
+    log.info("jobs_worker_stopped", worker_id=worker.worker_id)

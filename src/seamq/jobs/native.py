@@ -1,0 +1,65 @@
+"""`seamq jobs worker --nats`: the worker's calls answered by a job engine in its own process.
+
+Over HTTP each job costs a fetch's share and an ack request, parsed and answered by a job server on
+the same cores; here the worker (seamq.jobs.worker, the same code) calls the server's own engine
+(seamq.jobs.engine) on the same NATS. So every rule, lease, heartbeat and timer is the server's,
+and this worker runs beside `seamq jobs serve` instances and the SDKs' workers on the same queues.
+Its acks and failures, made at once by its concurrent jobs, go out together in the engine's batches
+(seamq.jobs.tallied). A refusal is the JobsError the HTTP client raises for the same answer.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Awaitable, Callable
+
+from seamq.jobs.client import JobsError, error_body
+from seamq.jobs.engine import Engine
+from seamq.jobs.handlers import JobHandlers
+from seamq.jobs.model import OjsError
+from seamq.jobs.nats_store import NatsJobStore
+from seamq.jobs.worker import Worker, WorkerConfig, run_until_signalled
+from seamq.nats.connect import connect
+from seamq.redact import redact
+from seamq.settings import Settings
+
+
+class EngineClient:
+    """The calls a worker makes of a job server (seamq.jobs.client.JobsClient's), made of an engine."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    async def fetch(self, queues: list[str], *, count: int = 1, worker_id: str | None = None,
+                    visibility_timeout_ms: int | None = None) -> list[dict]:
+        return await _asked(self.engine.ops.fetch, queues, count, worker_id, visibility_timeout_ms)
+
+    async def ack(self, job_id: str, result: Any = None) -> dict:
+        return await _asked(self.engine.ops.ack, job_id, result)
+
+    async def nack(self, job_id: str, error: BaseException | dict | str, *, requeue: bool = False) -> dict:
+        return await _asked(self.engine.ops.nack, job_id, error_body(error), requeue)
+
+    async def heartbeat(self, worker_id: str, active_jobs: list[str], *,
+                        visibility_timeout_ms: int | None = None) -> dict:
+        return await _asked(self.engine.ops.heartbeat, worker_id, active_jobs, visibility_timeout_ms)
+
+
+async def _asked(call: Callable[..., Awaitable[Any]], *args: Any) -> Any:
+    try:
+        return await call(*args)
+    except OjsError as exc:
+        raise JobsError(exc.status, exc.code, exc.message, exc.details) from None
+
+
+async def run_native_worker(settings: Settings, handler: JobHandlers | Callable, config: WorkerConfig) -> None:
+    """The CLI's entry: an engine on NATS (SEAMQ_NATS__*), and a worker over it until SIGTERM or SIGINT."""
+    nc = await connect(settings.nats, name="seamq-jobs-worker")
+    try:
+        engine = await Engine(await NatsJobStore(nc, replicas=settings.jobs.replicas).start()).start()
+        try:
+            await run_until_signalled(Worker(EngineClient(engine), handler, config),
+                                      via=f"engine on {redact(settings.nats.url)}")
+        finally:
+            await engine.stop()
+    finally:
+        await nc.close()
