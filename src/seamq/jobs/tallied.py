@@ -1,15 +1,15 @@
 """The job store with its counts: a commit that moves a job's state also writes its queue's tally,
 in the same atomic batch (seamq.jobs.tally says why and what a tally holds).
 
-An atomic batch costs NATS about as much for one record as for a hundred (a flush under the
-stream's lock: docs/benchmarks.md §7f), so commits that move counts are gathered: those waiting
+An atomic batch costs nats-server about as much CPU for one record as for a hundred
+(docs/benchmarks.md 7g), so commits that move counts are gathered: those waiting
 when a lane comes free go out together, as one batch with one tally per queue, the way River's
 completer gathers completions. A batch whose CAS loses is tried again one commit at a time, so a
 conflict is told to the commit that lost it and to no other.
 
 A queue has tally.SLOTS tally records, whatever the number of servers and however often they
-restart, so reading a queue's counts costs the same in a year as today. Each process sends its batches on
-LANES of them, starting at a random one: a slot is rarely shared, and a CAS lost to another
+restart, so reading a queue's counts costs the same in a year as today. Each process sends its
+batches on LANES of them, starting at a random one: a slot is rarely shared, and a CAS lost to another
 process's batch on it (seen as its record changed behind this one's back) is read again and tried
 again. A batch whose outcome is unknown (NATS did not answer) forgets what it knew of its slots,
 which are read again before their next use.
@@ -28,7 +28,6 @@ from seamq.jobs.ports import Conflict, JobStore, Write
 
 LANES = 2  # batches in flight at once, per process: NATS stores a stream's batches one at a time
 SLOT_TRIES = 8  # a batch tried again while other processes' batches move its slot's tally
-MOST = 1000  # records in one atomic batch: nats-server refuses more
 
 
 @dataclass
@@ -104,7 +103,7 @@ class Tallied:
         size = 0
         for pending in list(self._waiting):
             mine = {write.key for write in pending.writes}
-            if group and (keys & mine or size + pending.size() > MOST):
+            if group and (keys & mine or size + pending.size() > model.MAX_BATCH):
                 continue
             self._waiting.remove(pending)
             group.append(pending)
