@@ -36,6 +36,7 @@ import psycopg
 from bench.common import SEAMQ, fresh_database, services
 from seamq import outbox
 from seamq.model import Event
+from seamq.nats import jsapi
 from seamq.topology import load_topology
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -179,6 +180,21 @@ async def quiet(dsn: str, nc, durables: list[str], total: int, timeout: float) -
     return False
 
 
+async def where_they_are(nc, durables: list[str]) -> dict:
+    """Each consumer's state at the end: what a soak that did not go quiet left pending, and who held it."""
+    out = {}
+    for durable in durables:
+        try:
+            info = await jsapi.call(nc, f"CONSUMER.INFO.{STREAM}.{durable}", timeout=5) or {}
+            out[durable] = {"pending": info.get("num_pending"), "ack_pending": info.get("num_ack_pending"),
+                            "redelivered": info.get("num_redelivered"), "waiting": info.get("num_waiting"),
+                            "delivered": info.get("delivered"), "ack_floor": info.get("ack_floor"),
+                            "groups": info.get("priority_groups")}
+        except Exception as exc:
+            out[durable] = {"error": str(exc)}
+    return out
+
+
 async def read_stream(nc, stream: str) -> list[tuple[str, str | None]]:
     """(Nats-Msg-Id, aggregate id) of every message, in stream order."""
     from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
@@ -225,10 +241,11 @@ async def soak(events_total: int, aggregates: int, kill_every: float, fault_seco
         await apply(nc.jetstream(), load_topology(topology_file))
         async with await psycopg.AsyncConnection.connect(dsn) as conn:
             await conn.execute("CREATE TABLE soak_effects (id bigserial PRIMARY KEY, message_id uuid, "
-                               "aggregate_id text, n int)")
+                               "aggregate_id text, n int, pid int, attempt int, at timestamptz DEFAULT clock_timestamp())")
             await conn.commit()
         env = svc.env(SEAMQ_TOPOLOGY_FILE=str(topology_file), SEAMQ_CONSUMER__REGISTRY="bench.soak_handlers:REGISTRY",
-                      SEAMQ_CONSUMER__NAK_BASE="0.2", SEAMQ_CONSUMER__NAK_MAX="2", PYTHONPATH=str(ROOT))
+                      SEAMQ_CONSUMER__NAK_BASE="0.2", SEAMQ_CONSUMER__NAK_MAX="2", PYTHONPATH=str(ROOT),
+                      SEAMQ_LOG_LEVEL="info")  # a failed soak shows each partition's handovers
         logs = svc.root / "logs"
         logs.mkdir()
         events = [Event(context="vibespro", aggregate_type="order", aggregate_id=f"a-{i % aggregates}",
@@ -290,12 +307,16 @@ async def soak(events_total: int, aggregates: int, kill_every: float, fault_seco
         report["worker_kills"] = workers.kills
         report["worker_exits_restarted"] = workers.exits
         report.update(await count(dsn, nc, events))
+        if not report["ok"]:
+            report["consumers"] = await where_they_are(nc, durables)
         if partitions:  # the claim partitions make: each aggregate handled in order, whatever the faults
             report["ok"] = report["ok"] and report["order_violations_handling"] == 0
         await nc.close()
         if not report["ok"]:
             for log in sorted(logs.iterdir()):
-                print(f"--- {log.name} (last lines)\n" + "\n".join(log.read_text(errors="replace").splitlines()[-15:]))
+                lines = [line for line in log.read_text(errors="replace").splitlines() if any(
+                    word in line for word in ("partition", "started", "stopped", "error", "Traceback"))]
+                print(f"--- {log.name} (its partition and start lines, the last 25)\n" + "\n".join(lines[-25:]))
     return report
 
 
@@ -304,15 +325,18 @@ async def count(dsn: str, nc, events: list[Event]) -> dict:
     good = {i for i, k in kinds.items() if k != "poison"}
     poison = {i for i, k in kinds.items() if k == "poison"}
     [(unpublished,)] = await query(dsn, "SELECT count(*) FROM outbox_events WHERE published_at IS NULL")
-    effects = await query(dsn, "SELECT message_id, aggregate_id, n FROM soak_effects ORDER BY id")
+    effects = await query(dsn, "SELECT message_id, aggregate_id, n, pid, attempt, to_char(at, 'HH24:MI:SS.MS') "
+                               "FROM soak_effects ORDER BY id")
     dead = {row[0]: row[1] for row in await query(
         dsn, "SELECT message_id, dlq_metadata->>'reason' FROM inbox_messages WHERE consumer = %s "
              "AND status IN ('dead_lettered', 'exhausted')", (CONSUMER,))}
     handled: dict[uuid.UUID, int] = defaultdict(int)
     handling: dict[str, list[int]] = defaultdict(list)
-    for message_id, aggregate, n in effects:
+    rows: dict[str, list[tuple]] = defaultdict(list)  # who handled each, when: printed for a violation
+    for message_id, aggregate, n, pid, attempt, at in effects:
         handled[message_id] += 1
         handling[aggregate].append(n)
+        rows[aggregate].append((n, pid, attempt, at))
     stream = await read_stream(nc, STREAM)
     numbers = {str(e.id): (e.aggregate_id, e.payload["n"]) for e in events}
     seen, stored = set(), defaultdict(list)
@@ -338,6 +362,12 @@ async def count(dsn: str, nc, events: list[Event]) -> dict:
         "order_violations_stream": violations(stored),
         "order_violations_handling": violations(handling),
     }
+    out_of_order = [a for a, ns in handling.items() if violations({a: ns})][:3]
+    if out_of_order:  # each as handled: (n, pid, delivery attempt, time)
+        result["out_of_order"] = {a: rows[a] for a in out_of_order}
+    never = sorted(numbers[str(i)] for i in good - handled.keys())
+    if never:
+        result["never_handled"] = never[:20]
     result["ok"] = (result["lost"] == 0 and result["duplicated"] == 0 and result["unpublished"] == 0
                     and result["poison_dead_lettered"] == result["poison"] and result["poison_handled"] == 0
                     and result["good_dead_lettered"] == 0)  # a good event that failed once never reaches the DLQ

@@ -8,13 +8,17 @@ import signal
 import subprocess
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
+import nats
 import psycopg
 import pytest
 
 from seamq import outbox
 from seamq.model import Event, message_headers, traceparent_for
-from seamq.nats.partitions import handed_over, members
+from seamq.nats import jsapi
+from seamq.nats.partitions import GROUP, Partition, counted, members
+from seamq.nats.pull import PullSource
 from seamq.nats.provision import apply
 from seamq.wiring import run_relay
 from seamq.settings import NatsSettings, RelaySettings, Settings
@@ -34,12 +38,84 @@ consumers:
 """
 
 
-def test_handed_over_counts_only_what_the_server_had_delivered_when_it_looked():
-    assert handed_over([], ack_pending=0, delivered=0)  # nobody had anything
-    assert not handed_over([5, 6], ack_pending=3, delivered=6)  # one is still the old owner's
-    assert handed_over([5, 6], ack_pending=2, delivered=6)
-    assert not handed_over([5, 6, 7], ack_pending=3, delivered=6)  # 7 came after the look: 2 of 3 are ours
-    assert handed_over([5, 6, 7], ack_pending=2, delivered=6)
+def test_a_look_counts_only_what_the_server_had_delivered_when_it_looked():
+    held = [SimpleNamespace(consumer_seq=seq) for seq in (5, 6, 7)]
+    assert counted([], delivered=0) == 0
+    assert counted(held[:2], delivered=6) == 2
+    assert counted(held, delivered=6) == 2  # 7 came after the look: not in its count
+
+
+async def _old_owner_and_a_takeover(nc, nats_server, old_busy: dict):
+    """A partition consumer; an old owner (its own connection) that took messages 1-3 and keeps them
+    past ack_wait; then a Partition that the server pins once the old owner stops pulling."""
+    js = nc.jetstream()
+    await js.add_stream(name="HANDOVER", subjects=["handover.>"])
+    await jsapi.call(nc, "CONSUMER.CREATE.HANDOVER.part", {"stream_name": "HANDOVER", "config": {
+        "durable_name": "part", "deliver_policy": "all", "ack_policy": "explicit", "ack_wait": 1_000_000_000,
+        "max_deliver": -1, "priority_groups": [GROUP], "priority_policy": "pinned_client",
+        "priority_timeout": 1_000_000_000}})
+    for n in range(1, 5):
+        await js.publish(f"handover.{n}", str(n).encode())
+    other = await nats.connect(nats_server.url)
+    old = await PullSource(other, "HANDOVER", "part", buffer=3, group=GROUP).start()
+    got = await old.fetch(3, timeout=10)
+    assert [m.metadata.sequence.stream for m in got] == [1, 2, 3]
+
+    async def others_busy(durable: str) -> bool:
+        return old_busy["busy"]
+
+    new = await Partition(nc, "HANDOVER", "part", buffer=10, ack_wait=1.0, pinned_ttl=1.0, arrived=asyncio.Event(),
+                          others_busy=others_busy).start()
+    return other, got, new
+
+
+async def _take(partition, until, timeout: float = 30.0) -> list[int]:
+    """Drive the partition as the consumer does until `until(taken, partition)`; the stream sequences taken."""
+    taken: list[int] = []
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not until(taken, partition) and asyncio.get_running_loop().time() < deadline:
+        for delivery in await partition.take(10):
+            taken.append(delivery.seq)
+            await delivery.ack()
+        await partition.pull.top_up()
+        await asyncio.sleep(0.05)
+    return taken
+
+
+async def test_a_takeover_waits_out_a_message_acked_by_its_old_owner_and_keeps_the_order(nc, nats_server):
+    """The old owner, alive and slow, sends message 3 back for later and acks message 1 after it came
+    to the new owner. Counting alone then sees what it holds (1, 2, 4) as every pending message (2, 3,
+    4): it handed on 4 before 3 (the partitions soak's order violation), or, when 3 came back first,
+    held 4 messages against 3 pending and waited forever (the soak's stall)."""
+    old_busy = {"busy": True}
+    other, (m1, _, m3), new = await _old_owner_and_a_takeover(nc, nats_server, old_busy)
+    try:
+        await m3.nak(delay=5)  # a retry: it comes back in 5 s, to whoever is pinned then
+        await asyncio.sleep(2.5)  # m1 and m2 expire, the old owner's pin too
+        assert await _take(new, lambda taken, p: 1 in p.held) == []  # m1 came to the new owner: held
+        await m1.ack()  # the old owner's late ack: m1 is no longer pending, though held
+        await other.flush()
+        old_busy["busy"] = False
+        assert await _take(new, lambda taken, p: len(taken) >= 3) == [2, 3, 4]
+        assert (await new._info())["num_ack_pending"] == 0
+        assert new.out == 0  # what it gave back while it held it was never out
+    finally:
+        await new.close(unpin=False)
+        await other.close()
+
+
+async def test_a_takeover_waits_while_another_process_has_messages_out(nc, nats_server):
+    old_busy = {"busy": True}
+    other, _, new = await _old_owner_and_a_takeover(nc, nats_server, old_busy)
+    try:
+        await asyncio.sleep(2.5)  # 1, 2, 3 expire: they come to the new owner with 4
+        assert await _take(new, lambda taken, p: len(p.held) == 4) == []
+        assert await _take(new, lambda taken, p: bool(taken), timeout=3) == []  # all in hand, but 'busy'
+        old_busy["busy"] = False
+        assert await _take(new, lambda taken, p: len(taken) >= 4) == [1, 2, 3, 4]
+    finally:
+        await new.close(unpin=False)
+        await other.close()
 
 
 def test_partition_filters_split_the_buckets_and_keep_unbucketed_events():
@@ -125,7 +201,9 @@ async def test_three_processes_keep_each_aggregates_order_through_failures_and_a
                SEAMQ_CONSUMER__REGISTRY="inprocess_handlers:ORDER_REGISTRY", SEAMQ_CONSUMER__NAK_BASE="0.1",
                SEAMQ_CONSUMER__NAK_MAX="0.5")
     argv = [*SEAMQ, "consume", "--consumer", CONSUMER]
-    workers = [subprocess.Popen(argv, env=env, stderr=subprocess.DEVNULL) for _ in range(3)]
+    logs = [open(tmp_path / f"consumer-{i}.log", "wb") for i in range(3)]  # kept by pytest: each handover said
+    workers = [subprocess.Popen(argv, env={**env, "SEAMQ_LOG_LEVEL": "info"}, stdout=log, stderr=subprocess.STDOUT)
+               for log in logs]
     handled = "SELECT count(*) FROM handled_order"
     killed = relay = None
     stop = asyncio.Event()
@@ -162,6 +240,8 @@ async def test_three_processes_keep_each_aggregates_order_through_failures_and_a
             if w.poll() is None:
                 w.send_signal(signal.SIGTERM)
         exits = [w.wait(30) for w in workers if w is not killed]
+        for log in logs:
+            log.close()
     assert exits == [0, 0]
     with psycopg.connect(dsn) as conn:
         rows = conn.execute("SELECT aggregate_id, n, pid FROM handled_order ORDER BY id").fetchall()

@@ -21,6 +21,18 @@ them on in stream order, and from there the consumer's own rules keep order.
 A failover costs pinned_ttl + ack_wait, never the order. A process stopping
 cleanly finishes and acks what it has, then unpins: the next one starts at once.
 
+Counting is sound only if nothing held is already acked: a message that came to
+the new owner again (its old delivery expired while the old owner, alive, was
+slow) may then be acked by the old owner, and count as held while it is no
+longer pending (seen in the soak: a takeover that waited forever, holding 344
+with 0 pending, and one aggregate handled out of order when such a message
+made the counts meet while an earlier one was still away). So the new owner
+opens only when no other process says it has messages of the partition out
+(the count answer names them), and, if it holds messages that came again,
+after giving everything it holds back once from then on: what comes back is
+exactly what is still pending. Holding more than the server counts pending
+proves the same and is met the same way.
+
 The server pins whichever process asks first, so the first process to start
 would take every partition. The processes of one consumer count each other
 (a request on `_SEAMQ.MEMBERS.{consumer}` that each answers, naming itself and the partitions it
@@ -39,8 +51,9 @@ import math
 import os
 import socket
 import time
+import uuid
 from collections import deque
-from typing import Iterable
+from typing import Awaitable, Callable, Iterable
 
 from nats.aio.client import Client
 
@@ -76,22 +89,19 @@ async def members(nc: Client, consumer: str, wait: float = COUNT_WAIT) -> list[d
     return sorted(found, key=lambda m: str(m.get("process")))
 
 
-def handed_over(in_hand: Iterable[int], ack_pending: int, delivered: int) -> bool:
-    """Is everything the server counts as delivered-and-unacked in our hands?
-
-    `in_hand`: the consumer sequences of the deliveries we hold; `ack_pending` and
-    `delivered` (its last consumer sequence) from one look at the consumer. Deliveries
-    that reached us after that look are not in its count, so they are left out of ours.
-    """
-    return ack_pending == sum(1 for cseq in in_hand if cseq <= delivered)
+def counted(held: Iterable[JsDelivery], delivered: int) -> int:
+    """How many of the deliveries we hold one look at the consumer counts (`delivered`: its last
+    consumer sequence then): those that reached us after that look are not in its count."""
+    return sum(1 for delivery in held if delivery.consumer_seq <= delivered)
 
 
 class Partition:
     """One partition consumer: its pinned pull, the handover gate, and what we have out."""
 
     def __init__(self, nc: Client, stream: str, durable: str, *, buffer: int, ack_wait: float, pinned_ttl: float,
-                 arrived: asyncio.Event) -> None:
-        self.nc, self.stream, self.durable = nc, stream, durable
+                 arrived: asyncio.Event, others_busy: Callable[[str], Awaitable[bool]]) -> None:
+        """`others_busy(durable)`: whether another process says it has messages of this partition out."""
+        self.nc, self.stream, self.durable, self.others_busy = nc, stream, durable, others_busy
         self.ack_wait, self.pinned_ttl = ack_wait, pinned_ttl
         self.pull = PullSource(nc, stream, durable, buffer=buffer, group=GROUP, arrived=arrived)
         self.owner: str | None = None  # the pin we handle messages under
@@ -103,6 +113,7 @@ class Partition:
         self.resting_until = 0.0  # given back: let another process take it
         self._checked = self._touched = 0.0
         self._lost = 0
+        self._verified = False  # what we hold was given back once while no other process had any out
 
     async def start(self) -> "Partition":
         await self.pull.start()
@@ -117,10 +128,10 @@ class Partition:
             self._lost = self.pull.unpinned
             await self._release("pin lost")
         for msg in self.pull.take():
-            delivery = JsDelivery(msg, self._settled)
+            delivery = JsDelivery(msg)  # counted out (`_settled` on its ack or nak) once handed on, not while held
             pin = delivery.headers.get("Nats-Pin-Id")
             if pin and pin != self.owner:
-                self.owner, self.open = pin, False
+                self.owner, self.open, self._verified = pin, False, False
                 log.info("partition_pinned", consumer=self.durable)
             if self.open:
                 self.ready.append(delivery)
@@ -131,6 +142,7 @@ class Partition:
         out = []
         while self.ready and len(out) < limit:
             out.append(self.ready.popleft())
+            out[-1].settled = self._settled
         self.out += len(out)
         if self.releasing and not self.ready and not self.out and self.pull.idle:
             await self._unpin()
@@ -154,14 +166,35 @@ class Partition:
             log.warning("partition_info_failed", consumer=self.durable, error=str(exc))
             return
         ack_pending, delivered = info.get("num_ack_pending", 0), info.get("delivered", {}).get("consumer_seq", 0)
-        if handed_over((d.consumer_seq for d in self.held.values()), ack_pending, delivered):
-            self.ready.extend(self.held[seq] for seq in sorted(self.held))
-            log.info("partition_taken_over", consumer=self.durable, held=len(self.held))
-            self.held.clear()
-            self.open = True
-        elif now - self._touched < CHECK_EVERY:  # said once per touch, not per look
-            log.info("partition_waiting_for_previous_owner", consumer=self.durable,
-                     not_back=ack_pending - len(self.held), ack_wait=self.ack_wait)
+        in_hand = counted(self.held.values(), delivered)
+        if in_hand > ack_pending:  # some of what we hold was acked by its old owner: take again what is not
+            return await self._give_back_held(f"holds {in_hand}, {ack_pending} pending")
+        if in_hand < ack_pending:
+            if now - self._touched < CHECK_EVERY:  # said once per touch, not per look
+                log.info("partition_waiting_for_previous_owner", consumer=self.durable,
+                         not_back=ack_pending - in_hand, ack_wait=self.ack_wait)
+            return
+        if await self.others_busy(self.durable):  # an old owner alive may still ack what came to us
+            self._verified = False
+            log.info("partition_waiting_for_previous_owner", consumer=self.durable, not_back=0, busy=True)
+            return
+        if not self._verified and any(d.delivered > 1 for d in self.held.values()):
+            self._verified = True  # nobody else has any out: what comes back now is exactly what is pending
+            return await self._give_back_held("came again: verify it is still pending")
+        self.ready.extend(self.held[seq] for seq in sorted(self.held))
+        log.info("partition_taken_over", consumer=self.durable, held=len(self.held))
+        self.held.clear()
+        self.open = True
+
+    async def _give_back_held(self, why: str) -> None:
+        """Back to the server, to come again at once to us, the pinned process: only what is still pending does."""
+        log.info("partition_held_given_back", consumer=self.durable, held=len(self.held), reason=why)
+        for delivery in self.held.values():
+            try:
+                await delivery.nak()
+            except Exception:
+                pass
+        self.held.clear()
 
     def want(self, wanted: bool) -> None:
         """Ask for this partition, or stop asking (a partition we own is given back cleanly)."""
@@ -225,8 +258,11 @@ class PartitionedDeliveries:
         self.nc = nc
         self._arrived = asyncio.Event()
         self.partitions = [Partition(nc, spec.stream, durable, buffer=buffer, ack_wait=spec.ack_wait,
-                                     pinned_ttl=spec.pinned_ttl, arrived=self._arrived) for durable in spec.durables()]
+                                     pinned_ttl=spec.pinned_ttl, arrived=self._arrived, others_busy=self._others_busy)
+                           for durable in spec.durables()]
+        self._consumer = spec.name
         self._members_subject = f"_SEAMQ.MEMBERS.{spec.name}"
+        self._me = uuid.uuid4().hex  # how our own answer is told from the others
         self.members = 1
         self._next = 0
         self._subs: list = []
@@ -237,7 +273,8 @@ class PartitionedDeliveries:
             await partition.start()
 
         async def here(msg) -> None:  # counted by the others; read by the console (who holds what)
-            await msg.respond(json.dumps({"process": PROCESS, "holds": self.holding()}).encode())
+            await msg.respond(json.dumps({"process": PROCESS, "id": self._me, "holds": self.holding(),
+                                          "busy": self.busy()}).encode())
 
         self._subs.append(await self.nc.subscribe(self._members_subject, cb=here))
         self._counter = asyncio.create_task(self._count_members())
@@ -245,6 +282,14 @@ class PartitionedDeliveries:
 
     def holding(self) -> list[str]:
         return [p.durable for p in self.partitions if p.owner is not None and not p.releasing]
+
+    def busy(self) -> list[str]:
+        """The partitions of which this process has messages it may still ack."""
+        return [p.durable for p in self.partitions if p.out or p.ready or p.pull.buffered]
+
+    async def _others_busy(self, durable: str) -> bool:
+        return any(m.get("id") != self._me and durable in (m.get("busy") or [])
+                   for m in await members(self.nc, self._consumer))
 
     async def _count_members(self) -> None:
         inbox = self.nc.new_inbox()

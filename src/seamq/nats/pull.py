@@ -87,6 +87,11 @@ class PullSource:
         return self._stopping and self.idle
 
     @property
+    def buffered(self) -> int:
+        """Messages arrived and not yet taken."""
+        return len(self._ready)
+
+    @property
     def idle(self) -> bool:
         """Nothing buffered, and no request that could still deliver."""
         self._expire()
