@@ -236,6 +236,45 @@ async def processed_synced(svc, count: int) -> float:
         nats_server.stop()
 
 
+async def processed_native(nats_url: str, count: int, queue: str, concurrency: int = WORKERS) -> float:
+    """`count` jobs waiting, processed by seamq's worker with the engine in its own process (`seamq jobs
+    worker --nats`: seamq.jobs.native), `concurrency` no-op jobs at once, as the peers run theirs."""
+    from seamq.jobs.engine import Engine
+    from seamq.jobs.native import EngineClient
+    from seamq.jobs.nats_store import NatsJobStore
+    from seamq.jobs.worker import Worker, WorkerConfig
+
+    nc = await nats.connect(nats_url)
+    engine = await Engine(await NatsJobStore(nc).start()).start()
+    client = EngineClient(engine)
+    for start in range(0, count, 999):
+        await engine.ops.push_batch({"jobs": [{"type": "noop", "args": [n], "options": {"queue": queue}}
+                                              for n in range(start, min(count, start + 999))]})
+
+    async def noop(*args, **kwargs) -> None:
+        return None
+
+    worker = Worker(client, noop, WorkerConfig(queues=(queue,), concurrency=concurrency, idle_wait=0.05))
+    done, ack = 0, client.ack
+
+    async def counted(*args, **kwargs):
+        nonlocal done
+        answer = await ack(*args, **kwargs)
+        done += 1
+        if done >= count:
+            worker.stop()
+        return answer
+
+    client.ack = counted  # type: ignore[method-assign]
+    try:
+        started = time.perf_counter()
+        await worker.run()
+        return _rate(count, started)
+    finally:
+        await engine.stop()
+        await nc.close()
+
+
 # ---- the scenario ------------------------------------------------------------------------------------
 
 async def run(count: int, size: int) -> Result:

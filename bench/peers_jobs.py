@@ -1,11 +1,12 @@
-"""Scenario `peers_jobs`: `seamq jobs serve` next to the Python job queues users would install instead,
+"""Scenario `peers_jobs`: seamq's jobs next to the Python job queues users would install instead,
 measured the same way in the same run (bench/peers/jobs_driver.py): enqueue one by one and in
 batches of 100, processed/s with 16 no-op jobs at once, and how late a job due in 1 s starts.
 
-seamq's workers reach the job server over HTTP, as OJS workers do (one fetch per 10 jobs, one ack
-per job); every peer runs its handler in the process that reads the queue. Each peer runs in a
-process of its own on the same PostgreSQL (procrastinate, PgQueuer, Oban) or on Redis (saq, arq);
-Oban needs Python >= 3.12 and runs from .venv-oban, which `make bench` makes.
+seamq twice: workers that reach `seamq jobs serve` over HTTP, as OJS workers do (one fetch per 10
+jobs, one ack per job), and `seamq jobs worker --nats`, the engine in the worker's own process, as
+every peer runs its handler in the process that reads the queue; the peers are compared with the
+latter. Each peer runs in a process of its own on the same PostgreSQL (procrastinate, PgQueuer,
+Oban) or on Redis (saq, arq); Oban needs Python >= 3.12 and runs from .venv-oban, which `make bench` makes.
 """
 
 from __future__ import annotations
@@ -21,9 +22,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from bench.common import Result, services
-from bench.jobs import WORKERS, Http, _p, enqueue_batched, enqueue_single, lateness, process, processed_synced
+from bench.jobs import (WORKERS, Http, _p, enqueue_batched, enqueue_single, lateness, process, processed_native,
+                        processed_synced)
+from seamq.embedded import NatsServer
 from seamq.embedded import free_port
 
+NATIVE = "seamq jobs worker --nats (the engine in the worker), 16 at once"  # what the peers are measured against
 OBAN_PYTHON = Path(__file__).parent.parent / ".venv-oban" / "bin" / "python"
 PEERS = [  # (name, module, needs)
     ("procrastinate 3", "bench.peers.jobs_procrastinate", "postgres"),
@@ -97,6 +101,15 @@ async def peer_row(svc, module: str, needs: str, redis: str | None, count: int) 
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+async def native_synced(svc, count: int) -> float:
+    nats_server = NatsServer(svc.root / "nats-native-synced", sync="always")
+    nats_server.start()
+    try:
+        return await processed_native(nats_server.url, count, "native-synced")
+    finally:
+        nats_server.stop()
+
+
 async def run(count: int, size: int) -> Result:
     count = min(count, 10_000)  # 20k processed per peer: procrastinate's ~500/s keeps `make bench` in bounds
     result = Result("peers_jobs")
@@ -104,10 +117,16 @@ async def run(count: int, size: int) -> Result:
         rows = [("seamq jobs serve (workers over HTTP)", await seamq_row(svc, count)),
                 ("seamq jobs serve, nats-server fsync on every write", {
                     "durability": "JetStream file storage, fsync on every write (sync: always)",
-                    "processed": round(await processed_synced(svc, count))})]
+                    "processed": round(await processed_synced(svc, count))}),
+                (NATIVE, {
+                    "processed": round(await processed_native(svc.nats.url, 2 * count, "native"))}),
+                ("seamq jobs worker --nats, 64 at once", {
+                    "processed": round(await processed_native(svc.nats.url, 2 * count, "native-64", 64))}),
+                ("seamq jobs worker --nats, nats-server fsync on every write", {
+                    "processed": round(await native_synced(svc, 2 * count))})]
         for name, module, needs in PEERS:
             rows.append((name, await peer_row(svc, module, needs, redis, count)))
-    ours = rows[0][1]["processed"]
+    ours = dict(rows)[NATIVE]["processed"]
     for name, row in rows:
         durability = row.pop("durability", "")
         ratio = f"{ours / row['processed']:.2f}" if row.get("processed") else "-"
@@ -116,5 +135,6 @@ async def run(count: int, size: int) -> Result:
             result.notes.append(f"{name}: {durability}")
     result.notes.append(f"processed: 2 x {count:,} no-op jobs waiting, from the worker's start to the last run, "
                         f"{WORKERS} at once; late: 300 jobs/s for 5 s (2 s quick), each due 1 s after its enqueue; "
-                        "cpu_us_per_job: the peer's own process while processing (seamq's: see the jobs scenario)")
+                        "cpu_us_per_job: the peer's own process while processing (seamq's: see the jobs scenario); "
+                        f"seamq_processed_vs: {NATIVE}'s rate over the row's")
     return result

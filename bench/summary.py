@@ -5,6 +5,7 @@ this run. `bench.run` prints it last and writes it first; a scenario not run lea
 from __future__ import annotations
 
 from bench.common import Result
+from bench.peers_jobs import NATIVE
 
 
 def _rows(results: list[Result], scenario: str) -> list[dict]:
@@ -45,11 +46,12 @@ def summary(results: list[Result]) -> Result:
         _line(out, "consumer msgs/s, inbox on, vs FastStream's pull subscriber", ours["msgs_per_s"],
               peer[0]["msgs_per_s"], ">= 3x", ours["ratio"] >= 3, ours["ratio"])
     jobs = _rows(results, "peers_jobs")
-    for row in jobs[2:]:
-        if row.get("processed"):
-            ratio = jobs[0]["processed"] / row["processed"]
-            _line(out, f"jobs processed/s vs {row['case']}", jobs[0]["processed"], row["processed"], "ahead",
-                  ratio > 1, ratio)
+    native = _row(jobs, NATIVE)
+    for row in jobs:
+        if native and row.get("processed") and not row["case"].startswith("seamq"):
+            ratio = native["processed"] / row["processed"]
+            _line(out, f"jobs processed/s vs {row['case']} (seamq: `jobs worker --nats`)", native["processed"],
+                  row["processed"], "ahead", ratio > 1, ratio)
     http = _rows(results, "http")
     raw, ours = _row(http, "raw aiohttp"), _row(http, "seamq consume")
     if raw and ours:

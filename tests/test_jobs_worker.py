@@ -175,3 +175,45 @@ async def test_a_sync_job_still_running_after_grace_keeps_its_lease_and_is_never
     finally:
         finish.set()
         server.kill()
+
+
+async def test_a_slot_frees_when_its_function_returns_and_a_stop_waits_for_every_ack():
+    """The next fetch does not wait for the last round's acks (its claims travel with them), at most
+    `concurrency` acks are on their way, and a stopping worker returns only once each is answered.
+    The job server here is an in-memory stand-in: what is tested is the worker's own bookkeeping."""
+    from seamq.jobs.worker import Worker, WorkerConfig
+
+    release, ran, acked, fetched = asyncio.Event(), [], [], []
+
+    class Server:
+        jobs = [{"id": f"j{n}", "type": "t", "args": [n]} for n in (1, 2, 3)]
+
+        async def fetch(self, queues, *, count, worker_id, visibility_timeout_ms):
+            fetched.append(count)
+            return [self.jobs.pop(0)] if self.jobs else []
+
+        async def ack(self, job_id, result=None):
+            await release.wait()
+            acked.append(job_id)
+            return {"acknowledged": True}
+
+        async def heartbeat(self, worker_id, active_jobs, *, visibility_timeout_ms):
+            return {"state": "running", "jobs_cancelled": []}
+
+    async def function(n):
+        ran.append(n)
+
+    worker = Worker(Server(), function, WorkerConfig(queues=("q",), concurrency=1, idle_wait=0.01))
+    running = asyncio.create_task(worker.run())
+    for _ in range(200):
+        if len(ran) == 2:
+            break
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.1)
+    assert ran == [1, 2] and acked == [] and len(fetched) == 2  # the second ran while the first ack waited;
+    worker.stop()  # then two acks on their way (one slot's worth more) held the third back
+    await asyncio.sleep(0.1)
+    assert not running.done()
+    release.set()
+    await asyncio.wait_for(running, 10)
+    assert acked == ["j1", "j2"] and ran == [1, 2]

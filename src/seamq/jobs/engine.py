@@ -182,7 +182,7 @@ class Engine:
         if job.state not in J.FINISHED:
             raise conflict(f"job {job_id} is {job.state.value}: only finished jobs can be deleted; cancel it first")
         try:
-            await self.store.commit([Write(job_id, None, revision, before=J.to_record(job))])
+            await self.store.commit([Write(job_id, None, revision, before=J.counted(job))])
         except Conflict:
             raise conflict(f"job {job_id} changed meanwhile; read it again") from None
         if job.dead_letter:

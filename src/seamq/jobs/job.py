@@ -119,6 +119,26 @@ def from_record(record: dict) -> Job:
     return Job(**known, extra=extra)
 
 
+_ISO: dict[datetime, str] = {}  # times formatted once: a job's are written again at each of its changes
+
+
+def _iso(moment: datetime) -> str:
+    text = _ISO.get(moment)
+    if text is None:
+        if len(_ISO) >= 4096:
+            _ISO.clear()
+        text = _ISO[moment] = iso(moment)
+    return text
+
+
+def counted(job: Job) -> dict:
+    """Where the job's record counts, and no more of it (seamq.jobs.tally.place): what a write names
+    as the record it replaces."""
+    state = job.state.value
+    at = getattr(job, f"{state}_at") if job.state in FINISHED else None
+    return {"queue": job.queue, "state": state, f"{state}_at": _iso(at)} if at else {"queue": job.queue, "state": state}
+
+
 def to_record(job: Job) -> dict:
     """The dict to store: the client's other fields, then every field (ISO strings for times)."""
     record = dict(job.extra)
@@ -128,7 +148,7 @@ def to_record(job: Job) -> dict:
             if always:
                 record[key] = None
             continue
-        record[key] = iso(value) if kind == "time" else value.value if kind == "state" else \
+        record[key] = _iso(value) if kind == "time" else value.value if kind == "state" else \
             list(value) if kind == "errors" else value
     return record
 

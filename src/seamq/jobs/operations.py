@@ -114,7 +114,7 @@ class Operations(JobClocks):
         record, finished = J.to_record(job), job.state in J.FINISHED
         await self.ready(job)
         for attempt in range(CAS_TRIES):
-            writes, started, moved = [Write(job.id, record, revision, finished, J.to_record(before))], [], None
+            writes, started, moved = [Write(job.id, record, revision, finished, J.counted(before))], [], None
             if finished and job.workflow_id and self.flows is not None:
                 extra, started, moved = await self.flows.ending(record)
                 writes += extra
@@ -234,7 +234,7 @@ class Operations(JobClocks):
         Conflict when one of them moved meanwhile."""
         now, jobs = self.clock(), [(J.from_record(r), rev) for r, rev in held]
         jobs = [(job, J.cancelled(job, now), rev) for job, rev in jobs if job.state not in J.FINISHED]
-        await self.store.commit([*also, *(Write(new.id, J.to_record(new), rev, True, J.to_record(old))
+        await self.store.commit([*also, *(Write(new.id, J.to_record(new), rev, True, J.counted(old))
                                           for old, new, rev in jobs)])
         for before, new, _ in jobs:
             self.mine.pop(new.id, None)
@@ -321,7 +321,7 @@ class Operations(JobClocks):
             at = claimed.started_at + timedelta(milliseconds=claimed.timeout_ms)
             await self.arm("timeout", J.timer_key(claimed), at, {"attempt": claimed.attempt})
         try:
-            [stored] = await self.store.commit([Write(job.id, record, revision, before=J.to_record(read))])
+            [stored] = await self.store.commit([Write(job.id, record, revision, before=J.counted(read))])
         except Conflict:
             return None
         self._keep(claimed, stored)

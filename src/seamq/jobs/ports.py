@@ -36,8 +36,8 @@ class Conflict(Exception):
 class Write:
     """One record to store: `revision` 0 creates the key (refused if it exists), None writes it
     whatever is there, else a CAS on it; `record` None deletes the key. A `finished` record is kept
-    for the retention period only. A job's write names the record it replaces (`before`, as read
-    at `revision`): its counts move with it (seamq.jobs.tally)."""
+    for the retention period only. A job's write names where the record it replaces (as read at
+    `revision`) counts (`before`, seamq.jobs.job.counted): its counts move with it (seamq.jobs.tally)."""
 
     key: str
     record: dict | None

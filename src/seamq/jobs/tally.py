@@ -16,6 +16,7 @@ count and its record end together.
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
+from functools import lru_cache
 
 from seamq.jobs.model import FINISHED, STATES, parse_time
 
@@ -92,9 +93,12 @@ def record_ttl(record: dict, now: datetime) -> int:
 
 
 def _hour(at: str) -> str:
+    if len(at) == 24 and at[-1] == "Z":  # as this server writes times (seamq.jobs.model.iso): read, not parsed
+        return at[0:4] + at[5:7] + at[8:10] + at[11:13]
     return parse_time(at).astimezone(timezone.utc).strftime(HOUR)
 
 
+@lru_cache(maxsize=512)  # a few hours are live at a time; each finished job asks
 def _kept_until(hour: str) -> datetime:
     return datetime.strptime(hour, HOUR).replace(tzinfo=timezone.utc) + timedelta(hours=1) + RETENTION
 

@@ -64,6 +64,9 @@ class Worker:
         self.stopping = asyncio.Event()
         self.quiet = False  # told by the server (an operator, through the admin API): fetch nothing more
         self.running: dict[str, asyncio.Task] = {}
+        # Acks and nacks on their way: a slot is free once its function returns, so the next fetch's
+        # claims travel with this round's acks instead of after them (at most `concurrency` of them).
+        self.settling: set[asyncio.Task] = set()
         self.cancelled: set[str] = set()  # by the server: nothing to release
         self.in_threads: set[str] = set()  # jobs whose sync function runs in a thread: cannot be cancelled
         self._slot = asyncio.Event()
@@ -77,7 +80,8 @@ class Worker:
         beat = asyncio.create_task(self._heartbeats())
         try:
             while not self.stopping.is_set():
-                free = 0 if self.quiet else self.config.concurrency - len(self.running)
+                most = self.config.concurrency
+                free = 0 if self.quiet else min(most - len(self.running), 2 * most - len(self.running) - len(self.settling))
                 jobs = await self._fetch(free) if free > 0 else []
                 for job in jobs:
                     self.running[job["id"]] = asyncio.create_task(self._run(job))
@@ -118,20 +122,29 @@ class Worker:
                 raise
             except UnknownJobType as exc:
                 log.warning("job_type_unknown", job_id=job["id"], type=job["type"], error=str(exc))
-                await self._settle(self.client.nack(job["id"], {"code": "unknown_job_type", "type": "UnknownJobType",
+                self._settle_later(self.client.nack(job["id"], {"code": "unknown_job_type", "type": "UnknownJobType",
                                                                  "message": str(exc)}), job, "nack")
                 return
             except Exception as exc:
                 log.warning("job_failed", job_id=job["id"], type=job["type"], attempt=job.get("attempt"),
                             error=describe(exc), exc_info=exc)
-                await self._settle(self.client.nack(job["id"], exc), job, "nack")
+                self._settle_later(self.client.nack(job["id"], exc), job, "nack")
                 return
-            await self._settle(self.client.ack(job["id"], _jsonable(result)), job, "ack")
+            self._settle_later(self.client.ack(job["id"], _jsonable(result)), job, "ack")
         finally:
             self.running.pop(job["id"], None)
             self.cancelled.discard(job["id"])
             self.in_threads.discard(job["id"])
             self._slot.set()
+
+    def _settle_later(self, call, job: dict, what: str) -> None:
+        task = asyncio.create_task(self._settle(call, job, what))
+        self.settling.add(task)
+        task.add_done_callback(self._settled)
+
+    def _settled(self, task: asyncio.Task) -> None:
+        self.settling.discard(task)
+        self._slot.set()
 
     async def _settle(self, call, job: dict, what: str) -> None:
         try:
@@ -166,6 +179,10 @@ class Worker:
                 self.stop()
 
     async def _drain(self) -> None:
+        await self._drain_running()
+        await asyncio.gather(*list(self.settling), return_exceptions=True)  # every ack said before we go
+
+    async def _drain_running(self) -> None:
         if not self.running:
             return
         log.info("jobs_worker_draining", running=len(self.running), grace_s=self.config.grace)
