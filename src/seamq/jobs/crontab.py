@@ -9,22 +9,21 @@ before it said done) enqueues one job.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from seamq.jobs import cron, model
+from seamq.jobs.admission import Admission
 from seamq.jobs.model import OjsError, conflict, iso
 from seamq.jobs.ports import Conflict, Write
 
-if TYPE_CHECKING:
-    from seamq.jobs.operations import Operations
-
 
 class Crontab:
-    def __init__(self, ops: "Operations") -> None:
-        self.ops, self.store = ops, ops.store
+    def __init__(self, admission: Admission) -> None:
+        """`admission` arms a cron's timer and creates the job each fire enqueues (seamq.jobs.admission)."""
+        self.admission, self.store = admission, admission.store
 
     async def register(self, body: Any) -> dict:
-        record = cron.new(body, self.ops.clock())
+        record = cron.new(body, self.admission.clock())
         held = await self.store.get(record["_key"])
         try:
             await self.store.commit([Write(record["_key"], record, held[1] if held else 0)])
@@ -44,7 +43,7 @@ class Crontab:
         held = await self._load(name)
         record = {**held[0], "enabled": enabled}
         if enabled:
-            record["next_run_at"] = iso(cron.parse(record["expression"]).next_after(self.ops.clock(), record["timezone"]))
+            record["next_run_at"] = iso(cron.parse(record["expression"]).next_after(self.admission.clock(), record["timezone"]))
         try:
             await self.store.commit([Write(record["_key"], record, held[1])])
         except Conflict:
@@ -71,7 +70,7 @@ class Crontab:
 
     async def _arm(self, record: dict) -> None:
         at = model.parse_time(record["next_run_at"])
-        await self.ops.arm("cron", record["_key"], at, {"attempt": int(at.timestamp() * 1000)})
+        await self.admission.arm("cron", record["_key"], at, {"attempt": int(at.timestamp() * 1000)})
 
     async def fire(self, key: str, due_ms: Any) -> None:
         held = await self.store.get(key)
@@ -81,7 +80,7 @@ class Crontab:
         due = model.parse_time(record["next_run_at"])
         if int(due.timestamp() * 1000) != due_ms:
             return  # a timer for a run that is no longer the next one
-        now = self.ops.clock()
+        now = self.admission.clock()
         following = {**record, "next_run_at": iso(cron.parse(record["expression"]).next_after(
             max(now, due), record["timezone"]))}
         last = await self.store.get(record.get("_last_job_id") or "-")
@@ -90,13 +89,13 @@ class Crontab:
                 await self.store.commit([Write(key, following, revision)])
             except Conflict:
                 return  # another server fired it, or it changed
-            await self.ops.events.emit("cron.skipped", last[0])
+            await self.admission.events.emit("cron.skipped", last[0])
         else:
             job = model.new_record(record["job_template"], now)
             following["_last_job_id"] = job["id"]
             try:
-                await self.ops.create([job], also=[Write(key, following, revision)])
+                await self.admission.create([job], also=[Write(key, following, revision)])
             except OjsError:  # fired already, or the cron changed (deleted, replaced) since this was armed
                 return
-            await self.ops.events.emit("cron.triggered", job)
+            await self.admission.events.emit("cron.triggered", job)
         await self._arm(following)

@@ -28,6 +28,7 @@ from datetime import datetime
 from typing import Callable
 
 from seamq.jobs import intake, model
+from seamq.jobs.admission import Admission
 from seamq.jobs import job as J
 from seamq.jobs.crontab import Crontab
 from seamq.jobs.events import EVENTS_KEPT, Events
@@ -56,12 +57,11 @@ class Engine:
         self.store, self.clock = store, clock
         self.events = Events(store, clock)
         self.queues = Queues(store, clock)
-        self.ops = Operations(store, self.queues, self.events, rng=rng, test_mode=test_mode, clock=clock)
-        self.flows = self.ops.flows = Flows(self.ops)
-        self.crontab = Crontab(self.ops)
+        admission = Admission(store, self.queues, self.events, clock=clock, soon=self._soon)
+        self.flows, self.crontab = Flows(admission), Crontab(admission)
         self.schemas = Schemas(store, self.queues)
-        self.ops.check = self.schemas.check
-        self.ops.soon = self._soon
+        self.ops = Operations(store, self.queues, self.events, admission, flows=self.flows, check=self.schemas.check,
+                              rng=rng, test_mode=test_mode, clock=clock)
         self._deadlines: list[tuple[float, int, Fired]] = []  # timers due within SOON, armed here
         self._wake, self._count = asyncio.Event(), itertools.count()
         self.workers, self.meter, self.started_at = self.ops.workers, self.events.meter, clock()

@@ -9,39 +9,24 @@ same revision; the one that loses reads the workflow again and tries again.
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Any, Callable, Protocol
+from typing import Any
 
 from seamq.jobs import job as J
 from seamq.jobs import workflows
-from seamq.jobs.events import Events
+from seamq.jobs.admission import Admission
 from seamq.jobs.model import OjsError, conflict, is_job_id
-from seamq.jobs.ports import CAS_TRIES, Conflict, JobStore, Write
-
-
-class Jobs(Protocol):
-    """What a workflow asks of the jobs' operations (seamq.jobs.operations), named here so that
-    neither module imports the other."""
-
-    store: JobStore
-    events: Events
-    clock: Callable[[], datetime]
-
-    async def create(self, records: list[dict], also: list[Write] = ...) -> None: ...
-
-    async def ready(self, job: J.Job) -> None: ...
-
-    async def cancel_all(self, held: list[tuple[dict, int]], also: list[Write]) -> list[dict]: ...
+from seamq.jobs.ports import CAS_TRIES, Conflict, Write
 
 
 class Flows:
-    def __init__(self, ops: Jobs) -> None:
-        self.ops, self.store = ops, ops.store
+    def __init__(self, admission: Admission) -> None:
+        """`admission` creates and cancels a workflow's jobs (seamq.jobs.admission)."""
+        self.admission, self.store = admission, admission.store
 
     async def create(self, body: Any) -> dict:
-        workflow, first = workflows.new(body, self.ops.clock())
-        await self.ops.create(first, also=[Write(workflows.key(workflow["id"]), workflow, 0)])
-        await self.ops.events.emit("workflow.started", workflow)
+        workflow, first = workflows.new(body, self.admission.clock())
+        await self.admission.create(first, also=[Write(workflows.key(workflow["id"]), workflow, 0)])
+        await self.admission.events.emit("workflow.started", workflow)
         return await self._public(workflow)
 
     async def ending(self, record: dict) -> tuple[list[Write], list[dict], dict | None]:
@@ -50,18 +35,18 @@ class Flows:
         held = await self.store.get(workflows.key(record["workflow_id"]))
         if held is None:
             return [], [], None
-        moved, started = workflows.job_ended(held[0], record, self.ops.clock())
+        moved, started = workflows.job_ended(held[0], record, self.admission.clock())
         if moved is None:
             return [], [], None
         for job in started:
-            await self.ops.ready(J.from_record(job))
+            await self.admission.ready(J.from_record(job))
         writes = [Write(moved["_key"], moved, held[1], finished=moved["state"] != workflows.RUNNING),
                   *(Write(job["id"], job) for job in started)]
         return writes, started, moved
 
     async def ended(self, moved: dict | None) -> None:
         if moved is not None and moved["state"] != workflows.RUNNING:
-            await self.ops.events.emit(f"workflow.{moved['state']}", moved)
+            await self.admission.events.emit(f"workflow.{moved['state']}", moved)
 
     async def get(self, workflow_id: str) -> dict:
         return await self._public((await self._load(workflow_id))[0])
@@ -89,20 +74,20 @@ class Flows:
         """The workflow and each of its jobs not yet ended, in one atomic batch; later steps never start."""
         for _ in range(CAS_TRIES):
             workflow, revision = await self._load(workflow_id)
-            stopped = workflows.cancelled(workflow, self.ops.clock())
+            stopped = workflows.cancelled(workflow, self.admission.clock())
             jobs = []
             for job_id in workflows.job_ids_of(workflow):
                 held = await self.store.get(job_id)
                 if held is not None:
                     jobs.append(held)
             try:
-                cancelled = await self.ops.cancel_all(jobs, also=[Write(stopped["_key"], stopped, revision)])
+                cancelled = await self.admission.cancel_all(jobs, also=[Write(stopped["_key"], stopped, revision)])
                 break
             except Conflict:
                 continue  # a job of it moved meanwhile: read them all again
         else:
             raise conflict(f"workflow {workflow_id} kept changing while it was cancelled; try again")
         for record in cancelled:
-            await self.ops.events.emit("job.cancelled", record)
-        await self.ops.events.emit("workflow.cancelled", stopped)
+            await self.admission.events.emit("job.cancelled", record)
+        await self.admission.events.emit("workflow.cancelled", stopped)
         return await self._public(stopped)

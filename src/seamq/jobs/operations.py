@@ -1,6 +1,8 @@
-"""A job's life over the store port (push, fetch, ack, nack, heartbeat, cancel; its clocks in
-seamq.jobs.job_clocks), for servers that keep no index: any number of them serve the same queues.
-Each state change is a transition of seamq.jobs.job, stored by compare-and-set.
+"""A job's life over the store port (push, fetch, ack, nack, heartbeat, cancel, and its timers when
+they fire), for servers that keep no index: any number of them serve the same queues. Each state
+change is a transition of seamq.jobs.job, stored by compare-and-set; what makes a job exist and
+wait (its entry, its timers, its creation) is seamq.jobs.admission's, given to it when it is made,
+as are its workflows' moves (seamq.jobs.flows) and the schema check.
 
 What a new state needs is written before it: the entry of a job that becomes available, the timers
 of one that waits. A server that dies between the two leaves an entry or a timer that is dropped
@@ -21,16 +23,15 @@ from typing import Any, Callable
 from seamq.jobs import job as J
 from seamq.jobs import attempts, model, unique
 from seamq.jobs.activity import Workers
+from seamq.jobs.admission import Admission
 from seamq.jobs.events import Events
-from seamq.jobs.job_clocks import JobClocks
 from seamq.jobs.model import OjsError, conflict, not_found
-from seamq.jobs.ports import CAS_TRIES, TAKEN_HOLD, Conflict, JobStore, Taken, WorkflowMoves, Write
+from seamq.jobs.ports import CAS_TRIES, TAKEN_HOLD, Conflict, Fired, JobStore, Taken, WorkflowMoves, Write
 from seamq.jobs.queues import Queues
 from seamq.observability import log
 
 
 MINE_KEPT = 100_000  # jobs handed out here, kept for their ack (bounded: most are acked within seconds)
-WAITING_TIMERS = {"run", "expire"}
 EARLY_ENTRY_TRIES = 12  # an entry taken before its record was stored comes again, for about 40 s
 
 
@@ -38,14 +39,15 @@ class Lost(OjsError):
     """A compare-and-set lost: the job changed after it was read (read it again and try again)."""
 
 
-class Operations(JobClocks):
-    def __init__(self, store: JobStore, queues: Queues, events: Events, *, clock: Callable[[], datetime] =
-                 model.utcnow, rng: random.Random | None = None, test_mode: bool = False) -> None:
-        self.store, self.queues, self.events, self.clock = store, queues, events, clock
+class Operations:
+    def __init__(self, store: JobStore, queues: Queues, events: Events, admission: Admission, *,
+                 flows: WorkflowMoves | None = None, check: Callable[[dict], None] = lambda record: None,
+                 clock: Callable[[], datetime] = model.utcnow, rng: random.Random | None = None,
+                 test_mode: bool = False) -> None:
+        """`flows`: what a job's end does to its workflow; `check`: the schema registry's check of a new job."""
+        self.store, self.queues, self.events, self.admission = store, queues, events, admission
+        self.flows, self.check, self.clock = flows, check, clock
         self.rng, self.test_mode, self.workers = rng or random.Random(), test_mode, Workers()
-        self.flows: WorkflowMoves | None = None
-        self.check: Callable[[dict], None] = lambda record: None  # the schema registry's, when it runs
-        self.soon: Callable[[str, str, datetime, dict], None] = lambda *timer: None  # the engine's clock
         # The jobs handed out here, as stored: their ack, which usually comes back here, needs no read
         # (a copy another server moved on since fails its CAS, and is then read).
         self.mine: dict[str, tuple[J.Job, int]] = {}
@@ -112,7 +114,7 @@ class Operations(JobClocks):
         (an entry or a timer whose change was never stored is dropped when it comes). Then the end
         of the hold it ran under."""
         record, finished = J.to_record(job), job.state in J.FINISHED
-        await self.ready(job)
+        await self.admission.ready(job)
         for attempt in range(CAS_TRIES):
             writes, started, moved = [Write(job.id, record, revision, finished, J.counted(before))], [], None
             if finished and job.workflow_id and self.flows is not None:
@@ -142,7 +144,7 @@ class Operations(JobClocks):
         if finished:
             await self.store.finished(job.queue, job.state.value)
         for new, revision in zip(started, revisions[2:]):
-            await self.admitted(new, revision)
+            await self.admission.admitted(new, revision)
         if self.flows is not None:
             await self.flows.ended(moved)
         return stored, record
@@ -151,16 +153,6 @@ class Operations(JobClocks):
         self.mine[job.id] = (job, revision)
         if len(self.mine) > MINE_KEPT:  # acked through another server: forget the oldest
             del self.mine[next(iter(self.mine))]
-
-    async def ready(self, job: J.Job) -> None:
-        """Before a job's new state is stored: its entry when it becomes available, and its clocks."""
-        if job.state == J.State.AVAILABLE:
-            await self.store.offer(job.queue, job.priority, job.id)
-        for timer in J.timers(job):
-            if timer.kind in WAITING_TIMERS:
-                kind = "expire" if timer.kind == "expire" else \
-                    "retry" if job.state == J.State.RETRYABLE else "scheduled"
-                await self.arm(kind, J.timer_key(job), timer.at, {"attempt": timer.attempt})
 
     @staticmethod
     def _lease(job: J.Job, visibility: Any) -> timedelta:
@@ -180,7 +172,7 @@ class Operations(JobClocks):
         existing = await unique.apply(self.store, record, self.cancel)
         if existing is not None:
             return 200, model.public(existing)
-        await self.create([record])
+        await self.admission.create([record])
         return 201, model.public(record)
 
     async def push_batch(self, body: Any) -> list[dict]:
@@ -191,26 +183,8 @@ class Operations(JobClocks):
                 self.check(record)
             except OjsError as exc:
                 raise OjsError(exc.status, exc.code, f"jobs[{index}]: {exc.message}", details=exc.details) from None
-        await self.create(records)
+        await self.admission.create(records)
         return [model.public(r) for r in records]
-
-    async def create(self, records: list[dict], also: list[Write] = ()) -> None:
-        """New jobs (and `also`, a workflow or a cron that made them) in one atomic batch."""
-        await asyncio.gather(*(self.ready(J.from_record(record)) for record in records))
-        try:
-            revisions = await self.store.commit([*also, *(Write(r["id"], r) for r in records)])
-        except Conflict:
-            for record in records:
-                if await self.store.get(record["id"]) is not None:
-                    raise OjsError(409, "duplicate", f"a job with id {record['id']} already exists",
-                                   details={"existing_job_id": record["id"]}) from None
-            raise conflict("changed while jobs were created; nothing was created") from None
-        for record, revision in zip(records, revisions[len(also):]):
-            await self.admitted(record, revision)
-
-    async def admitted(self, record: dict, revision: int) -> None:
-        await self.queues.learn(record)
-        await self.events.emit("job.enqueued", record)
 
     async def admit_refused(self, record: dict) -> None:
         """A relayed job the server refused (seamq.jobs.intake), kept as discarded."""
@@ -228,22 +202,6 @@ class Operations(JobClocks):
         _, job, record = await self.change(job_id, lambda job: J.cancelled(job, self.clock()))
         await self.events.emit("job.cancelled", record)
         return model.public(record)
-
-    async def cancel_all(self, held: list[tuple[dict, int]], also: list[Write]) -> list[dict]:
-        """Jobs not yet ended, cancelled with `also` in one atomic batch (a workflow's cancel);
-        Conflict when one of them moved meanwhile."""
-        now, jobs = self.clock(), [(J.from_record(r), rev) for r, rev in held]
-        jobs = [(job, J.cancelled(job, now), rev) for job, rev in jobs if job.state not in J.FINISHED]
-        await self.store.commit([*also, *(Write(new.id, J.to_record(new), rev, True, J.counted(old))
-                                          for old, new, rev in jobs)])
-        for before, new, _ in jobs:
-            self.mine.pop(new.id, None)
-            if before.hold:
-                await self.store.settle(before.hold)
-            if before.state == J.State.AVAILABLE:
-                await self.store.withdraw(new.queue, new.priority, new.id)
-            await self.store.finished(new.queue, new.state.value)
-        return [J.to_record(new) for _, new, _ in jobs]
 
     # ---- workers ----------------------------------------------------------------------------------
 
@@ -319,7 +277,7 @@ class Operations(JobClocks):
         record = J.to_record(claimed)
         if claimed.timeout_ms:  # armed first: one that comes before the claim is stored waits for it
             at = claimed.started_at + timedelta(milliseconds=claimed.timeout_ms)
-            await self.arm("timeout", J.timer_key(claimed), at, {"attempt": claimed.attempt})
+            await self.admission.arm("timeout", J.timer_key(claimed), at, {"attempt": claimed.attempt})
         try:
             [stored] = await self.store.commit([Write(job.id, record, revision, before=J.counted(read))])
         except Conflict:
@@ -395,3 +353,37 @@ class Operations(JobClocks):
             directive = "terminate"
         return {"state": directive, "jobs_extended": extended, "jobs_cancelled": cancelled,
                 "server_time": model.iso(now)}
+
+    # ---- timers, as they fire ---------------------------------------------------------------------
+
+    async def fire(self, fired: Fired) -> bool:
+        """A job's timer came due (to this server alone): move the job if the timer still applies.
+        False when the change it was armed for is not stored yet (timers are armed first): it is
+        then handed out again a little later, a few times, and dropped if that change never came."""
+        held = await self.store.get(fired.key.rsplit(".", 1)[-1])
+        attempt = fired.token.get("attempt")
+        if held is None:
+            return fired.kind not in ("scheduled", "expire")  # a push not stored yet, or never
+        job, revision = J.from_record(held[0]), held[1]
+        if (fired.kind == "retry" and job.state == J.State.ACTIVE and job.attempt == attempt) or \
+                (fired.kind == "timeout" and job.state == J.State.AVAILABLE and job.attempt + 1 == attempt):
+            return False  # the failure, or the claim, not stored yet
+        if attempt == job.attempt:
+            await self._due(fired.kind, job, revision)
+        return True
+
+    async def _due(self, kind: str, job: J.Job, revision: int) -> None:
+        now = self.clock()
+        try:
+            if kind in ("scheduled", "retry") and job.state in (J.State.SCHEDULED, J.State.RETRYABLE):
+                await self._store(J.due(job, now), revision, job)
+            elif kind == "expire" and job.state in J.WAITING:
+                expired = J.expired(job, now)
+                await self._store(expired, revision, job)
+                await self.events.emit("job.expired", J.to_record(expired))
+            elif kind == "timeout" and job.state == J.State.ACTIVE:
+                error = {"code": "timeout", "type": "timeout", "message": f"exceeded timeout_ms={job.timeout_ms}"}
+                failed = J.failed(job, now, error, self.rng)
+                await self._failed(failed, (await self._store(failed, revision, job))[1])
+        except OjsError:  # another server or request moved it first: the timer no longer applies
+            pass

@@ -1,0 +1,81 @@
+"""What makes a job exist and wait: the part that a job's life (seamq.jobs.operations), workflows
+(seamq.jobs.flows) and cron (seamq.jobs.crontab) share, given to each when it is made.
+
+A job's entry in the ready order and its timers are written before the state that needs them
+(a server that dies between the two leaves an entry or a timer that is dropped when it comes,
+never a job that waits for nothing). New jobs are created with what made them (a workflow, a
+cron's next run) in one atomic batch; a workflow's jobs are cancelled with it in one. A timer is
+armed in the store, which fires it once to one server whatever dies, and, when due soon, also
+told to the engine's clock (`soon`), so it fires on time. It calls none of its users: they are
+wired in one direction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime
+from typing import Callable
+
+from seamq.jobs import job as J
+from seamq.jobs import model
+from seamq.jobs.events import Events
+from seamq.jobs.model import OjsError, conflict
+from seamq.jobs.ports import Conflict, JobStore, Write
+from seamq.jobs.queues import Queues
+
+WAITING_TIMERS = {"run", "expire"}
+Soon = Callable[[str, str, datetime, dict], None]
+
+
+class Admission:
+    def __init__(self, store: JobStore, queues: Queues, events: Events, *,
+                 clock: Callable[[], datetime] = model.utcnow, soon: Soon = lambda *timer: None) -> None:
+        self.store, self.queues, self.events, self.clock, self.soon = store, queues, events, clock, soon
+
+    async def arm(self, kind: str, key: str, at: datetime, token: dict) -> None:
+        """In the store (fires once, to one server, whatever dies); if due soon, also here, on time."""
+        await self.store.arm(kind, key, at, token)
+        self.soon(kind, key, at, token)
+
+    async def ready(self, job: J.Job) -> None:
+        """Before a job's new state is stored: its entry when it becomes available, and its clocks."""
+        if job.state == J.State.AVAILABLE:
+            await self.store.offer(job.queue, job.priority, job.id)
+        for timer in J.timers(job):
+            if timer.kind in WAITING_TIMERS:
+                kind = "expire" if timer.kind == "expire" else \
+                    "retry" if job.state == J.State.RETRYABLE else "scheduled"
+                await self.arm(kind, J.timer_key(job), timer.at, {"attempt": timer.attempt})
+
+    async def create(self, records: list[dict], also: list[Write] = ()) -> None:
+        """New jobs (and `also`, a workflow or a cron that made them) in one atomic batch."""
+        await asyncio.gather(*(self.ready(J.from_record(record)) for record in records))
+        try:
+            revisions = await self.store.commit([*also, *(Write(r["id"], r) for r in records)])
+        except Conflict:
+            for record in records:
+                if await self.store.get(record["id"]) is not None:
+                    raise OjsError(409, "duplicate", f"a job with id {record['id']} already exists",
+                                   details={"existing_job_id": record["id"]}) from None
+            raise conflict("changed while jobs were created; nothing was created") from None
+        for record, revision in zip(records, revisions[len(also):]):
+            await self.admitted(record, revision)
+
+    async def admitted(self, record: dict, revision: int) -> None:
+        await self.queues.learn(record)
+        await self.events.emit("job.enqueued", record)
+
+    async def cancel_all(self, held: list[tuple[dict, int]], also: list[Write]) -> list[dict]:
+        """Jobs not yet ended, cancelled with `also` in one atomic batch (a workflow's cancel);
+        Conflict when one of them moved meanwhile."""
+        now, jobs = self.clock(), [(J.from_record(r), rev) for r, rev in held]
+        jobs = [(job, J.cancelled(job, now), rev) for job, rev in jobs if job.state not in J.FINISHED]
+        await self.store.commit([*also, *(Write(new.id, J.to_record(new), rev, True, J.counted(old))
+                                          for old, new, rev in jobs)])
+        for before, new, _ in jobs:
+            if before.hold:
+                await self.store.settle(before.hold)
+            if before.state == J.State.AVAILABLE:
+                await self.store.withdraw(new.queue, new.priority, new.id)
+            await self.store.finished(new.queue, new.state.value)
+        return [J.to_record(new) for _, new, _ in jobs]
