@@ -186,9 +186,11 @@ class Partition:
         self.held.clear()
         self.open = True
 
-    async def _give_back_held(self, why: str) -> None:
-        """Back to the server, to come again at once to us, the pinned process: only what is still pending does."""
-        log.info("partition_held_given_back", consumer=self.durable, held=len(self.held), reason=why)
+    async def _give_back_held(self, why: str, event: str = "partition_held_given_back") -> None:
+        """Back to the server: while we are pinned it comes to us again at once (only what is still
+        pending does), else to the current owner."""
+        if self.held:
+            log.info(event, consumer=self.durable, held=len(self.held), reason=why)
         for delivery in self.held.values():
             try:
                 await delivery.nak()
@@ -232,15 +234,8 @@ class Partition:
         return await jsapi.call(self.nc, f"CONSUMER.INFO.{self.stream}.{self.durable}", timeout=2) or {}
 
     async def _release(self, why: str) -> None:
-        """Give back what the handover held: the current owner gets it at once."""
-        if self.held:
-            log.info("partition_released", consumer=self.durable, held=len(self.held), reason=why)
-        for delivery in self.held.values():
-            try:
-                await delivery.nak()
-            except Exception:
-                pass
-        self.held.clear()
+        """Give back what the handover held (the current owner gets it at once), and the pin's claim."""
+        await self._give_back_held(why, "partition_released")
         self.owner, self.open = None, False
 
     async def close(self, *, unpin: bool) -> None:
