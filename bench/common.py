@@ -158,7 +158,7 @@ def per_event_us(cpu: dict[str, float], events: int) -> dict[str, float]:
 async def cpu_per_row(cpu: CpuWindow, done: Callable[[], int], total: int, timeout: float) -> dict[str, float]:
     """CPU per row of each process from the first row `done()` counts to the `total`-th:
     process start excluded."""
-    await wait_until(lambda: done() > 0, timeout=120, interval=0.01)
+    await wait_until(lambda: done() > 0, timeout=timeout, interval=0.01)  # a busy machine starts slowly
     cpu.start()
     first = done()
     await wait_until(lambda: done() >= total, timeout=timeout, interval=0.2)

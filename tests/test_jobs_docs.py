@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 from seamq.embedded import free_port
@@ -24,6 +25,19 @@ def quick_start() -> tuple[dict[str, str], list[str]]:
         files[name] = block
     commands = [line.split("  #")[0].strip() for line in re.findall(r"```sh\n(.*?)```", text, re.S)[0].splitlines()]
     return files, commands
+
+
+def wait_for_health(url: str, server: subprocess.Popen, timeout: float = 180) -> None:
+    """Until the server answers (a busy machine can take many seconds to start one)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert server.poll() is None, "the job server exited"
+        try:
+            with urllib.request.urlopen(url, timeout=5):
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise AssertionError(f"the job server did not answer {url} within {timeout:.0f} s")
 
 
 def test_the_quick_start_runs_as_written(nats_server, tmp_path):
@@ -43,7 +57,8 @@ def test_the_quick_start_runs_as_written(nats_server, tmp_path):
         for command in (serve, worker):
             with open(tmp_path / f"{command[2]}.log", "wb") as log:  # the child keeps its own copy
                 started.append(subprocess.Popen(command, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT))
-            time.sleep(0.5)
+            if command is serve:  # the worker goes second, as the guide says: it refuses a server not up yet
+                wait_for_health(f"http://127.0.0.1:{port}/ojs/v1/health", started[0])
         job_id = None
         for _ in range(100):  # until the server answers
             done = subprocess.run(enqueue, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
