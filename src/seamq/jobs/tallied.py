@@ -2,7 +2,7 @@
 in the same atomic batch (seamq.jobs.tally says why and what a tally holds).
 
 An atomic batch costs nats-server about as much CPU for one record as for a hundred
-(docs/benchmarks.md 7g), so commits that move counts are gathered: those waiting
+(on one node it is staged in a file store of its own: docs/benchmarks.md 7g, 7i), so commits that move counts are gathered: those waiting
 when a lane comes free go out together, as one batch with one tally per queue, the way River's
 completer gathers completions. A batch whose CAS loses is tried again one commit at a time, so a
 conflict is told to the commit that lost it and to no other.

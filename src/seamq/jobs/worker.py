@@ -80,8 +80,8 @@ class Worker:
         beat = asyncio.create_task(self._heartbeats())
         try:
             while not self.stopping.is_set():
-                most = self.config.concurrency
-                free = 0 if self.quiet else min(most - len(self.running), 2 * most - len(self.running) - len(self.settling))
+                beyond = max(0, len(self.settling) - self.config.concurrency)  # settles past one slot's worth each
+                free = 0 if self.quiet else self.config.concurrency - len(self.running) - beyond
                 jobs = await self._fetch(free) if free > 0 else []
                 for job in jobs:
                     self.running[job["id"]] = asyncio.create_task(self._run(job))

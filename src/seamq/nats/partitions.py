@@ -176,7 +176,8 @@ class Partition:
             return
         if await self.others_busy(self.durable):  # an old owner alive may still ack what came to us
             self._verified = False
-            log.info("partition_waiting_for_previous_owner", consumer=self.durable, not_back=0, busy=True)
+            if now - self._touched < CHECK_EVERY:  # said once per touch, not per look
+                log.info("partition_waiting_for_previous_owner", consumer=self.durable, not_back=0, busy=True)
             return
         if not self._verified and any(d.delivered > 1 for d in self.held.values()):
             self._verified = True  # nobody else has any out: what comes back now is exactly what is pending
