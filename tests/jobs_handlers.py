@@ -57,3 +57,25 @@ async def span(n: int, *, job: dict) -> dict:
         raise Flaky(f"job {n} fails its first attempt")
     _note(f"end {job['id']} {job['attempt']} {os.getpid()} {time.time()}")
     return {"n": n}
+
+
+def first_failure(folder: str, job_id: str) -> bool:
+    """Whether this run is the first of its job to fail, among every process that shares `folder`: a
+    file made once per job, atomically (its time is the failure's)."""
+    try:
+        os.close(os.open(os.path.join(folder, job_id), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        return True
+    except FileExistsError:
+        return False
+
+
+async def flaky_once(n: int, flaky: bool, *, job: dict) -> dict:
+    """`span`'s lines, for tests/test_jobs_cluster.py: a flaky job fails the first run that any worker
+    gives it (whatever its attempt: one may have been claimed by a server killed before it answered)."""
+    _note(f"start {job['id']} {job['attempt']} {os.getpid()} {time.time()}")
+    await asyncio.sleep(0.01)
+    if flaky and first_failure(os.environ["JOBS_TEST_FAILS"], job["id"]):
+        _note(f"fail {job['id']} {job['attempt']} {os.getpid()} {time.time()}")
+        raise Flaky(f"job {n} fails its first run")
+    _note(f"end {job['id']} {job['attempt']} {os.getpid()} {time.time()}")
+    return {"n": n}

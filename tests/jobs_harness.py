@@ -1,4 +1,5 @@
-"""`seamq jobs serve` as a subprocess on a free port, for the tests that need the real server."""
+"""`seamq jobs serve` and `seamq jobs worker` as subprocesses, for the tests that need the real ones;
+what the workers' runs wrote (tests/jobs_handlers.py), read back."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections import defaultdict
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from seamq.embedded import free_port
 
@@ -78,3 +80,39 @@ def served(tmp_path_factory, name: str, *, test_mode: bool = False, extra: tuple
     finally:
         server.stop()
         nats.kill()
+
+
+def start_worker(how: list[str], *, queue: str, handler: str, effects: Path, log: Path, nats_url: str = "",
+                 extra: tuple[str, ...] = (), env: dict[str, str] | None = None) -> subprocess.Popen:
+    """`seamq jobs worker` (`how`: ["--url", URL] or ["--nats"]) running tests/jobs_handlers.py's
+    `handler`, which writes its runs to `effects`."""
+    env = {**os.environ, "JOBS_TEST_EFFECTS": str(effects), "PYTHONPATH": str(Path(__file__).parent),
+           **({"SEAMQ_NATS__URL": nats_url} if nats_url else {}), **(env or {})}
+    with open(log, "ab") as out:
+        return subprocess.Popen([sys.executable, "-m", "seamq", "jobs", "worker", *how, "--queue", queue,
+                                 "--handler", f"jobs_handlers:{handler}", "--concurrency", "8", "--grace", "20",
+                                 *extra], env=env, stdout=out, stderr=subprocess.STDOUT)
+
+
+async def push_numbered(client: Any, count: int, job_type: str, options: dict) -> list[str]:
+    """Jobs 0..count-1 (`args: [n]`), pushed 100 at a time; their ids in order."""
+    ids: list[str] = []
+    for start in range(0, count, 100):
+        batch = [{"type": job_type, "args": [n], "options": options} for n in range(start, min(start + 100, count))]
+        ids += [job["id"] for job in await client.push_batch(batch)]
+    return ids
+
+
+def runs_of(path: Path) -> dict[str, list[dict]]:
+    """Each job's runs as tests/jobs_handlers.py's `span` wrote them: start, how it ended (end, fail,
+    or None when cut short), by which process."""
+    runs: dict[str, list[dict]] = defaultdict(list)
+    lines = path.read_text().splitlines() if path.exists() else []
+    for what, job_id, attempt, pid, at in (line.split() for line in lines if len(line.split()) == 5):
+        if what == "start":
+            runs[job_id].append({"attempt": int(attempt), "pid": int(pid), "start": float(at), "end": None,
+                                 "how": None})
+        else:
+            run = next(r for r in runs[job_id] if r["attempt"] == int(attempt) and r["pid"] == int(pid))
+            run.update(end=float(at), how=what)
+    return runs

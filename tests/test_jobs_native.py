@@ -9,45 +9,23 @@ only after a failed attempt or a run the kill cut short, and every worker having
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import subprocess
-import sys
 import time
-from collections import defaultdict
 from pathlib import Path
 
 from seamq.jobs.client import JobsClient
 
-from jobs_harness import JobServer
+from jobs_harness import JobServer, push_numbered, runs_of, start_worker
 
 JOBS = 400
 RETRY = {"max_attempts": 3, "initial_interval": "PT0.3S", "jitter": False}
 LEASE = 10  # seconds: the killed worker's jobs come back to the others this long after it dies
 
 
-def start_worker(how: list[str], nats_url: str, effects: Path, log: Path) -> subprocess.Popen:
-    env = {**os.environ, "JOBS_TEST_EFFECTS": str(effects), "PYTHONPATH": str(Path(__file__).parent),
-           "SEAMQ_NATS__URL": nats_url}
-    with open(log, "ab") as out:
-        return subprocess.Popen([sys.executable, "-m", "seamq", "jobs", "worker", *how, "--queue", "native",
-                                 "--handler", "jobs_handlers:span", "--concurrency", "8",
-                                 "--visibility-timeout", str(LEASE), "--grace", "20"],
-                                env=env, stdout=out, stderr=subprocess.STDOUT)
-
-
-def runs_of(path: Path) -> dict[str, list[dict]]:
-    """Each job's runs: start, how it ended (end, fail, or None when cut short), by which process."""
-    runs: dict[str, list[dict]] = defaultdict(list)
-    lines = path.read_text().splitlines() if path.exists() else []
-    for what, job_id, attempt, pid, at in (line.split() for line in lines if len(line.split()) == 5):
-        if what == "start":
-            runs[job_id].append({"attempt": int(attempt), "pid": int(pid), "start": float(at), "end": None,
-                                 "how": None})
-        else:
-            run = next(r for r in runs[job_id] if r["attempt"] == int(attempt) and r["pid"] == int(pid))
-            run.update(end=float(at), how=what)
-    return runs
+def start(how: list[str], nats_url: str, effects: Path, log: Path) -> subprocess.Popen:
+    return start_worker(how, queue="native", handler="span", effects=effects, log=log, nats_url=nats_url,
+                        extra=("--visibility-timeout", str(LEASE)))
 
 
 def ended(path: Path, pid: int | None = None) -> int:
@@ -61,19 +39,15 @@ async def test_native_workers_beside_a_server_run_each_job_once_at_a_time_throug
     workers: dict[str, subprocess.Popen] = {}
     try:
         async with JobsClient(server.url) as client:
-            ids = []
-            for start in range(0, JOBS, 100):
-                batch = [{"type": "test.span", "args": [n], "options": {"queue": "native", "retry": RETRY}}
-                         for n in range(start, start + 100)]
-                ids += [job["id"] for job in await client.push_batch(batch)]
+            ids = await push_numbered(client, JOBS, "test.span", {"queue": "native", "retry": RETRY})
             # The one to be killed starts alone, so it has a share of its own whatever the machine's speed.
-            workers["native-a"] = start_worker(["--nats"], nats_server.url, effects, tmp_path / "native-a.log")
+            workers["native-a"] = start(["--nats"], nats_server.url, effects, tmp_path / "native-a.log")
             victim = workers["native-a"].pid
             while ended(effects, victim) < 10:
                 await asyncio.sleep(0.05)
                 assert workers["native-a"].poll() is None, (tmp_path / "native-a.log").read_text()
             for name, how in (("http", ["--url", server.url]), ("native-b", ["--nats"])):
-                workers[name] = start_worker(how, nats_server.url, effects, tmp_path / f"{name}.log")
+                workers[name] = start(how, nats_server.url, effects, tmp_path / f"{name}.log")
             while ended(effects) < 100:  # the kill comes mid-run
                 await asyncio.sleep(0.05)
                 assert all(w.poll() is None for w in workers.values()), {n: (tmp_path / f"{n}.log").read_text()

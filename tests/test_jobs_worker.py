@@ -16,18 +16,15 @@ from pathlib import Path
 from seamq.jobs.client import JobsClient, JobsError
 from seamq.jobs.model import parse_time
 
-from jobs_harness import JobServer
+from jobs_harness import JobServer, push_numbered, start_worker
 
 JOBS = 500
 RETRY = {"max_attempts": 3, "initial_interval": "PT0.3S", "backoff_coefficient": 2.0, "jitter": False}
 
 
-def start_worker(url: str, effects: Path, log: Path, name: str) -> subprocess.Popen:
-    env = {**os.environ, "JOBS_TEST_EFFECTS": str(effects), "PYTHONPATH": str(Path(__file__).parent)}
-    with open(log, "ab") as out:
-        return subprocess.Popen([sys.executable, "-m", "seamq", "jobs", "worker", "--url", url, "--queue", "work",
-                                 "--handler", "jobs_handlers:record", "--concurrency", "8", "--grace", "20",
-                                 "--worker-id", name], env=env, stdout=out, stderr=subprocess.STDOUT)
+def start(url: str, effects: Path, log: Path, name: str) -> subprocess.Popen:
+    return start_worker(["--url", url], queue="work", handler="record", effects=effects, log=log,
+                        extra=("--worker-id", name))
 
 
 def effects_of(path: Path) -> list[list[str]]:
@@ -39,12 +36,8 @@ async def test_worker_runs_every_job_once_with_retries_and_survives_sigterm(nats
     effects = tmp_path / "effects.txt"
     try:
         async with JobsClient(server.url) as client:
-            ids = []
-            for start in range(0, JOBS, 100):
-                batch = [{"type": "test.record", "args": [n], "options": {"queue": "work", "retry": RETRY}}
-                         for n in range(start, start + 100)]
-                ids += [job["id"] for job in await client.push_batch(batch)]
-            first = start_worker(server.url, effects, tmp_path / "worker-1.log", "first")
+            ids = await push_numbered(client, JOBS, "test.record", {"queue": "work", "retry": RETRY})
+            first = start(server.url, effects, tmp_path / "worker-1.log", "first")
             while len(effects_of(effects)) < 150:
                 await asyncio.sleep(0.02)
                 assert first.poll() is None, (tmp_path / "worker-1.log").read_text()
@@ -52,7 +45,7 @@ async def test_worker_runs_every_job_once_with_retries_and_survives_sigterm(nats
             assert await asyncio.to_thread(first.wait, 30) == 0, (tmp_path / "worker-1.log").read_text()
             stopped_at = len(effects_of(effects))
             assert stopped_at < JOBS  # the stop came mid-run
-            second = start_worker(server.url, effects, tmp_path / "worker-2.log", "second")
+            second = start(server.url, effects, tmp_path / "worker-2.log", "second")
             try:
                 for _ in range(1200):
                     if len(effects_of(effects)) >= JOBS:
