@@ -236,20 +236,10 @@ async def processed_synced(svc, count: int) -> float:
         nats_server.stop()
 
 
-async def processed_native(nats_url: str, count: int, queue: str, concurrency: int = WORKERS) -> float:
-    """`count` jobs waiting, processed by seamq's worker with the engine in its own process (`seamq jobs
-    worker --nats`: seamq.jobs.native), `concurrency` no-op jobs at once, as the peers run theirs."""
-    from seamq.jobs.engine import Engine
-    from seamq.jobs.native import EngineClient
-    from seamq.jobs.nats_store import NatsJobStore
+def draining_worker(client, queue: str, count: int, concurrency: int):
+    """seamq's worker over `client` (a JobsClient, or seamq.jobs.native's EngineClient) with a no-op
+    function, `concurrency` jobs at once, stopping once it has acked `count` jobs."""
     from seamq.jobs.worker import Worker, WorkerConfig
-
-    nc = await nats.connect(nats_url)
-    engine = await Engine(await NatsJobStore(nc).start()).start()
-    client = EngineClient(engine)
-    for start in range(0, count, 999):
-        await engine.ops.push_batch({"jobs": [{"type": "noop", "args": [n], "options": {"queue": queue}}
-                                              for n in range(start, min(count, start + 999))]})
 
     async def noop(*args, **kwargs) -> None:
         return None
@@ -265,7 +255,23 @@ async def processed_native(nats_url: str, count: int, queue: str, concurrency: i
             worker.stop()
         return answer
 
-    client.ack = counted  # type: ignore[method-assign]
+    client.ack = counted
+    return worker
+
+
+async def processed_native(nats_url: str, count: int, queue: str, concurrency: int = WORKERS) -> float:
+    """`count` jobs waiting, processed by seamq's worker with the engine in its own process (`seamq jobs
+    worker --nats`: seamq.jobs.native), `concurrency` no-op jobs at once, as the peers run theirs."""
+    from seamq.jobs.engine import Engine
+    from seamq.jobs.native import EngineClient
+    from seamq.jobs.nats_store import NatsJobStore
+
+    nc = await nats.connect(nats_url)
+    engine = await Engine(await NatsJobStore(nc).start()).start()
+    for start in range(0, count, 999):
+        await engine.ops.push_batch({"jobs": [{"type": "noop", "args": [n], "options": {"queue": queue}}
+                                              for n in range(start, min(count, start + 999))]})
+    worker = draining_worker(EngineClient(engine), queue, count, concurrency)
     try:
         started = time.perf_counter()
         await worker.run()

@@ -7,35 +7,19 @@ jobs/s and CPU per job.
 import asyncio, resource, sys, time
 import nats
 from bench.common import CpuWindow, services
-from bench.jobs import Http, enqueue_batched
+from bench.jobs import Http, draining_worker, enqueue_batched
 from seamq.jobs.client import JobsClient
 from seamq.jobs.engine import Engine
 from seamq.jobs.native import EngineClient
 from seamq.jobs.nats_store import NatsJobStore
-from seamq.jobs.worker import Worker, WorkerConfig
 
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 10000
 CONCURRENCY = int(sys.argv[2]) if len(sys.argv) > 2 else 64
 SYNC = sys.argv[sys.argv.index("--sync") + 1] if "--sync" in sys.argv else "default"
 
 
-async def noop(*args, **kwargs):
-    return None
-
-
 async def drain(client, queue: str, pids: dict) -> str:
-    worker = Worker(client, noop, WorkerConfig(queues=(queue,), concurrency=CONCURRENCY, idle_wait=0.05))
-    done = 0
-    ack = client.ack
-
-    async def counted(*args, **kwargs):
-        nonlocal done
-        answer = await ack(*args, **kwargs)
-        done += 1
-        if done >= N:
-            worker.stop()
-        return answer
-    client.ack = counted
+    worker = draining_worker(client, queue, N, CONCURRENCY)
     cpu = CpuWindow(**pids)
     cpu.start()
     own = resource.getrusage(resource.RUSAGE_SELF)

@@ -11,8 +11,10 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import ServiceUnavailableError
 
 
-async def read_stream(js, stream: str, subject: str = ">", timeout: float = 30.0) -> list:
-    """Every message in a stream, in stream order, through an ack-less pull consumer."""
+async def read_stream(js, stream: str, subject: str = ">", timeout: float = 120.0) -> list:
+    """Every message in a stream, in stream order, through an ack-less pull consumer; fewer than the
+    stream holds within `timeout` (a liveness bound: a busy machine is slow) is an error, never a
+    shorter list that a caller would take for the stream's content."""
     deadline = time.monotonic() + 60
     while True:  # a cluster that just lost nodes, on a busy machine, can take more than a request's 5 s
         try:
@@ -42,6 +44,7 @@ async def read_stream(js, stream: str, subject: str = ">", timeout: float = 30.0
                 await asyncio.sleep(0.1)
     finally:
         await sub.unsubscribe()
+    assert len(messages) >= total, f"read {len(messages)} of the {total} messages of {stream} in {timeout:.0f} s"
     return messages
 
 

@@ -55,7 +55,10 @@ async def relay_running(dsn, nats_url, topology, **relay):
 def check_exactly_once_in_order(messages, expected: list[Event]) -> None:
     ids = [m.headers["Nats-Msg-Id"] for m in messages]
     assert len(ids) == len(set(ids)), "a message is in the stream twice"
-    assert set(ids) == {str(e.id) for e in expected}, "stream and outbox differ"
+    stored, written = set(ids), {str(e.id) for e in expected}
+    assert stored == written, (f"stream and outbox differ: {len(written - stored)} of {len(written)} events missing "
+                               f"from the stream (e.g. {sorted(written - stored)[:3]}), {len(stored - written)} "
+                               f"in it that no outbox wrote")
     seen = defaultdict(list)
     for m in messages:
         body = json.loads(m.data)
