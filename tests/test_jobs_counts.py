@@ -224,3 +224,29 @@ async def test_commits_sent_together_each_hear_their_own_outcome(raw_store):
     counts = tally.summed([r for r, _ in await raw_store.scan(tally.prefix("gathered"))], model.utcnow())
     assert {s: n for s, n in counts.items() if n} == dict(Counter(r["state"] for r in records)) == {
         "available": 20, "active": 100}
+
+
+async def test_a_commit_that_may_wait_rides_with_the_next_one_or_goes_alone_when_its_time_is_up(raw_store):
+    """A worker's ack (Write.may_wait) is held for the next commit, and shares its batch; with none
+    coming, it goes when its time is up."""
+    store = Counted(raw_store)
+    tallied = Tallied(store)
+    loop = asyncio.get_running_loop()
+
+    def job(key: str, state: str) -> dict:
+        return {"id": key, "queue": "waits", "state": state}
+
+    [first] = await tallied.commit([Write("w1", job("w1", "available"))])
+    held = asyncio.create_task(tallied.commit([Write("w1", job("w1", "active"), first, before=job("w1", "available"),
+                                                     may_wait=30.0)]))
+    await asyncio.sleep(0.3)
+    assert not held.done() and store.batches == 1  # held, not sent
+    await tallied.commit([Write("w2", job("w2", "available"))])  # goes at once, and takes the held one along
+    assert held.done() and store.batches == 2
+
+    started = loop.time()
+    [alone] = await tallied.commit([Write("w2", job("w2", "active"), (await raw_store.get("w2"))[1],
+                                          before=job("w2", "available"), may_wait=0.5)])
+    assert 0.5 <= loop.time() - started < 30 and store.batches == 3 and alone
+    counts = tally.summed([r for r, _ in await raw_store.scan(tally.prefix("waits"))], model.utcnow())
+    assert {s: n for s, n in counts.items() if n} == {"active": 2}

@@ -4,12 +4,14 @@ Over HTTP each job costs a fetch's share and an ack request, parsed and answered
 the same cores; here the worker (seamq.jobs.worker, the same code) calls the server's own engine
 (seamq.jobs.engine) on the same NATS. So every rule, lease, heartbeat and timer is the server's,
 and this worker runs beside `seamq jobs serve` instances and the SDKs' workers on the same queues.
-Its acks and failures, made at once by its concurrent jobs, go out together in the engine's batches
-(seamq.jobs.tallied). A refusal is the JobsError the HTTP client raises for the same answer.
+Its acks and failures, which the worker does not wait on, may wait a little (ACK_WAIT) for its next
+fetch's claims, and go out with them in one of the engine's batches (seamq.jobs.tallied). A refusal
+is the JobsError the HTTP client raises for the same answer.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Awaitable, Callable
 
 from seamq.jobs.client import JobsError, error_body
@@ -21,6 +23,8 @@ from seamq.jobs.worker import Worker, WorkerConfig, run_until_signalled
 from seamq.nats.connect import connect
 from seamq.redact import redact
 from seamq.settings import Settings
+
+ACK_WAIT = 0.05  # seconds an ack or a nack may wait for the next fetch's claims, to share their batch
 
 
 class EngineClient:
@@ -34,10 +38,11 @@ class EngineClient:
         return await _asked(self.engine.ops.fetch, queues, count, worker_id, visibility_timeout_ms)
 
     async def ack(self, job_id: str, result: Any = None) -> dict:
-        return await _asked(self.engine.ops.ack, job_id, result)
+        return await _asked(functools.partial(self.engine.ops.ack, may_wait=ACK_WAIT), job_id, result)
 
     async def nack(self, job_id: str, error: BaseException | dict | str, *, requeue: bool = False) -> dict:
-        return await _asked(self.engine.ops.nack, job_id, error_body(error), requeue)
+        return await _asked(functools.partial(self.engine.ops.nack, may_wait=ACK_WAIT), job_id, error_body(error),
+                            requeue)
 
     async def heartbeat(self, worker_id: str, active_jobs: list[str], *,
                         visibility_timeout_ms: int | None = None) -> dict:

@@ -89,17 +89,19 @@ class Operations:
             "code": "lease_expired", "type": "LeaseExpired", "message": f"worker {job.worker_id or '?'} sent no "
             "ack, nack or heartbeat within the visibility timeout: the job went back to its queue"})
 
-    async def change(self, job_id: Any, move: Callable[[J.Job], J.Job]) -> tuple[J.Job, J.Job, dict]:
+    async def change(self, job_id: Any, move: Callable[[J.Job], J.Job], *,
+                     may_wait: float = 0.0) -> tuple[J.Job, J.Job, dict]:
         """Apply `move` to the job as last stored here (else as read) and store it. (before, after,
         after's record.) A copy held here that moved on through another server is read again; a
         compare-and-set lost to a write made meanwhile (the same worker's heartbeat, a timer) is read
-        and tried again: only a move that the job's state as last stored refuses is refused."""
+        and tried again: only a move that the job's state as last stored refuses is refused.
+        `may_wait`: seconds the write may wait to share a batch (ports.Write)."""
         held = self.mine.get(job_id) if isinstance(job_id, str) else None
         for _ in range(CAS_TRIES):
             job, revision = held if held is not None else await self.load(job_id)
             try:
                 moved = move(job)
-                return job, moved, (await self._store(moved, revision, job))[1]
+                return job, moved, (await self._store(moved, revision, job, may_wait))[1]
             except Lost:
                 held = None
             except OjsError as exc:
@@ -108,7 +110,7 @@ class Operations:
                 held = None
         raise conflict(f"job {job_id} kept changing while this request tried to change it; try again")
 
-    async def _store(self, job: J.Job, revision: int, before: J.Job) -> tuple[int, dict]:
+    async def _store(self, job: J.Job, revision: int, before: J.Job, may_wait: float = 0.0) -> tuple[int, dict]:
         """Write a job's next state by CAS, with its workflow's next move when it ended. What the new
         state needs comes first: its entry in the ready order when it became available, its clocks
         (an entry or a timer whose change was never stored is dropped when it comes). Then the end
@@ -116,7 +118,7 @@ class Operations:
         record, finished = J.to_record(job), job.state in J.FINISHED
         await self.admission.ready(job)
         for attempt in range(CAS_TRIES):
-            writes, started, moved = [Write(job.id, record, revision, finished, J.counted(before))], [], None
+            writes, started, moved = [Write(job.id, record, revision, finished, J.counted(before), may_wait)], [], None
             if finished and job.workflow_id and self.flows is not None:
                 extra, started, moved = await self.flows.ending(record)
                 writes += extra
@@ -298,18 +300,19 @@ class Operations:
         await self.store.settle(taken.hold)
         return True
 
-    async def ack(self, job_id: Any, result: Any = None) -> dict:
-        before, done, record = await self.change(job_id, lambda job: J.completed(job, self.clock(), result))
+    async def ack(self, job_id: Any, result: Any = None, *, may_wait: float = 0.0) -> dict:
+        before, done, record = await self.change(job_id, lambda job: J.completed(job, self.clock(), result),
+                                                 may_wait=may_wait)
         duration = round((done.completed_at - before.started_at).total_seconds() * 1000) if before.started_at else 0
         await self.events.emit("job.completed", record, duration_ms=duration, result=result)
         return {"acknowledged": True, "id": done.id, "job_id": done.id, "state": "completed",
                 "completed_at": record["completed_at"], "job": model.public(record)}
 
-    async def nack(self, job_id: Any, error: Any = None, requeue: Any = False) -> dict:
+    async def nack(self, job_id: Any, error: Any = None, requeue: Any = False, *, may_wait: float = 0.0) -> dict:
         def move(job: J.Job) -> J.Job:
             now = self.clock()
             return J.released(job, now, error) if requeue is True else J.failed(job, now, error, self.rng)
-        _, failed, record = await self.change(job_id, move)
+        _, failed, record = await self.change(job_id, move, may_wait=may_wait)
         return await self._failed(failed, record)
 
     async def _failed(self, failed: J.Job, record: dict) -> dict:

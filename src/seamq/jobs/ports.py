@@ -37,13 +37,16 @@ class Write:
     """One record to store: `revision` 0 creates the key (refused if it exists), None writes it
     whatever is there, else a CAS on it; `record` None deletes the key. A `finished` record is kept
     for the retention period only. A job's write names where the record it replaces (as read at
-    `revision`) counts (`before`, seamq.jobs.job.counted): its counts move with it (seamq.jobs.tally)."""
+    `revision`) counts (`before`, seamq.jobs.job.counted): its counts move with it (seamq.jobs.tally).
+    A store that gathers writes into batches may hold one for up to `may_wait` seconds, for others to
+    share its batch (a worker's ack, which nobody waits on, rides with the next fetch's claims)."""
 
     key: str
     record: dict | None
     revision: int | None = 0
     finished: bool = False
     before: dict | None = None
+    may_wait: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,10 @@ in the same atomic batch (seamq.jobs.tally says why and what a tally holds).
 An atomic batch costs nats-server about as much CPU for one record as for a hundred
 (on one node it is staged in a file store of its own: docs/benchmarks.md 7g, 7i), so commits that move counts are gathered: those waiting
 when a lane comes free go out together, as one batch with one tally per queue, the way River's
-completer gathers completions. A batch whose CAS loses is tried again one commit at a time, so a
-conflict is told to the commit that lost it and to no other.
+completer gathers completions. A commit whose writes may wait (Write.may_wait: a worker's ack) is
+held until its time is up or another commit goes, so that a worker's acks and its next fetch's
+claims share one batch instead of paying one each. A batch whose CAS loses is tried again one commit
+at a time, so a conflict is told to the commit that lost it and to no other.
 
 A queue has tally.SLOTS tally records, whatever the number of servers and however often they
 restart, so reading a queue's counts costs the same in a year as today. Each process sends its
@@ -34,6 +36,7 @@ SLOT_TRIES = 8  # a batch tried again while other processes' batches move its sl
 class _Commit:
     writes: list[Write]
     moved: list[tally.Move]
+    due: float  # loop time by which it goes out
     done: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
     def size(self) -> int:
@@ -51,6 +54,7 @@ class Tallied:
         self._waiting: list[_Commit] = []
         self._running: set[asyncio.Task] = set()
         self._known: dict[str, tuple[dict | None, int]] = {}  # a slot's tally as this process last saw it
+        self._timer: asyncio.TimerHandle | None = None  # wakes the first commit that may wait when its time is up
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.store, name)
@@ -59,7 +63,8 @@ class Tallied:
         moved = [move for write in writes if _is_job(write) for move in tally.moves(_before(write), write.record)]
         if not moved:
             return await self.store.commit(writes)
-        pending = _Commit(writes, moved)
+        loop = asyncio.get_running_loop()
+        pending = _Commit(writes, moved, loop.time() + min(write.may_wait for write in writes))
         pending.done.add_done_callback(_heard)
         self._waiting.append(pending)
         self._lend()
@@ -76,20 +81,41 @@ class Tallied:
         await self.store.wipe()
 
     async def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
         for task in list(self._running):
             task.cancel()
         await asyncio.gather(*self._running, return_exceptions=True)
         await self.store.close()
 
     def _lend(self) -> None:
-        while self._waiting and self._idle:
+        while self._due() and self._idle:
             task = asyncio.create_task(self._send(self._idle.pop()))
             self._running.add(task)
             task.add_done_callback(self._running.discard)
 
+    def _due(self) -> bool:
+        """Whether a waiting commit must go now (and with it all the others); else the timer is set
+        for the first one that may wait."""
+        if not self._waiting:
+            return False
+        loop = asyncio.get_running_loop()
+        first = min(pending.due for pending in self._waiting)
+        if first <= loop.time():
+            return True
+        if self._timer is None or self._timer.when() > first:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = loop.call_at(first, self._woken)
+        return False
+
+    def _woken(self) -> None:
+        self._timer = None
+        self._lend()
+
     async def _send(self, lane: int) -> None:  # a lane is its slot
         try:
-            while group := self._gather():
+            while self._due() and (group := self._gather()):
                 await self._batch(group, lane)
         finally:
             self._idle.append(lane)
