@@ -20,6 +20,7 @@ which are read again before their next use.
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -52,6 +53,7 @@ class Tallied:
         first = random.randrange(tally.SLOTS)
         self._idle = [(first + lane) % tally.SLOTS for lane in range(lanes)]
         self._waiting: list[_Commit] = []
+        self._first_due = math.inf  # the earliest `due` of the waiting commits
         self._running: set[asyncio.Task] = set()
         self._known: dict[str, tuple[dict | None, int]] = {}  # a slot's tally as this process last saw it
         self._timer: asyncio.TimerHandle | None = None  # wakes the first commit that may wait when its time is up
@@ -67,12 +69,14 @@ class Tallied:
         pending = _Commit(writes, moved, loop.time() + min(write.may_wait for write in writes))
         pending.done.add_done_callback(_heard)
         self._waiting.append(pending)
+        self._first_due = min(self._first_due, pending.due)
         self._lend()
         try:
             return await asyncio.shield(pending.done)
         except asyncio.CancelledError:
             if pending in self._waiting:  # not yet sent: it never will be
                 self._waiting.remove(pending)
+                self._first_due = min((p.due for p in self._waiting), default=math.inf)
                 pending.done.cancel()
             raise  # else it is in a batch on its way, stored or not as NATS decides
 
@@ -99,8 +103,7 @@ class Tallied:
         for the first one that may wait."""
         if not self._waiting:
             return False
-        loop = asyncio.get_running_loop()
-        first = min(pending.due for pending in self._waiting)
+        loop, first = asyncio.get_running_loop(), self._first_due
         if first <= loop.time():
             return True
         if self._timer is None or self._timer.when() > first:
@@ -125,16 +128,19 @@ class Tallied:
         """The waiting commits that fit one batch, in the order they came; one that writes a key
         already in the batch waits for the next (its CAS would lose to the first)."""
         group: list[_Commit] = []
+        rest: list[_Commit] = []
         keys: set[str] = set()
         size = 0
-        for pending in list(self._waiting):
+        for pending in self._waiting:
             mine = {write.key for write in pending.writes}
             if group and (keys & mine or size + pending.size() > model.MAX_BATCH):
+                rest.append(pending)
                 continue
-            self._waiting.remove(pending)
             group.append(pending)
             keys |= mine
             size += pending.size()
+        self._waiting = rest
+        self._first_due = min((pending.due for pending in rest), default=math.inf)
         return group
 
     async def _batch(self, group: list[_Commit], lane: int) -> None:
