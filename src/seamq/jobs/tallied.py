@@ -1,13 +1,14 @@
 """The job store with its counts: a commit that moves a job's state also writes its queue's tally,
 in the same atomic batch (seamq.jobs.tally says why and what a tally holds).
 
-An atomic batch costs nats-server about as much CPU for one record as for a hundred
-(on one node it is staged in a file store of its own: docs/benchmarks.md 7g, 7i), so commits that move counts are gathered: those waiting
-when a lane comes free go out together, as one batch with one tally per queue, the way River's
-completer gathers completions. A commit whose writes may wait (Write.may_wait: a worker's ack) is
-held until its time is up or another commit goes, so that a worker's acks and its next fetch's
-claims share one batch instead of paying one each. A batch whose CAS loses is tried again one commit
-at a time, so a conflict is told to the commit that lost it and to no other.
+An atomic batch costs nats-server about as much CPU for one record as for a hundred (on one node it
+is staged in a file store of its own: docs/benchmarks.md 7g, 7i), so commits that move counts are
+gathered: those waiting when a lane comes free go out together, as one batch with one tally per
+queue, the way River's completer gathers completions. A commit whose writes may wait
+(Write.may_wait: a worker's ack) is held until its time is up or another commit goes, so that a
+worker's acks and its next fetch's claims share one batch instead of paying one each. A batch whose
+CAS loses is tried again one commit at a time, so a conflict is told to the commit that lost it and
+to no other.
 
 A queue has tally.SLOTS tally records, whatever the number of servers and however often they
 restart, so reading a queue's counts costs the same in a year as today. Each process sends its
