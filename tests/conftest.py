@@ -30,9 +30,9 @@ pytest_plugins = ["seamq.testing"]
 # The unit tier (`make test-unit`, seconds): modules of pure logic on in-memory fakes. A test there
 # that asks for a real service is a mistake this hook reports, so the tier cannot drift.
 UNIT_MODULES = {"test_compat", "test_consumer_unit", "test_handler_timeout", "test_jobs_activity", "test_jobs_cron",
-                "test_jobs_job", "test_jobs_model", "test_jobs_operations", "test_jobs_workflows", "test_lake_restart",
-                "test_listen", "test_house", "test_model", "test_observability", "test_relay_unit", "test_stopping",
-                "test_verdict"}
+                "test_jobs_job", "test_jobs_model", "test_jobs_native_unit", "test_jobs_operations",
+                "test_jobs_workflows", "test_lake_restart", "test_listen", "test_house", "test_model",
+                "test_observability", "test_relay_unit", "test_stopping", "test_verdict"}
 SERVICES = {"dsn", "empty_dsn", "pg_server", "nats_server", "nats_cluster", "nats_settings", "nc", "provisioned",
             "topo", "publish_path", "service", "service_env", "spark", "seamq_database", "seamq_postgres",
             "seamq_nats", "seamq_topology"}

@@ -5,14 +5,20 @@ the same cores; here the worker (seamq.jobs.worker, the same code) calls the ser
 (seamq.jobs.engine) on the same NATS. So every rule, lease, heartbeat and timer is the server's,
 and this worker runs beside `seamq jobs serve` instances and the SDKs' workers on the same queues.
 Its acks and failures, which the worker does not wait on, may wait a little (ACK_WAIT) for its next
-fetch's claims, and go out with them in one of the engine's batches (seamq.jobs.tallied). A refusal
-is the JobsError the HTTP client raises for the same answer.
+fetch's claims, and go out with them in one of the engine's batches (seamq.jobs.tallied). An ack
+or a nack that meets NATS away (a node lost, an election) is said again a few times, as the HTTP
+client says one again over a lost connection; one stored meanwhile is then refused, and the worker
+logs that. A refusal is the JobsError the HTTP client raises for the same answer.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from typing import Any, Awaitable, Callable
+
+import nats.errors
+import nats.js.errors
 
 from seamq.jobs.client import JobsError, error_body
 from seamq.jobs.engine import Engine
@@ -21,10 +27,13 @@ from seamq.jobs.model import OjsError
 from seamq.jobs.nats_store import NatsJobStore
 from seamq.jobs.worker import Worker, WorkerConfig, run_until_signalled
 from seamq.nats.connect import connect
+from seamq.nats.publisher import UNREACHABLE
 from seamq.redact import redact
 from seamq.settings import Settings
 
 ACK_WAIT = 0.05  # seconds an ack or a nack may wait for the next fetch's claims, to share their batch
+SETTLE_TRIES = 6  # an ack or a nack tried while NATS is away, 0.2 s apart and doubling: about 6 s in all
+AWAY = (*UNREACHABLE, nats.errors.NoRespondersError, nats.js.errors.ServiceUnavailableError)
 
 
 class EngineClient:
@@ -38,15 +47,26 @@ class EngineClient:
         return await _asked(self.engine.ops.fetch, queues, count, worker_id, visibility_timeout_ms)
 
     async def ack(self, job_id: str, result: Any = None) -> dict:
-        return await _asked(functools.partial(self.engine.ops.ack, may_wait=ACK_WAIT), job_id, result)
+        return await _settled(functools.partial(self.engine.ops.ack, may_wait=ACK_WAIT), job_id, result)
 
     async def nack(self, job_id: str, error: BaseException | dict | str, *, requeue: bool = False) -> dict:
-        return await _asked(functools.partial(self.engine.ops.nack, may_wait=ACK_WAIT), job_id, error_body(error),
-                            requeue)
+        return await _settled(functools.partial(self.engine.ops.nack, may_wait=ACK_WAIT), job_id,
+                              error_body(error), requeue)
 
     async def heartbeat(self, worker_id: str, active_jobs: list[str], *,
                         visibility_timeout_ms: int | None = None) -> dict:
         return await _asked(self.engine.ops.heartbeat, worker_id, active_jobs, visibility_timeout_ms)
+
+
+async def _settled(call: Callable[..., Awaitable[Any]], *args: Any) -> Any:
+    for attempt in range(1, SETTLE_TRIES + 1):
+        try:
+            return await _asked(call, *args)
+        except AWAY:
+            if attempt == SETTLE_TRIES:
+                raise
+            await asyncio.sleep(0.1 * 2 ** attempt)
+    raise AssertionError("unreachable")
 
 
 async def _asked(call: Callable[..., Awaitable[Any]], *args: Any) -> Any:
