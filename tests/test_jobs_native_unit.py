@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import nats.errors
 import pytest
+from structlog.testing import capture_logs
 
 from seamq.jobs import native
 from seamq.jobs.client import JobsError
@@ -34,8 +35,11 @@ class Ops:
 
 async def test_an_ack_met_by_nats_away_is_said_again_and_may_wait_for_the_next_fetch():
     ops = Ops(nats.errors.TimeoutError(), nats.errors.NoRespondersError())
-    assert await native.EngineClient(SimpleNamespace(ops=ops)).ack("j1", {"ok": True}) == {"id": "j1"}
+    with capture_logs() as logs:
+        assert await native.EngineClient(SimpleNamespace(ops=ops)).ack("j1", {"ok": True}) == {"id": "j1"}
     assert ops.calls == [("ack", "j1", native.ACK_WAIT)] * 3
+    assert [(e["event"], e["job_id"], e["attempt"]) for e in logs] == [("job_settle_retrying", "j1", 1),
+                                                                       ("job_settle_retrying", "j1", 2)]
 
 
 async def test_a_refused_nack_is_not_said_again():

@@ -28,6 +28,8 @@ from seamq.jobs.nats_store import NatsJobStore
 from seamq.jobs.worker import Worker, WorkerConfig, run_until_signalled
 from seamq.nats.connect import connect
 from seamq.nats.publisher import UNREACHABLE
+from seamq.model import describe
+from seamq.observability import log
 from seamq.redact import redact
 from seamq.settings import Settings
 
@@ -62,9 +64,10 @@ async def _settled(call: Callable[..., Awaitable[Any]], *args: Any) -> Any:
     for attempt in range(1, SETTLE_TRIES + 1):
         try:
             return await _asked(call, *args)
-        except AWAY:
+        except AWAY as exc:
             if attempt == SETTLE_TRIES:
                 raise
+            log.warning("job_settle_retrying", job_id=args[0], attempt=attempt, error=describe(exc))
             await asyncio.sleep(0.1 * 2 ** attempt)
     raise AssertionError("unreachable")
 
