@@ -20,6 +20,7 @@ from typing import Any, Awaitable, Callable
 import nats.errors
 import nats.js.errors
 
+from seamq.backoff import Backoff
 from seamq.jobs.client import JobsError, error_body
 from seamq.jobs.engine import Engine
 from seamq.jobs.handlers import JobHandlers
@@ -34,7 +35,8 @@ from seamq.redact import redact
 from seamq.settings import Settings
 
 ACK_WAIT = 0.05  # seconds an ack or a nack may wait for the next fetch's claims, to share their batch
-SETTLE_TRIES = 6  # an ack or a nack tried while NATS is away, 0.2 s apart and doubling: about 6 s in all
+SETTLE_TRIES = 6  # an ack or a nack tried while NATS is away, 3 to 6 s in all
+SETTLE_BACKOFF = Backoff(0.2, 3.2)  # the house's retry delay: doubling from 0.2 s, with jitter
 AWAY = (*UNREACHABLE, nats.errors.NoRespondersError, nats.js.errors.ServiceUnavailableError)
 
 
@@ -68,7 +70,7 @@ async def _settled(call: Callable[..., Awaitable[Any]], *args: Any) -> Any:
             if attempt == SETTLE_TRIES:
                 raise
             log.warning("job_settle_retrying", job_id=args[0], attempt=attempt, error=describe(exc))
-            await asyncio.sleep(0.1 * 2 ** attempt)
+            await asyncio.sleep(SETTLE_BACKOFF.delay(attempt))
     raise AssertionError("unreachable")
 
 
