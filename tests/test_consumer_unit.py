@@ -14,6 +14,7 @@ from seamq.settings import ConsumerSettings
 
 from helpers.lane import SPEC, event, publish
 from seamq.memory import MemoryDeliveries, MemoryInbox, MemoryPublisher
+from seamq.republish import Copy
 
 class Script:
     """A handler that answers from a script per (aggregate, n) and attempt, and notes each call."""
@@ -155,3 +156,26 @@ async def test_a_slow_lane_keeps_order_the_grace_runs_from_when_a_message_was_fe
     publish(source, event("a", 1))
     await run(source, inbox, dlq, handler, lambda: len(source.acked) == 12, concurrency=1, lane_batch=1)
     assert [n for aggregate, n in handler.calls if aggregate == "a"] == [0, 0, 1]
+
+
+async def test_a_replay_fetched_with_a_stale_redelivery_of_its_original_is_run_not_skipped_as_its_copy():
+    """A dead letter's original, its ack lost (the consumer stalled past ack_wait), comes back in the
+    same fetch as the DLQ replay of it. The stale one came first and was settled a duplicate; the
+    replay, a copy of the same message id, was settled as it: acked, never run, while
+    `seamq dlq replay` said "replayed 1 of 1" (CI, stop 53). The replay is what runs."""
+    source, inbox, dlq = MemoryDeliveries(), MemoryInbox(), MemoryPublisher()
+    handler = Script({("a", 0): [HandlerResult(Outcome.POISON, "not yet")]})
+    e = event("a", 0)
+    publish(source, e)
+    await run(source, inbox, dlq, handler, lambda: len(source.acked) == 1)
+    assert inbox.rows[e.id].status == "dead_lettered"
+    original = source.acked[0]
+    replay = Copy(original.subject, original.headers, original.data, str(e.id), msg_id=f"replay:{SPEC.name}:{e.id}:1",
+                  replay_attempt=1, consumer=SPEC.name).message()
+    source.publish(original.subject, original.headers, original.data, delivered=2)  # the stale redelivery
+    source.publish(replay.subject, replay.headers, replay.payload)
+    await run(source, inbox, dlq, handler, lambda: len(source.acked) == 3, concurrency=1, batch_size=10)
+    row = inbox.rows[e.id]
+    assert handler.calls == [("a", 0), ("a", 0)], "the replay ran"
+    assert (row.status, row.duplicates) == ("processed", 1)
+    assert not source.naks and len(dlq.published) == 1

@@ -44,7 +44,7 @@ from seamq import dead_letter
 from seamq.backoff import Backoff
 from seamq.envelope import HandlerResult, Outcome, Reason, Rejected, parse_message
 from seamq.health import Beat, Health
-from seamq.handling import Handling, header_uuid, inbox_items
+from seamq.handling import Handling, header_uuid, inbox_items, replays_first
 from seamq.holds import Holds, Pending
 from seamq.metered import MeteredLane
 from seamq.model import Header, describe
@@ -240,6 +240,7 @@ class InboxConsumer:
 
     async def _handle_lane(self, work: LaneWork, items: list[Handling], savepoints: bool, pending: Pending) -> bool:
         """admit -> call -> decide, per message in stream order; then record. False: redo (_attempt)."""
+        items = replays_first(items)
         admissions = await self.inbox.admit(work, inbox_items(items))
         first_copy: dict[uuid.UUID, Handling] = {}
         copies: dict[uuid.UUID, int] = {}  # further copies skipped, by message id: the inbox counts them

@@ -30,7 +30,7 @@ class Handling:
     dlq_seq: int | None = None  # where its dead letter was stored
     http_result: HandlerResult | None = None  # kept across a lane's redo: never call HTTP twice
     for_another: bool = False  # a DLQ replay or an edited copy for another consumer of the subject: skipped
-    copy: bool = False  # a further copy of a message id earlier in its lane: settled as that one
+    copy: bool = False  # a further copy of a message id decided before in its lane: settled as that one
     fetched: float = field(default_factory=time.monotonic)  # when it was fetched (seamq.holds: its grace)
 
     @property
@@ -45,6 +45,11 @@ class Handling:
     @property
     def seq(self) -> int:
         return self.msg.seq
+
+    @property
+    def replay(self) -> bool:
+        """A DLQ replay for this consumer: it runs a dead-lettered message again."""
+        return bool(self.envelope and self.envelope.replay_attempt) and not self.for_another
 
     @property
     def delivered(self) -> int:
@@ -77,6 +82,22 @@ def header_uuid(msg: Delivery) -> uuid.UUID | None:
         return None
 
 
+def replays_first(items: list[Handling]) -> list[Handling]:
+    """The order a lane decides its items in: stream order, except that a DLQ replay takes the place
+    of the first copy of its message id. The copies of a message id are settled as the first one
+    decided; a stale redelivery of a dead letter's original (its ack lost) decided before its
+    replay was found dead-lettered, a duplicate, and the replay was acked with it, never run."""
+    order = list(items)
+    first: dict[uuid.UUID, int] = {}
+    for i, item in enumerate(items):
+        if item.message_id is None or item.for_another:
+            continue
+        j = first.setdefault(item.message_id, i)
+        if item.replay and not order[j].replay:
+            order[i], order[j] = order[j], order[i]
+    return order
+
+
 def inbox_items(items: list[Handling]) -> list[InboxItem]:
     seen, out = set(), []
     for item in items:
@@ -88,7 +109,7 @@ def inbox_items(items: list[Handling]) -> list[InboxItem]:
         out.append(InboxItem(
             message_id=message_id, subject=item.msg.subject,
             event_type=env.event_type if env else None, event_version=env.event_version if env else None,
-            occurred_at=env.occurred_at if env else None, replay=bool(env and env.replay_attempt),
+            occurred_at=env.occurred_at if env else None, replay=item.replay,
             deliver_at=env.deliver_at if env else None,
         ))
     return out
