@@ -112,6 +112,21 @@ def test_each_state_needs_its_clocks():
     assert J.timers(new()) == []
 
 
+def test_each_change_leaves_what_its_old_state_held_and_its_new_one_does_not():
+    held = J.claimed(new(), NOW, "w1", LEASE, entry="e", hold="h1")
+    waiting = new(scheduled_at="2026-11-25T00:00:00Z")
+    retrying = J.failed(active(retry={"initial_interval": "PT1S", "jitter": False}), NOW, "x")
+    A = J.Aftermath
+    assert J.aftermath(new(), held) == A()  # claimed: its hold begins, nothing ends
+    assert J.aftermath(held, J.extended(held, NOW, LEASE)) == A()  # a heartbeat keeps its hold
+    assert J.aftermath(held, J.completed(held, NOW, None)) == A(settle="h1", finished=True)
+    assert J.aftermath(held, J.failed(held, NOW, "x")) == A(settle="h1")  # back to wait: not finished
+    assert J.aftermath(new(), J.cancelled(new(), NOW)) == A(withdraw=True, finished=True)
+    assert J.aftermath(waiting, J.cancelled(waiting, NOW)) == A(disarm="scheduled", finished=True)
+    assert J.aftermath(retrying, J.cancelled(retrying, NOW)) == A(disarm="retry", finished=True)
+    assert J.aftermath(waiting, J.due(waiting, NOW)) == A()  # its timer fired: the timer is gone already
+
+
 def test_replace_changes_only_what_it_is_given_and_refuses_a_field_a_job_has_not():
     job = J.from_record(model.new_record({"type": "a.b", "args": [1], "options": {"queue": "q"}}, NOW))
     moved = J.replace(job, state=J.State.ACTIVE, attempt=2)

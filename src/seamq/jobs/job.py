@@ -271,3 +271,23 @@ def timers(job: Job) -> list[Timer]:
     if job.state in FINISHED and job.ended_at:
         out.append(Timer("forget", job.ended_at + RECORD_TTL, job.attempt))
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class Aftermath:
+    """What a stored state change leaves to do once its write is in: what the job's old state held
+    that its new one does not (seamq.jobs.operations applies it, in this order)."""
+
+    settle: str | None = None  # the hold its run was fetched under: its entry is done with
+    withdraw: bool = False  # it ended while waiting in its queue's ready order
+    disarm: str | None = None  # the count of the timer it no longer waits for: "scheduled" or "retry"
+    finished: bool = False  # it ended: its queue counts one more finished job of its state
+
+
+def aftermath(before: Job, job: Job) -> Aftermath:
+    """What storing `job` over `before`, the job as it was read, leaves to do."""
+    finished = job.state in FINISHED
+    waited = {State.SCHEDULED: "scheduled", State.RETRYABLE: "retry"}.get(before.state)
+    return Aftermath(settle=before.hold if before.hold and before.hold != job.hold else None,
+                     withdraw=finished and before.state == State.AVAILABLE,
+                     disarm=waited if finished else None, finished=finished)

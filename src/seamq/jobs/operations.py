@@ -113,8 +113,8 @@ class Operations:
     async def _store(self, job: J.Job, revision: int, before: J.Job, may_wait: float = 0.0) -> tuple[int, dict]:
         """Write a job's next state by CAS, with its workflow's next move when it ended. What the new
         state needs comes first: its entry in the ready order when it became available, its clocks
-        (an entry or a timer whose change was never stored is dropped when it comes). Then the end
-        of the hold it ran under."""
+        (an entry or a timer whose change was never stored is dropped when it comes). Then what its
+        old state held and its new one does not (seamq.jobs.job.aftermath)."""
         record, finished = J.to_record(job), job.state in J.FINISHED
         await self.admission.ready(job)
         for attempt in range(CAS_TRIES):
@@ -137,13 +137,14 @@ class Operations:
             self._keep(job, stored)
         else:
             self.mine.pop(job.id, None)
-        if before is not None and before.hold and before.hold != job.hold:
-            await self.store.settle(before.hold)
-        if finished and before is not None and before.state == J.State.AVAILABLE:
+        after = J.aftermath(before, job)
+        if after.settle:
+            await self.store.settle(after.settle)
+        if after.withdraw:
             await self.store.withdraw(job.queue, job.priority, job.id)
-        if finished and before is not None and before.state in (J.State.SCHEDULED, J.State.RETRYABLE):  # its count
-            await self.store.disarm("scheduled" if before.state == J.State.SCHEDULED else "retry", J.timer_key(job))
-        if finished:
+        if after.disarm:
+            await self.store.disarm(after.disarm, J.timer_key(job))
+        if after.finished:
             await self.store.finished(job.queue, job.state.value)
         for new, revision in zip(started, revisions[2:]):
             await self.admission.admitted(new, revision)
