@@ -345,7 +345,7 @@ async def test_an_ack_that_loses_its_compare_and_set_to_the_workers_heartbeat_is
     one, other = servers
     await push(one, job())
     [got] = await one.ops.fetch(["q"], 1, "w", 60_000)
-    one.ops.mine.clear()  # the ack reaches a server that holds no copy of the job
+    one.ops.handed_out.clear()  # the ack reaches a server that holds no copy of the job
     read, beats = store.get, []
 
     async def read_then_beat(key: str):

@@ -6,7 +6,7 @@ A job's entry in the ready order and its timers are written before the state tha
 never a job that waits for nothing). New jobs are created with what made them (a workflow, a
 cron's next run) in one atomic batch; a workflow's jobs are cancelled with it in one. A timer is
 armed in the store, which fires it once to one server whatever dies, and, when due soon, also
-told to the engine's clock (`soon`), so it fires on time. It calls none of its users: they are
+told to the engine's clock (`armed`), so it fires on time. It calls none of its users: they are
 wired in one direction.
 """
 
@@ -24,18 +24,19 @@ from seamq.jobs.ports import Conflict, JobStore, Write
 from seamq.jobs.queues import Queues
 
 WAITING_TIMERS = {"run", "expire"}
-Soon = Callable[[str, str, datetime, dict], None]
+Armed = Callable[[str, str, datetime, dict], None]
 
 
 class Admission:
     def __init__(self, store: JobStore, queues: Queues, events: Events, *,
-                 clock: Callable[[], datetime] = model.utcnow, soon: Soon = lambda *timer: None) -> None:
-        self.store, self.queues, self.events, self.clock, self.soon = store, queues, events, clock, soon
+                 clock: Callable[[], datetime] = model.utcnow, armed: Armed = lambda *timer: None) -> None:
+        """`armed`: told of each timer armed here (the engine fires those due soon itself, on time)."""
+        self.store, self.queues, self.events, self.clock, self.armed = store, queues, events, clock, armed
 
     async def arm(self, kind: str, key: str, at: datetime, token: dict) -> None:
         """In the store (fires once, to one server, whatever dies); if due soon, also here, on time."""
         await self.store.arm(kind, key, at, token)
-        self.soon(kind, key, at, token)
+        self.armed(kind, key, at, token)
 
     async def ready(self, job: J.Job) -> None:
         """Before a job's new state is stored: its entry when it becomes available, and its clocks."""

@@ -57,10 +57,10 @@ class Engine:
         self.store, self.clock = store, clock
         self.events = Events(store, clock)
         self.queues = Queues(store, clock)
-        admission = Admission(store, self.queues, self.events, clock=clock, soon=self._soon)
+        admission = Admission(store, self.queues, self.events, clock=clock, armed=self._keep_if_due_soon)
         self.flows, self.crontab = Flows(admission), Crontab(admission)
         self.schemas = Schemas(store, self.queues)
-        self.ops = Operations(store, self.queues, self.events, admission, flows=self.flows, check=self.schemas.check,
+        self.ops = Operations(store, self.queues, self.events, admission, flows=self.flows, check_schema=self.schemas.check,
                               rng=rng, test_mode=test_mode, clock=clock)
         self._deadlines: list[tuple[float, int, Fired]] = []  # timers due within SOON, armed here
         self._wake, self._count = asyncio.Event(), itertools.count()
@@ -112,7 +112,7 @@ class Engine:
             await self._fire(timer)
         return len(fired)
 
-    def _soon(self, kind: str, key: str, at: datetime, token: dict) -> None:
+    def _keep_if_due_soon(self, kind: str, key: str, at: datetime, token: dict) -> None:
         if at.timestamp() - time.time() < SOON:
             heapq.heappush(self._deadlines, (at.timestamp(), next(self._count), Fired(kind, key, token, None)))
             self._wake.set()

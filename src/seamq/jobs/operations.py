@@ -31,7 +31,7 @@ from seamq.jobs.queues import Queues
 from seamq.observability import log
 
 
-MINE_KEPT = 100_000  # jobs handed out here, kept for their ack (bounded: most are acked within seconds)
+HANDED_OUT_KEPT = 100_000  # jobs handed out here, kept for their ack (bounded: most are acked within seconds)
 EARLY_ENTRY_TRIES = 12  # an entry taken before its record was stored comes again, for about 40 s
 
 
@@ -41,16 +41,16 @@ class Lost(OjsError):
 
 class Operations:
     def __init__(self, store: JobStore, queues: Queues, events: Events, admission: Admission, *,
-                 flows: WorkflowMoves | None = None, check: Callable[[dict], None] = lambda record: None,
+                 flows: WorkflowMoves | None = None, check_schema: Callable[[dict], None] = lambda record: None,
                  clock: Callable[[], datetime] = model.utcnow, rng: random.Random | None = None,
                  test_mode: bool = False) -> None:
-        """`flows`: what a job's end does to its workflow; `check`: the schema registry's check of a new job."""
+        """`flows`: what a job's end does to its workflow; `check_schema`: the schema registry's check of a new job's args."""
         self.store, self.queues, self.events, self.admission = store, queues, events, admission
-        self.flows, self.check, self.clock = flows, check, clock
+        self.flows, self.check_schema, self.clock = flows, check_schema, clock
         self.rng, self.test_mode, self.workers = rng or random.Random(), test_mode, Workers()
         # The jobs handed out here, as stored: their ack, which usually comes back here, needs no read
         # (a copy another server moved on since fails its CAS, and is then read).
-        self.mine: dict[str, tuple[J.Job, int]] = {}
+        self.handed_out: dict[str, tuple[J.Job, int]] = {}
 
     # ---- the record -------------------------------------------------------------------------------
 
@@ -96,7 +96,7 @@ class Operations:
         compare-and-set lost to a write made meanwhile (the same worker's heartbeat, a timer) is read
         and tried again: only a move that the job's state as last stored refuses is refused.
         `may_wait`: seconds the write may wait to share a batch (ports.Write)."""
-        held = self.mine.get(job_id) if isinstance(job_id, str) else None
+        held = self.handed_out.get(job_id) if isinstance(job_id, str) else None
         for _ in range(CAS_TRIES):
             job, revision = held if held is not None else await self.load(job_id)
             try:
@@ -134,9 +134,9 @@ class Operations:
                 # the job is as it was: its workflow moved on meanwhile (another of its jobs ended)
         stored = revisions[0]
         if job.state == J.State.ACTIVE:
-            self._keep(job, stored)
+            self._hand_out(job, stored)
         else:
-            self.mine.pop(job.id, None)
+            self.handed_out.pop(job.id, None)
         after = J.aftermath(before, job)
         if after.settle:
             await self.store.settle(after.settle)
@@ -152,10 +152,10 @@ class Operations:
             await self.flows.ended(moved)
         return stored, record
 
-    def _keep(self, job: J.Job, revision: int) -> None:
-        self.mine[job.id] = (job, revision)
-        if len(self.mine) > MINE_KEPT:  # acked through another server: forget the oldest
-            del self.mine[next(iter(self.mine))]
+    def _hand_out(self, job: J.Job, revision: int) -> None:
+        self.handed_out[job.id] = (job, revision)
+        if len(self.handed_out) > HANDED_OUT_KEPT:  # acked through another server: forget the oldest
+            del self.handed_out[next(iter(self.handed_out))]
 
     @staticmethod
     def _lease(job: J.Job, visibility: Any) -> timedelta:
@@ -171,7 +171,7 @@ class Operations:
 
     async def push(self, body: Any) -> tuple[int, dict]:
         record = model.new_record(body, self.clock())
-        self.check(record)
+        self.check_schema(record)
         existing = await unique.apply(self.store, record, self.cancel)
         if existing is not None:
             return 200, model.public(existing)
@@ -183,7 +183,7 @@ class Operations:
         records = model.new_records(body, self.clock())
         for index, record in enumerate(records):
             try:
-                self.check(record)
+                self.check_schema(record)
             except OjsError as exc:
                 raise OjsError(exc.status, exc.code, f"jobs[{index}]: {exc.message}", details=exc.details) from None
         await self.admission.create(records)
@@ -285,7 +285,7 @@ class Operations:
             [stored] = await self.store.commit([Write(job.id, record, revision, before=J.counted(read))])
         except Conflict:
             return None
-        self._keep(claimed, stored)
+        self._hand_out(claimed, stored)
         if lease.total_seconds() < TAKEN_HOLD:
             await self.store.hold(taken.hold, lease.total_seconds())
         await self.events.emit("job.started", record)
