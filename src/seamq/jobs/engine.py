@@ -148,7 +148,7 @@ class Engine:
     async def reset(self) -> None:
         await self.store.wipe()
         self.queues.flags.clear()
-        self.ops.mine.clear()
+        self.ops.handed_out.clear()
         self.events.clear()
 
     # ---- what joins two parts; the routes call the parts themselves for the rest -------------------
