@@ -61,6 +61,31 @@ def test_each_move_starts_only_from_its_states(move):
             assert refused.value.status == 409 and state.value in refused.value.message
 
 
+def test_a_job_read_from_the_store_writes_the_record_written_whole_after_every_move():
+    """to_record starts from the record a job was read as and writes the fields that changed: after
+    any walk of moves, the record is the one written field by field from nothing."""
+    import random
+
+    rng = random.Random(7)
+    starts = [model.new_record({"type": "a.b", "args": [1], "specversion": "1.0", "options": options}, NOW)
+              for options in ({}, {"scheduled_at": "2026-11-25T00:00:00Z", "tags": ["t"]},
+                              {"expires_at": "+PT1H", "retry": {"max_attempts": 2, "on_exhaustion": "dead_letter"}})]
+    walks = 0
+    for start in starts:
+        for _ in range(50):
+            job = J.from_record(start)
+            for _ in range(6):
+                moves = [do for do, allowed in MOVES.values() if job.state in allowed]
+                if not moves:  # completed: nothing moves it
+                    break
+                job = J.from_record(J.to_record(rng.choice(moves)(job))) if rng.random() < 0.5 else \
+                    rng.choice(moves)(job)
+                whole = J.to_record(dataclasses.replace(job, as_read=None))
+                assert J.to_record(job) == whole
+                walks += 1
+    assert walks > 600
+
+
 def test_a_result_of_false_or_zero_is_kept():
     for result in (False, 0, "", []):
         assert J.to_record(J.completed(active(), NOW, result))["result"] == result

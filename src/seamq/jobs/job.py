@@ -28,7 +28,7 @@ INTERNAL = {"lease_until": "_lease_until", "dead_letter": "_dlq", "entry": "_ent
 ALWAYS = ("enqueued_at", "scheduled_at", "expires_at", "timeout_ms", "tags", "retry", "unique", "options")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Job:
     id: str
     type: str
@@ -66,6 +66,8 @@ class Job:
     hold: str | None = None
     parent_results: list | None = None
     extra: dict = field(default_factory=dict)  # what else the client sent (specversion, schema, ...)
+    # Its fields and its record as read from the store: to_record writes only what changed since.
+    as_read: tuple[dict, dict] | None = field(default=None, compare=False, repr=False)
 
     @property
     def expires(self) -> datetime | None:
@@ -80,25 +82,22 @@ class Job:
         return RetryPolicy.from_options(self.retry, self.max_attempts)
 
 
-_FIELDS = {f.name for f in fields(Job)} - {"extra"}
+_FIELDS = {f.name for f in fields(Job)} - {"extra", "as_read"}
 _STORED = {INTERNAL.get(name, name): name for name in _FIELDS}
 _ORDER = tuple(dict.fromkeys(("id", "type", "queue", "args", "priority", "state", "attempt", "max_attempts", *ALWAYS,
                               *sorted(_FIELDS))))
 _KINDS = {**{name: "time" for name in TIMES}, "state": "state", "errors": "errors", "dead_letter": "flag"}
 _SPEC = tuple((name, INTERNAL.get(name, name), _KINDS.get(name), name in ALWAYS) for name in _ORDER)
-_SLOTS = tuple(f.name for f in fields(Job))
-_NAMES = frozenset(_SLOTS)
+_NAMES = frozenset(f.name for f in fields(Job)) - {"as_read"}
 _SET = object.__setattr__
 
 
 def replace(job: Job, **changes: Any) -> Job:
-    """dataclasses.replace without its walk over the fields' definitions on every call (two calls
-    per job processed; this costs 3.3 us against 5.6)."""
+    """dataclasses.replace as one merge of the fields (two calls per job processed; docs/benchmarks.md 7k)."""
     if not changes.keys() <= _NAMES:
         raise TypeError(f"Job has no field {sorted(changes.keys() - _NAMES)}")
     new = object.__new__(Job)
-    for name in _SLOTS:
-        _SET(new, name, changes[name] if name in changes else getattr(job, name))
+    _SET(new, "__dict__", {**job.__dict__, **changes})
     return new
 
 
@@ -116,7 +115,9 @@ def from_record(record: dict) -> Job:
     known["state"] = State(known["state"])
     known["errors"] = tuple(known.get("errors") or ())
     known["dead_letter"] = bool(known.get("dead_letter"))
-    return Job(**known, extra=extra)
+    job = Job(**known, extra=extra)
+    _SET(job, "as_read", (dict(job.__dict__), dict(record)))
+    return job
 
 
 _ISO: dict[datetime, str] = {}  # times formatted once: a job's are written again at each of its changes
@@ -139,14 +140,27 @@ def counted(job: Job) -> dict:
     return {"queue": job.queue, "state": state, f"{state}_at": _iso(at)} if at else {"queue": job.queue, "state": state}
 
 
+_NOTHING: Any = {}  # no fields as read: a value is never this very object, so every field is written
+
+
 def to_record(job: Job) -> dict:
-    """The dict to store: the client's other fields, then every field (ISO strings for times)."""
-    record = dict(job.extra)
+    """The dict to store: the client's other fields, then every field (ISO strings for times). A job
+    read from the store starts from the record it was read as, and writes only the fields that changed."""
+    values = job.__dict__
+    read = values["as_read"]
+    if read is None or job.extra is not read[0]["extra"]:
+        was, record = _NOTHING, dict(job.extra)
+    else:
+        was, record = read[0], dict(read[1])
     for name, key, kind, always in _SPEC:
-        value = getattr(job, name)
+        value = values[name]
+        if value is was.get(name, _NOTHING):
+            continue
         if value is None or (kind in ("flag", "errors") and not value):
             if always:
                 record[key] = None
+            else:
+                record.pop(key, None)
             continue
         record[key] = _iso(value) if kind == "time" else value.value if kind == "state" else \
             list(value) if kind == "errors" else value
