@@ -11,7 +11,7 @@ needs in its state, for the engine to arm.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -90,6 +90,8 @@ _KINDS = {**{name: "time" for name in TIMES}, "state": "state", "errors": "error
 _SPEC = tuple((name, INTERNAL.get(name, name), _KINDS.get(name), name in ALWAYS) for name in _ORDER)
 _NAMES = frozenset(f.name for f in fields(Job)) - {"as_read"}
 _SET = object.__setattr__
+_DEFAULTS = {f.name: f.default for f in fields(Job) if f.default is not MISSING}
+_REQUIRED = frozenset(f.name for f in fields(Job) if f.default is MISSING and f.default_factory is MISSING)
 
 
 def replace(job: Job, **changes: Any) -> Job:
@@ -102,8 +104,9 @@ def replace(job: Job, **changes: Any) -> Job:
 
 
 def from_record(record: dict) -> Job:
-    """The stored dict (ISO strings, `_lease_until`, `_dlq`) as a Job."""
-    known, extra = {}, {}
+    """The stored dict (ISO strings, `_lease_until`, `_dlq`) as a Job, made without the frozen
+    dataclass's __init__, which sets each of its fields through object.__setattr__."""
+    known, extra = dict(_DEFAULTS), {}
     for key, value in record.items():
         name = _STORED.get(key)
         if name is None:
@@ -112,11 +115,15 @@ def from_record(record: dict) -> Job:
             known[name] = parse_time(value) if value else None
         else:
             known[name] = value
+    if not _REQUIRED <= known.keys():
+        raise ValueError(f"a stored job without {sorted(_REQUIRED - known.keys())}")
     known["state"] = State(known["state"])
-    known["errors"] = tuple(known.get("errors") or ())
-    known["dead_letter"] = bool(known.get("dead_letter"))
-    job = Job(**known, extra=extra)
-    _SET(job, "as_read", (dict(job.__dict__), dict(record)))
+    known["errors"] = tuple(known["errors"] or ())
+    known["dead_letter"] = bool(known["dead_letter"])
+    known["extra"] = extra
+    known["as_read"] = (dict(known), dict(record))
+    job = object.__new__(Job)
+    _SET(job, "__dict__", known)
     return job
 
 
