@@ -96,6 +96,7 @@ async def test_dlq_replay_all_brings_back_every_selected_message(dsn, nats_serve
     listing = subprocess.run([*SEAMQ, "dlq", "list", "--event-type", "vibe_created"], env=service_env,
                              capture_output=True, text=True)
     assert listing.returncode == 0 and "5 dead letters" in listing.stdout and "no_handler" in listing.stdout
+    assert all(str(e.id) in listing.stdout for e in v2)  # whole, even 80 columns wide: their heads are shared
     shown = subprocess.run([*SEAMQ, "dlq", "show", str(v2[0].id)], env=service_env, capture_output=True, text=True)
     assert shown.returncode == 0 and "original_payload" in shown.stdout and "no_handler" in shown.stdout
 

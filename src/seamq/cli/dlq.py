@@ -69,18 +69,19 @@ def list_(consumer: Optional[str] = Consumer, context: Optional[str] = Context, 
                                                           purged=purged)))
     if as_json:
         return print_json(rows)  # every inbox column, the DLQ metadata as stored
-    # Cells wrap rather than end in "…": a reason cut short is no reason. Ids are shown by their first
-    # 13 characters, which `dlq show`, `replay` and `inbox show` take (--json has them whole).
+    # Cells wrap rather than end in "…": a reason cut short is no reason. Ids are shown whole: a
+    # UUIDv7 begins with its millisecond, so the messages of one batch share any short head of it.
     table = Table(title=f"{len(rows)} dead letters")
     for name in ("id", "consumer", "event", "reason", "status", "tries", "replays", "next replay",
                  "dead-lettered"):
         # Ids and consumers are copied whole into commands, and a reason is read whole: never on two lines.
-        table.add_column(name, overflow="fold", no_wrap=name in ("id", "consumer", "reason"))
+        table.add_column(name, overflow="fold", no_wrap=name in ("id", "consumer", "reason"),
+                         min_width=36 if name == "id" else None)
     for row in rows:
         state = dead_letter.State.of(row["dlq_metadata"])
         event = dead_letter.event_of(row)
         status = "purged" if state.purged_at else row["status"]
-        table.add_row(str(row["message_id"])[:13], row["consumer"], event, state.reason or "?", status,
+        table.add_row(str(row["message_id"]), row["consumer"], event, state.reason or "?", status,
                       str(row["attempts"]), str(state.replay_attempts),
                       _minute(state.next_replay_at), _minute(state.dead_lettered_at))
     console.print(table)
