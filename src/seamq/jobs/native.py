@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import gc
 from typing import Any, Awaitable, Callable
 
 import nats.errors
@@ -38,6 +39,7 @@ ACK_WAIT = 0.05  # seconds an ack or a nack may wait for the next fetch's claims
 SETTLE_TRIES = 6  # an ack or a nack tried while NATS is away, 3 to 6 s in all
 SETTLE_BACKOFF = Backoff(0.2, 3.2)  # the house's retry delay: doubling from 0.2 s, with jitter
 AWAY = (*UNREACHABLE, nats.errors.NoRespondersError, nats.js.errors.ServiceUnavailableError)
+GC_THRESHOLD = 10_000  # allocations between the collector's youngest rounds (Python's default: 700)
 
 
 class EngineClient:
@@ -86,6 +88,11 @@ async def run_native_worker(settings: Settings, handler: JobHandlers | Callable,
     nc = await connect(settings.nats, name="seamq-jobs-worker")
     try:
         engine = await Engine(await NatsJobStore(nc, replicas=settings.jobs.replicas).start()).start()
+        # Jobs make and drop many small objects: at Python's default threshold the collector runs every
+        # few jobs, and each of its oldest rounds scans all that start-up made (docs/benchmarks.md 7k).
+        # That lives as long as the process: frozen, it is never scanned again.
+        gc.freeze()
+        gc.set_threshold(GC_THRESHOLD, 10, 10)
         try:
             await run_until_signalled(Worker(EngineClient(engine), handler, config),
                                       via=f"engine on {redact(settings.nats.url)}")
