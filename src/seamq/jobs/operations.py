@@ -31,7 +31,8 @@ from seamq.jobs.queues import Queues
 from seamq.observability import log
 
 
-HANDED_OUT_KEPT = 100_000  # jobs handed out here, kept for their ack (bounded: most are acked within seconds)
+HANDED_OUT_KEPT = 25_000  # jobs handed out here, kept for their ack (bounded: most are acked within seconds,
+# and one pushed out costs its ack a read; docs/benchmarks.md 7k for its memory)
 EARLY_ENTRY_TRIES = 12  # an entry taken before its record was stored comes again, for about 40 s
 
 
