@@ -116,11 +116,11 @@ class Operations:
         state needs comes first: its entry in the ready order when it became available, its clocks
         (an entry or a timer whose change was never stored is dropped when it comes). Then what its
         old state held and its new one does not (seamq.jobs.job.aftermath)."""
-        record, finished = J.to_record(job), job.state in J.FINISHED
+        record, after = J.to_record(job), J.aftermath(before, job)
         await self.admission.ready(job)
         for attempt in range(CAS_TRIES):
-            writes, started, moved = [Write(job.id, record, revision, finished, J.counted(before), may_wait)], [], None
-            if finished and job.workflow_id and self.flows is not None:
+            writes, started, moved = [Write(job.id, record, revision, after.finished, J.counted(before), may_wait)], [], None
+            if after.finished and job.workflow_id and self.flows is not None:
                 extra, started, moved = await self.flows.ending(record)
                 writes += extra
             if job.dead_letter and job.state == J.State.DISCARDED:
@@ -138,7 +138,6 @@ class Operations:
             self._hand_out(job, stored)
         else:
             self.handed_out.pop(job.id, None)
-        after = J.aftermath(before, job)
         if after.settle:
             await self.store.settle(after.settle)
         if after.withdraw:
