@@ -309,7 +309,7 @@ def test_inbox_purge_refuses_a_window_shorter_than_redelivery(dsn):
     ok = subprocess.run([*SEAMQ, "inbox", "purge", "--older-than", "30d", "--batch", "5"], env=env,
                         capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr
-    assert "deleted 12" in ok.stdout and scalar(dsn, "SELECT count(*) FROM inbox_messages") == 1
+    assert "deleted 12 rows" in ok.stdout and scalar(dsn, "SELECT count(*) FROM inbox_messages") == 1
 
 
 async def test_sigterm_finishes_in_flight_and_acks(dsn, nats_server, nc, topo, tmp_path, side_effects_env):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import random
 import signal
@@ -328,7 +329,9 @@ async def test_bad_rows_hold_back_their_aggregates_across_relays(dsn, nats_serve
 
 
 async def test_purge_deletes_old_published_rows_in_batches(dsn):
-    write(dsn, events_for(10, 10))
+    """Rows of the legacy partition (ids that are no UUIDv7) are purged by DELETE, in batches; dated
+    partitions are dropped whole (tests/test_tables_partitioned.py)."""
+    write(dsn, [dataclasses.replace(e, id=uuid.uuid4()) for e in events_for(10, 10)])
     with psycopg.connect(dsn) as conn:
         conn.execute("UPDATE outbox_events SET published_at = now() - interval '8 days' WHERE seq % 2 = 0")
         conn.execute("UPDATE outbox_events SET published_at = now() WHERE seq % 4 = 1")
@@ -336,7 +339,7 @@ async def test_purge_deletes_old_published_rows_in_batches(dsn):
                             env={"SEAMQ_DATABASE_URL": dsn, "PATH": "/usr/bin:/bin"},
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
-    assert "deleted 50" in result.stdout
+    assert "deleted 50 rows" in result.stdout
     assert scalar(dsn, "SELECT count(*) FROM outbox_events") == 50
     assert scalar(dsn, "SELECT count(*) FROM outbox_events WHERE published_at < now() - interval '7 days'") == 0
 
@@ -352,7 +355,7 @@ def test_backlog_command(dsn):
 
 
 async def test_relay_purges_on_a_timer_when_configured(dsn, nats_server, provisioned):
-    write(dsn, events_for(4, 5))
+    write(dsn, [dataclasses.replace(e, id=uuid.uuid4()) for e in events_for(4, 5)])
     with psycopg.connect(dsn) as conn:
         conn.execute("UPDATE outbox_events SET published_at = now() - interval '8 days' WHERE seq <= 12")
     async with relay_running(dsn, nats_server.url, provisioned, purge_older_than="7d"):

@@ -66,7 +66,8 @@ class OutboxRepository(Protocol):
 
     async def backlog(self) -> list[dict[str, Any]]: ...
 
-    async def purge(self, older_than_seconds: float, batch: int = 5000) -> int: ...
+    async def purge(self, older_than_seconds: float, batch: int = 5000) -> Any:
+        """Published rows older than the window; what was dropped and deleted (seamq.pg.partitions.Purged)."""
 
 
 class Sleep(str, Enum):

@@ -97,6 +97,9 @@ class ConsumerSettings(BaseModel):
     nak_base: float = Field(1.0, gt=0, description="first redelivery delay after a failure, seconds")
     nak_max: float = Field(60.0, gt=0, description="longest redelivery delay after failures, seconds")
     lane_batch: int = Field(100, ge=1, le=10_000, description="most messages one lane transaction takes")
+    purge_older_than: str | None = Field(None, description="e.g. 30d: drop processed inbox rows on a timer")
+
+    _duration = field_validator("purge_older_than")(classmethod(lambda cls, v: RelaySettings._duration(v)))
 
 
 class ReplaySettings(BaseModel):

@@ -8,9 +8,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from datetime import timedelta
 from contextlib import asynccontextmanager
 from typing import AsyncIterator
 
+import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from seamq.consumer import InboxConsumer
@@ -26,7 +28,7 @@ from seamq.nats.pull import Deliveries, PullSource
 from seamq.nats import readiness
 from seamq.nats.partitions import PartitionedDeliveries
 from seamq.observability import log
-from seamq.pg import migrate
+from seamq.pg import migrate, partitions
 from seamq.pg.dlq_repo import PgDeadLetters
 from seamq.memory import NoInbox
 from seamq.pg.inbox_repo import PgInbox, consumer_session
@@ -38,7 +40,7 @@ from seamq.relay import Relay
 from seamq.dlq_replay import Replayer
 from seamq.settings import Settings
 from seamq.stopping import sleep_unless_stopped
-from seamq.topology import Topology
+from seamq.topology import Topology, inbox_retention_floor
 from seamq.units import parse_duration
 
 
@@ -135,10 +137,9 @@ async def run_relay(settings: Settings, topology: Topology, stop: asyncio.Event,
                 PgOutbox(pool), publisher, wakeup, topology,
                 settings.relay, max_payload=nc.max_payload, connected=lambda: nc.is_connected, health=health,
             )
-            helpers = [asyncio.create_task(wakeup.listen(stop))]
-            if settings.relay.purge_older_than:
-                window = parse_duration(settings.relay.purge_older_than)
-                helpers.append(asyncio.create_task(purge_periodically(relay.outbox, window, stop)))
+            retention = settings.relay.purge_older_than
+            helpers = [asyncio.create_task(wakeup.listen(stop)), asyncio.create_task(maintain_periodically(
+                dsn, stop, outbox=parse_duration(retention) if retention else None))]
             log.info("relay_started", contexts=sorted(topology.contexts), batch_size=settings.relay.batch_size,
                      fast_batch=sorted(batched), pipelined=[s for s in streams if s not in batched])
             try:
@@ -157,15 +158,21 @@ async def run_relay(settings: Settings, topology: Topology, stop: asyncio.Event,
         await _close(nc)
 
 
-async def purge_periodically(outbox: PgOutbox, older_than: float, stop: asyncio.Event, every: float = 600) -> None:
-    """`relay.purge_older_than`: the relay purges published rows itself every 10 minutes."""
+async def maintain_periodically(dsn: str, stop: asyncio.Event, *, outbox: float | None = None,
+                                inbox: float | None = None, every: float = 600) -> None:
+    """Every worker keeps the tables' dated partitions made ahead, at start and every 10 minutes,
+    and applies its retention (`relay.purge_older_than`, `consumer.purge_older_than`): no cron."""
+    outbox_window = timedelta(seconds=outbox) if outbox else None
+    inbox_window = timedelta(seconds=inbox) if inbox else None
     while not stop.is_set():
         try:
-            deleted = await outbox.purge(older_than)
-            if deleted:
-                log.info("outbox_purged", deleted=deleted, older_than_seconds=older_than)
+            async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+                for purged, table in zip(await partitions.maintain(conn, outbox=outbox_window, inbox=inbox_window),
+                                         [t for t, w in (("outbox", outbox_window), ("inbox", inbox_window)) if w]):
+                    if purged.dropped or purged.deleted:
+                        log.info(f"{table}_purged", partitions=len(purged.dropped), deleted=purged.deleted)
         except Exception as exc:  # the next round will try again
-            log.warning("outbox_purge_failed", error=str(exc))
+            log.warning("partition_maintenance_failed", error=str(exc))
         await sleep_unless_stopped(stop, every)
 
 
@@ -182,6 +189,7 @@ async def run_consumer(
                          "no handlers: set consumer.registry or consumer.handler_url (SEAMQ_CONSUMER__HANDLER_URL)")
     if cfg.inbox:
         await migrate.require_current(settings.database_dsn())
+    retention = inbox_retention(settings, topology) if cfg.inbox else None
     secret = cfg.handler_secret.get_secret_value() if cfg.handler_secret else None
     nc = await connect(settings.nats, name=f"seamq-consumer-{name}")
     dlq_stream = topology.dlq_stream(spec.name)
@@ -207,9 +215,13 @@ async def run_consumer(
             consumer = InboxConsumer(spec, source, inbox, dlq, handlers, cfg, max_payload=largest, health=health)
             log.info("consumer_started", consumer=name, stream=spec.stream, concurrency=cfg.concurrency,
                      partitions=spec.partitions)
+            upkeep = asyncio.create_task(maintain_periodically(settings.database_dsn(), stop, inbox=retention)) \
+                if cfg.inbox else None
             try:
                 await consumer.run(stop)
             finally:
+                if upkeep:
+                    upkeep.cancel()
                 await source.close()
             log.info("consumer_stopped", consumer=name)
             return consumer
@@ -218,6 +230,22 @@ async def run_consumer(
             await ping.close()
         await client.close()
         await _close(nc)
+
+
+def inbox_retention(settings: Settings, topology: Topology) -> float | None:
+    """`consumer.purge_older_than` in seconds, refused when a copy of a message could still arrive
+    after its row was gone (and so be handled twice)."""
+    if not settings.consumer.purge_older_than:
+        return None
+    seconds = parse_duration(settings.consumer.purge_older_than)
+    floor = inbox_retention_floor(topology, nak_max=settings.consumer.nak_max,
+                                  replay_window=settings.replay.max_delay * settings.replay.max_attempts)
+    if seconds <= floor:
+        raise SeamqError(ErrorCode.INVALID_CONFIG, (
+            f"consumer.purge_older_than {settings.consumer.purge_older_than} is too short: a copy of a message may "
+            f"still arrive up to {floor:g}s (duplicate window + max_deliver x max(ack_wait, NAK delay) + DLQ replay "
+            "window) after it was first seen; purging sooner could handle it twice"))
+    return seconds
 
 
 def _largest_dead_letter(max_payload: int, dlq_max_msg_size: int) -> int:

@@ -69,7 +69,7 @@ def inbox_purge(
         async with await psycopg.AsyncConnection.connect(current.database_dsn(), autocommit=True) as conn:
             return await purge_inbox(conn, seconds, batch)
 
-    console.print(f"deleted {run(go())} processed inbox rows older than {older_than}")
+    console.print(f"processed inbox rows older than {older_than}: {run(go()).rows}")
 
 
 def backlog(as_json: bool = JsonOption) -> None:

@@ -29,7 +29,7 @@ def outbox_purge(
     older_than: str = typer.Option(..., "--older-than", help="Age of published rows to delete, e.g. 7d."),
     batch: int = typer.Option(5000, help="Rows per DELETE."),
 ) -> None:
-    """Delete published outbox rows older than a window, in bounded batches."""
+    """Published outbox rows older than a window: whole partitions dropped, other rows deleted in batches."""
     seconds = duration("--older-than", older_than)
     current = settings()
 
@@ -40,7 +40,7 @@ def outbox_purge(
         async with pg_pool(current.database_dsn(), one_shot=True) as pool:
             return await PgOutbox(pool).purge(seconds, batch)
 
-    console.print(f"deleted {run(go())} published rows older than {older_than}")
+    console.print(f"published rows older than {older_than}: {run(go()).rows}")
 
 
 

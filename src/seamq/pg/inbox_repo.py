@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import uuid
 from contextlib import asynccontextmanager
+from datetime import timedelta
 from typing import AsyncIterator
 
 from psycopg import AsyncConnection, Rollback
 from psycopg_pool import AsyncConnectionPool
 
 from seamq import codec
+from seamq.pg import partitions
 from seamq.pg.errors import database_away
 from seamq.pg.sql import query
 from seamq.ports import Admission, InboxItem, InboxOutcome
@@ -166,11 +168,7 @@ def _text(value: str) -> str:
     return value.replace("\x00", "\\0") if "\x00" in value else value
 
 
-async def purge_inbox(conn: AsyncConnection, older_than_seconds: float, batch: int = 5000) -> int:
-    """Delete processed rows older than the window, in bounded batches (autocommit connection)."""
-    total = 0
-    while True:
-        cur = await conn.execute(query("purge_inbox"), dict(older_than=older_than_seconds, batch=batch))
-        total += cur.rowcount
-        if cur.rowcount < batch:
-            return total
+async def purge_inbox(conn: AsyncConnection, older_than_seconds: float, batch: int = 5000) -> partitions.Purged:
+    """Processed rows older than the window: whole partitions dropped, the legacy and default
+    partitions' rows deleted in bounded batches (autocommit connection; seamq.pg.partitions)."""
+    return await partitions.purge(conn, "inbox_messages", timedelta(seconds=older_than_seconds), batch)

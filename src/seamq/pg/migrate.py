@@ -18,6 +18,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from seamq.model import ErrorCode, SeamqError
+from seamq.pg import partitions
 from seamq.pg.sql import query
 
 _FILE = re.compile(r"^(\d{4})_(\w+)\.sql$")
@@ -78,7 +79,9 @@ async def upgrade(dsn: str) -> list[Migration]:
                     dict(version=migration.version, name=migration.name, checksum=migration.checksum),
                 )
                 done.append(migration)
-            return done
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await partitions.make_ahead(conn)  # the dated partitions, from the start (migration 0013)
+    return done
 
 
 async def status(dsn: str) -> list[MigrationStatus]:

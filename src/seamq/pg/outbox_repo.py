@@ -20,6 +20,7 @@ from __future__ import annotations
 import uuid
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
+from datetime import timedelta
 from functools import cache
 from typing import Any, AsyncIterator
 
@@ -27,7 +28,9 @@ from psycopg import AsyncClientCursor, AsyncConnection
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
+from seamq.pg import partitions
 from seamq.pg.errors import database_away
+from seamq.pg.partitions import Purged
 from seamq.pg.sql import query, to_positional
 from seamq.ports import OutboxRow
 
@@ -153,12 +156,8 @@ class PgOutbox:
                 await cur.execute(query("outbox_backlog"))
                 return await cur.fetchall()
 
-    async def purge(self, older_than_seconds: float, batch: int = 5000) -> int:
-        """Delete published rows older than the window, one bounded batch per transaction."""
-        total = 0
-        while True:
-            async with self.pool.connection() as conn:
-                cur = await conn.execute(query("purge_outbox"), dict(older_than=older_than_seconds, batch=batch))
-                total += cur.rowcount
-            if cur.rowcount < batch:
-                return total
+    async def purge(self, older_than_seconds: float, batch: int = 5000) -> Purged:
+        """Published rows older than the window: whole partitions dropped, the legacy and default
+        partitions' rows deleted in bounded batches (seamq.pg.partitions)."""
+        async with await AsyncConnection.connect(self.pool.conninfo, autocommit=True) as conn:
+            return await partitions.purge(conn, "outbox_events", timedelta(seconds=older_than_seconds), batch)

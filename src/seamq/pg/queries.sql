@@ -6,11 +6,12 @@
 -- A row due later than now is held (migration 0004): the relay publishes it once due.
 INSERT INTO outbox_events
   (id, context, aggregate_type, aggregate_id, event_type, event_version, payload,
-   occurred_at, correlation_id, causation_id, traceparent, deliver_at, held)
+   occurred_at, correlation_id, causation_id, traceparent, deliver_at, held, part)
 VALUES
   (%(id)s, %(context)s, %(aggregate_type)s, %(aggregate_id)s, %(event_type)s, %(event_version)s,
    CAST(%(payload)s AS jsonb), %(occurred_at)s, %(correlation_id)s, %(causation_id)s, %(traceparent)s,
-   CAST(%(deliver_at)s AS timestamptz), coalesce(CAST(%(deliver_at)s AS timestamptz) > now(), false))
+   CAST(%(deliver_at)s AS timestamptz), coalesce(CAST(%(deliver_at)s AS timestamptz) > now(), false),
+   seamq_id_time(CAST(%(id)s AS uuid)))
 
 -- name: wake_register
 -- A relay about to sleep asks producers to NOTIFY (migration 0002): it takes
@@ -117,7 +118,7 @@ UPDATE outbox_events o
 SET published_at = clock_timestamp(), publish_attempts = o.publish_attempts + 1,
     publish_error = NULL, next_attempt_at = NULL, stream_seq = u.stream_seq
 FROM unnest(CAST(%(ids)s AS uuid[]), CAST(%(seqs)s AS bigint[])) AS u(id, stream_seq)
-WHERE o.id = u.id
+WHERE o.id = u.id AND o.part = seamq_id_time(u.id)
 
 -- name: mark_failed
 -- A failed row waits the delay the relay gave it (seamq.backoff, from its attempts); a
@@ -133,7 +134,7 @@ SET publish_attempts = o.publish_attempts + 1,
 FROM unnest(CAST(%(ids)s AS uuid[]), CAST(%(errors)s AS text[]), CAST(%(delays)s AS float8[]),
             CAST(%(park)s AS boolean[]))
   AS u(id, error, delay, park)
-WHERE o.id = u.id
+WHERE o.id = u.id AND o.part = seamq_id_time(u.id)
 
 -- name: outbox_parked
 -- Parked rows for people (`seamq outbox parked`), oldest first.
@@ -160,13 +161,6 @@ DELETE FROM outbox_events
 WHERE parked_reason IS NOT NULL AND published_at IS NULL
   AND (CAST(%(context)s AS text) IS NULL OR context = %(context)s)
   AND (CAST(%(id)s AS uuid) IS NULL OR id = %(id)s)
-
--- name: purge_outbox
--- Bounded batches keep each DELETE short: no long locks, no WAL spikes.
-DELETE FROM outbox_events
-WHERE id IN (SELECT id FROM outbox_events
-             WHERE published_at IS NOT NULL AND published_at < now() - %(older_than)s * interval '1 second'
-             ORDER BY published_at LIMIT %(batch)s)
 
 -- name: outbox_backlog
 -- Rows held for a later deliver_at are counted apart ("delayed"): they are not
@@ -224,12 +218,12 @@ SELECT to_regclass('seamq_migrations') IS NOT NULL AS present
 -- occurred_at, deliver_at]: six typed arrays cost the consumer more CPU to send.
 INSERT INTO inbox_messages
   (consumer, message_id, subject, event_type, event_version, occurred_at, deliver_at, attempts, status,
-   processed_at)
+   processed_at, part)
 SELECT %(consumer)s, (m->>0)::uuid, m->>1, m->>2, (m->>3)::int, (m->>4)::timestamptz, (m->>5)::timestamptz, 1,
-       'processed', clock_timestamp()
+       'processed', clock_timestamp(), seamq_id_time((m->>0)::uuid)
 FROM jsonb_array_elements(CAST(%(items)s AS jsonb)) AS m
 ORDER BY 2
-ON CONFLICT (consumer, message_id) DO NOTHING
+ON CONFLICT (consumer, message_id, part) DO NOTHING
 RETURNING message_id::text
 
 -- name: inbox_lock
@@ -237,6 +231,7 @@ RETURNING message_id::text
 -- of the same message waits here, then sees it processed.
 SELECT message_id, status, attempts FROM inbox_messages
 WHERE consumer = %(consumer)s AND message_id = ANY(CAST(%(ids)s AS uuid[]))
+  AND part = ANY(ARRAY(SELECT seamq_id_time(id) FROM unnest(CAST(%(ids)s AS uuid[])) id))
 ORDER BY message_id
 FOR UPDATE
 
@@ -246,10 +241,12 @@ FOR UPDATE
 -- what the handler did, and inbox_record writes it with the outcome.
 UPDATE inbox_messages SET attempts = 0, status = 'received'
 WHERE consumer = %(consumer)s AND message_id = ANY(CAST(%(ids)s AS uuid[]))
+  AND part = ANY(ARRAY(SELECT seamq_id_time(id) FROM unnest(CAST(%(ids)s AS uuid[])) id))
 
 -- name: inbox_duplicate
 UPDATE inbox_messages SET duplicates = duplicates + 1
 WHERE consumer = %(consumer)s AND message_id = ANY(CAST(%(ids)s AS uuid[]))
+  AND part = ANY(ARRAY(SELECT seamq_id_time(id) FROM unnest(CAST(%(ids)s AS uuid[])) id))
 
 -- name: inbox_record
 -- What became of a lane's messages, in one statement, only for rows that
@@ -265,8 +262,8 @@ WITH u AS (
     id uuid, state text, error text, reason text, detail text, dlq_subject text, dlq_seq bigint, copies int,
     attempts int, failed text)
 ), history AS (
-  INSERT INTO inbox_attempts (consumer, message_id, attempt, error)
-  SELECT %(consumer)s, u.id, u.attempts, left(u.failed, 2000) FROM u WHERE u.failed IS NOT NULL
+  INSERT INTO inbox_attempts (consumer, message_id, attempt, error, part)
+  SELECT %(consumer)s, u.id, u.attempts, left(u.failed, 2000), seamq_id_time(u.id) FROM u WHERE u.failed IS NOT NULL
 )
 UPDATE inbox_messages i
 SET status = CASE u.state WHEN 'keep' THEN i.status ELSE u.state END,
@@ -282,7 +279,7 @@ SET status = CASE u.state WHEN 'keep' THEN i.status ELSE u.state END,
       WHEN u.state = 'processed' THEN i.dlq_metadata - 'next_replay_at'
       ELSE i.dlq_metadata END
 FROM u
-WHERE i.consumer = %(consumer)s AND i.message_id = u.id
+WHERE i.consumer = %(consumer)s AND i.message_id = u.id AND i.part = seamq_id_time(u.id)
 
 -- name: inbox_failed_alone
 -- A message whose own transaction failed (nothing of it committed): its
@@ -290,29 +287,23 @@ WHERE i.consumer = %(consumer)s AND i.message_id = u.id
 -- max_deliver attempts. Returns the attempts now.
 WITH row AS (
   INSERT INTO inbox_messages (consumer, message_id, subject, event_type, event_version, occurred_at, deliver_at,
-                              attempts, status, last_error)
+                              attempts, status, last_error, part)
   VALUES (%(consumer)s, %(id)s, %(subject)s, %(event_type)s, %(event_version)s, %(occurred_at)s, %(deliver_at)s, 1,
-          'received', left(%(error)s, 2000))
-  ON CONFLICT (consumer, message_id) DO UPDATE
+          'received', left(%(error)s, 2000), seamq_id_time(CAST(%(id)s AS uuid)))
+  ON CONFLICT (consumer, message_id, part) DO UPDATE
     SET attempts = inbox_messages.attempts + 1, last_error = excluded.last_error
   RETURNING attempts
 ), history AS (
-  INSERT INTO inbox_attempts (consumer, message_id, attempt, error)
-  SELECT %(consumer)s, %(id)s, attempts, left(%(error)s, 2000) FROM row
+  INSERT INTO inbox_attempts (consumer, message_id, attempt, error, part)
+  SELECT %(consumer)s, %(id)s, attempts, left(%(error)s, 2000), seamq_id_time(CAST(%(id)s AS uuid)) FROM row
 )
 SELECT attempts FROM row
 
 -- name: inbox_attempts
 -- A message's failed attempts, oldest first.
 SELECT attempt, failed_at, error FROM inbox_attempts
-WHERE consumer = %(consumer)s AND message_id = %(id)s ORDER BY failed_at
-
--- name: purge_inbox
-DELETE FROM inbox_messages
-WHERE (consumer, message_id) IN (
-  SELECT consumer, message_id FROM inbox_messages
-  WHERE processed_at IS NOT NULL AND processed_at < now() - %(older_than)s * interval '1 second'
-  ORDER BY processed_at LIMIT %(batch)s)
+WHERE consumer = %(consumer)s AND message_id = %(id)s AND part = seamq_id_time(CAST(%(id)s AS uuid))
+ORDER BY failed_at
 
 -- name: dashboard_outbox
 SELECT context, count(*) FILTER (WHERE published_at IS NOT NULL) AS published,
@@ -347,14 +338,14 @@ UPDATE inbox_messages i
 SET dlq_metadata = i.dlq_metadata || jsonb_build_object(
       'next_replay_at', clock_timestamp() + d.delay * interval '1 second',
       'replay_delay', d.delay, 'replay_scheduled_at', clock_timestamp())
-FROM (SELECT consumer, message_id,
+FROM (SELECT consumer, message_id, part,
              least(%(max_delay)s, %(base)s * power(%(factor)s,
                coalesce((dlq_metadata->>'replay_attempts')::int, 0))) * (1 - %(jitter)s * random()) AS delay
       FROM inbox_messages
       WHERE status = 'dead_lettered' AND dlq_metadata->>'next_replay_at' IS NULL
         AND dlq_metadata->>'reason' = ANY(%(reasons)s)
         AND coalesce((dlq_metadata->>'replay_attempts')::int, 0) < %(max_attempts)s) d
-WHERE i.consumer = d.consumer AND i.message_id = d.message_id
+WHERE i.consumer = d.consumer AND i.message_id = d.message_id AND i.part = d.part
 
 -- name: replay_due
 SELECT consumer, message_id, dlq_metadata FROM inbox_messages
@@ -373,7 +364,7 @@ SET status = CASE WHEN status = 'exhausted' THEN 'dead_lettered' ELSE status END
       'last_replayed_at', clock_timestamp(),
       'last_reason', dlq_metadata->>'reason',
       'next_replay_at', clock_timestamp() + %(watchdog)s * interval '1 second')
-WHERE consumer = %(consumer)s AND message_id = %(message_id)s
+WHERE consumer = %(consumer)s AND message_id = %(message_id)s AND part = seamq_id_time(CAST(%(message_id)s AS uuid))
 
 -- name: dlq_where
 -- Which dead letters a selection means: every filter is optional (NULL means any). Closed ones
@@ -427,7 +418,7 @@ LIMIT 50
 UPDATE inbox_messages
 SET status = 'exhausted', dlq_metadata = dlq_metadata || jsonb_build_object('purged_at', clock_timestamp(),
       'next_replay_at', NULL)
-WHERE consumer = %(consumer)s AND message_id = %(message_id)s
+WHERE consumer = %(consumer)s AND message_id = %(message_id)s AND part = seamq_id_time(CAST(%(message_id)s AS uuid))
 
 -- name: action_start
 INSERT INTO operator_actions (actor, action, selected, message_ids, detail)
@@ -451,7 +442,7 @@ FROM operator_actions WHERE message_ids @> ARRAY[CAST(%(id)s AS uuid)] ORDER BY 
 UPDATE inbox_messages
 SET status = 'exhausted', dlq_metadata = dlq_metadata || jsonb_build_object('edited_as', CAST(%(new_id)s AS text),
       'edited_at', clock_timestamp(), 'edited_by', CAST(%(actor)s AS text), 'next_replay_at', NULL)
-WHERE consumer = %(consumer)s AND message_id = %(message_id)s AND status IN ('dead_lettered', 'exhausted')
+WHERE consumer = %(consumer)s AND message_id = %(message_id)s AND part = seamq_id_time(CAST(%(message_id)s AS uuid)) AND status IN ('dead_lettered', 'exhausted')
   AND dlq_metadata->>'edited_as' IS NULL
 
 -- name: console_published
@@ -513,3 +504,26 @@ SELECT coalesce((SELECT generation FROM console_sessions WHERE user_name = %(use
 INSERT INTO console_sessions (user_name, generation, ended_at) VALUES (%(user)s, 1, clock_timestamp())
 ON CONFLICT (user_name) DO UPDATE SET generation = console_sessions.generation + 1, ended_at = clock_timestamp()
 RETURNING generation
+
+-- name: partitioning
+-- The partitioned tables (migration 0013): where their dated partitions start, how long each is,
+-- how many are kept made ahead.
+SELECT name, starts, every, ahead FROM seamq_partitioning ORDER BY name
+
+-- name: partitions_dated
+-- A table's dated partitions with their ranges, oldest first (not its legacy or default ones).
+SELECT c.relname, CAST(b[1] AS timestamptz), CAST(b[2] AS timestamptz)
+FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid,
+     LATERAL regexp_match(pg_get_expr(c.relpartbound, c.oid), 'FROM \(''([^'']*)''\) TO \(''([^'']*)''\)') AS b
+WHERE i.inhparent = CAST(%(table)s AS regclass) AND b IS NOT NULL
+ORDER BY 2
+
+-- name: partition_columns
+-- The columns an INSERT writes: the generated one (the outbox's bucket) is computed again.
+SELECT attname FROM pg_attribute
+WHERE attrelid = CAST(%(table)s AS regclass) AND attnum > 0 AND NOT attisdropped AND attgenerated = ''
+ORDER BY attnum
+
+-- name: partition_has_check
+SELECT 1 FROM pg_constraint
+WHERE conrelid = CAST(%(name)s AS regclass) AND contype = 'c' AND conname = %(name)s || '_part_is_id_time'

@@ -1,0 +1,254 @@
+"""The dated partitions of the outbox, the inbox and the attempts table (migration 0013): made
+ahead by the workers themselves, dropped whole once their retention has passed.
+
+Every key has a partition, so no insert ever fails for want of one: `*_legacy` holds what is
+older than partitioning and every id that is no UUIDv7, the dated partitions what their ranges
+say, and `*_default` the rest: a late copy of a message whose day was dropped, an id dated
+beyond the partitions made, and the unfinished rows of a dropped day (an unpublished outbox row,
+an open dead letter), moved there in the drop's transaction. Legacy and default rows are few and
+purged by DELETE, as every row was before.
+
+Each change takes the parent's lock for milliseconds; `lock_timeout` keeps it from queueing the
+relays and consumers behind a long query, and the next round tries again.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import AsyncIterator
+
+import psycopg
+from psycopg import sql
+
+from seamq.pg.sql import query
+
+log = logging.getLogger("seamq.partitions")
+
+LOCK_TIMEOUT = "200ms"
+MAINTAINER_LOCK = (7106, 0)  # one maintainer at a time, cluster-wide
+# Which rows of a dropped partition live on in the default one, and, for the attempts table,
+# whose rows they are.
+UNFINISHED = {"outbox_events": "published_at IS NULL", "inbox_messages": "processed_at IS NULL"}
+# A partition stays while any of its rows was published, received or handled within the retention.
+RECENT = {"outbox_events": ["published_at"], "inbox_messages": ["received_at", "processed_at"]}
+# The attempts table follows the inbox: its partitions are dropped with the inbox's of one range.
+FOLLOWS = {"inbox_attempts": "inbox_messages"}
+
+
+@dataclass(frozen=True)
+class Partition:
+    table: str
+    name: str
+    start: datetime
+    end: datetime
+
+
+@dataclass(frozen=True)
+class Dropped:
+    partition: Partition
+    moved: int  # unfinished rows moved to the default partition
+
+
+def _name(table: str, start: datetime) -> str:
+    return f"{table}_p{start.astimezone(timezone.utc):%Y%m%d_%H%M}"
+
+
+async def _plan(conn: psycopg.AsyncConnection) -> list[dict]:
+    return await (await conn.execute(query("partitioning"))).fetchall()
+
+
+async def dated(conn: psycopg.AsyncConnection, table: str) -> list[Partition]:
+    """The dated partitions of `table`, oldest first."""
+    rows = await (await conn.execute(query("partitions_dated"), dict(table=table))).fetchall()
+    return [Partition(table, r[0], r[1], r[2]) for r in rows]
+
+
+async def _columns(conn: psycopg.AsyncConnection, table: str) -> sql.Composed:
+    """The columns an INSERT may write (not the generated ones)."""
+    rows = await (await conn.execute(query("partition_columns"), dict(table=table))).fetchall()
+    return sql.SQL(", ").join(sql.Identifier(r[0]) for r in rows)
+
+
+@asynccontextmanager
+async def _alone(conn: psycopg.AsyncConnection) -> AsyncIterator[None]:
+    """One maintainer at a time, cluster-wide (a session lock: taken again by its holder, it nests)."""
+    await conn.execute("SELECT pg_advisory_lock(%s, %s)", MAINTAINER_LOCK)
+    try:
+        yield
+    finally:
+        await conn.execute("SELECT pg_advisory_unlock(%s, %s)", MAINTAINER_LOCK)
+
+
+async def make_ahead(conn: psycopg.AsyncConnection, now: datetime | None = None) -> list[Partition]:
+    """The default partitions, and dated ones from the newest made (or the start) up to `ahead`
+    spans past now. A row of the default partition that a new range covers moves into it."""
+    async with _alone(conn):
+        return await _make_ahead(conn, now or datetime.now(timezone.utc))
+
+
+async def _make_ahead(conn: psycopg.AsyncConnection, now: datetime) -> list[Partition]:
+    made = []
+    for plan in await _plan(conn):
+        table, starts, every, ahead = plan[0], plan[1], plan[2], plan[3]
+        exists = await (await conn.execute("SELECT to_regclass(%s) IS NOT NULL", (f"{table}_default",))).fetchone()
+        if not exists[0]:  # the usual round takes no lock on a table in use
+            async with conn.transaction():
+                await _lock(conn, table)
+                await conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} PARTITION OF {} DEFAULT").format(
+                    sql.Identifier(f"{table}_default"), sql.Identifier(table)))
+                await _check(conn, table, f"{table}_default")
+        have = await dated(conn, table)
+        start = have[-1].end if have else starts
+        while start < now + every * ahead:
+            end = start + every
+            made.append(await _make(conn, Partition(table, _name(table, start), start, end)))
+            start = end
+    return made
+
+
+async def _check(conn: psycopg.AsyncConnection, table: str, name: str) -> None:
+    key = "id" if table == "outbox_events" else "message_id"
+    exists = await (await conn.execute(query("partition_has_check"), dict(name=name))).fetchone()
+    if not exists:
+        await conn.execute(sql.SQL("ALTER TABLE {} ADD CONSTRAINT {} CHECK (part = seamq_id_time({}))").format(
+            sql.Identifier(name), sql.Identifier(f"{name}_part_is_id_time"), sql.Identifier(key)))
+
+
+async def _make(conn: psycopg.AsyncConnection, part: Partition) -> Partition:
+    table, name = sql.Identifier(part.table), sql.Identifier(part.name)
+    default = sql.Identifier(f"{part.table}_default")
+    columns = await _columns(conn, part.table)
+    async with conn.transaction():
+        await _lock(conn, part.table)
+        await conn.execute(sql.SQL(
+            "CREATE TEMP TABLE seamq_strays ON COMMIT DROP AS WITH moved AS ("
+            " DELETE FROM {default} WHERE part >= %(start)s AND part < %(end)s RETURNING {columns})"
+            " SELECT * FROM moved").format(default=default, columns=columns), dict(start=part.start, end=part.end))
+        await conn.execute(sql.SQL("CREATE TABLE {} PARTITION OF {} FOR VALUES FROM ({}) TO ({})").format(
+            name, table, sql.Literal(part.start), sql.Literal(part.end)))
+        await _check(conn, part.table, part.name)
+        await conn.execute(sql.SQL("INSERT INTO {} ({columns}) OVERRIDING SYSTEM VALUE SELECT {columns} FROM seamq_strays")
+                           .format(table, columns=columns))
+    log.info("partition made", extra=dict(partition=part.name, start=part.start.isoformat()))
+    return part
+
+
+async def drop_expired(conn: psycopg.AsyncConnection, table: str, older_than: timedelta,
+                       now: datetime | None = None) -> list[Dropped]:
+    """Drops the dated partitions of `table` (and of the tables that follow it) whose range ended
+    more than `older_than` ago and none of whose rows was written to within it, oldest first;
+    their unfinished rows move to the default partition in the same transaction."""
+    now = now or datetime.now(timezone.utc)
+    cutoff = now - older_than
+    dropped = []
+    for part in await dated(conn, table):
+        if part.end > cutoff or await _recent(conn, part, cutoff):
+            break
+        twins = [twin for follower, leader in FOLLOWS.items() if leader == table
+                 for twin in await dated(conn, follower) if (twin.start, twin.end) == (part.start, part.end)]
+        async with conn.transaction():
+            await _lock(conn, table, *(twin.table for twin in twins))
+            moved = await _detach_keeping(conn, part, sql.SQL(UNFINISHED[table]))
+            for twin in twins:  # the attempts of the messages kept
+                await _detach_keeping(conn, twin, sql.SQL(
+                    "(consumer, message_id) IN (SELECT consumer, message_id FROM {} WHERE {})").format(
+                    sql.Identifier(part.name), sql.SQL(UNFINISHED[table])))
+            for gone in (part, *twins):
+                await conn.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(gone.name)))
+        log.info("partition dropped", extra=dict(partition=part.name, moved=moved))
+        dropped.append(Dropped(part, moved))
+    return dropped
+
+
+async def _recent(conn: psycopg.AsyncConnection, part: Partition, cutoff: datetime) -> bool:
+    for column in RECENT[part.table]:
+        found = await (await conn.execute(sql.SQL("SELECT EXISTS (SELECT 1 FROM {} WHERE {} > %(cutoff)s)").format(
+            sql.Identifier(part.name), sql.Identifier(column)), dict(cutoff=cutoff))).fetchone()
+        if found[0]:
+            return True
+    return False
+
+
+async def _lock(conn: psycopg.AsyncConnection, *tables: str) -> None:
+    """The parents first, as every writer takes them: a writer waits milliseconds, never deadlocks."""
+    await conn.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
+    await conn.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(
+        sql.SQL(", ").join(map(sql.Identifier, tables))))
+
+
+async def _detach_keeping(conn: psycopg.AsyncConnection, part: Partition, keep: sql.Composable) -> int:
+    """Detach `part` and insert its rows matching `keep` through the parent, which routes them to
+    the default partition now that no dated range covers them. The caller drops it."""
+    columns = await _columns(conn, part.table)
+    await conn.execute(sql.SQL("ALTER TABLE {} DETACH PARTITION {}").format(
+        sql.Identifier(part.table), sql.Identifier(part.name)))
+    cur = await conn.execute(sql.SQL("INSERT INTO {} ({columns}) OVERRIDING SYSTEM VALUE SELECT {columns} FROM {} WHERE {}")
+                             .format(sql.Identifier(part.table), sql.Identifier(part.name), keep, columns=columns))
+    return cur.rowcount
+
+
+# Rows of the legacy and default partitions past their retention: deleted in bounded batches.
+PURGE = {
+    "outbox_events": "DELETE FROM {part} WHERE id IN (SELECT id FROM {part} WHERE published_at < %(cutoff)s "
+                     "ORDER BY published_at LIMIT %(batch)s)",
+    "inbox_messages": "DELETE FROM {part} WHERE (consumer, message_id) IN (SELECT consumer, message_id FROM {part} "
+                      "WHERE processed_at < %(cutoff)s ORDER BY processed_at LIMIT %(batch)s)",
+    "inbox_attempts": "DELETE FROM {part} a WHERE NOT EXISTS (SELECT 1 FROM inbox_messages i WHERE i.consumer = "
+                      "a.consumer AND i.message_id = a.message_id AND i.part = a.part) AND ctid IN "
+                      "(SELECT ctid FROM {part} WHERE failed_at < %(cutoff)s LIMIT %(batch)s)",
+}
+
+
+@dataclass(frozen=True)
+class Purged:
+    dropped: list[Dropped]
+    deleted: int  # rows deleted from the legacy and default partitions
+
+    @property
+    def rows(self) -> str:
+        moved = sum(d.moved for d in self.dropped)
+        return (f"dropped {len(self.dropped)} partitions ({moved} unfinished rows kept in the default one), "
+                f"deleted {self.deleted} rows")
+
+
+async def purge(conn: psycopg.AsyncConnection, table: str, older_than: timedelta, batch: int = 5000,
+                now: datetime | None = None) -> Purged:
+    """`table`'s retention: whole dated partitions dropped, then the rows of its legacy and
+    default partitions (and of the tables that follow it) deleted, a batch per transaction."""
+    now = now or datetime.now(timezone.utc)
+    async with _alone(conn):
+        dropped = await drop_expired(conn, table, older_than, now)
+    deleted = 0
+    for each in (table, *(t for t, leader in FOLLOWS.items() if leader == table)):
+        for part in (f"{each}_legacy", f"{each}_default"):
+            if not (await (await conn.execute("SELECT to_regclass(%s) IS NOT NULL", (part,))).fetchone())[0]:
+                continue
+            while True:
+                cur = await conn.execute(sql.SQL(PURGE[each]).format(part=sql.Identifier(part)),
+                                         dict(cutoff=now - older_than, batch=batch))
+                deleted += cur.rowcount
+                if cur.rowcount < batch:
+                    break
+    return Purged(dropped, deleted)
+
+
+async def maintain(conn: psycopg.AsyncConnection, *, outbox: timedelta | None = None,
+                   inbox: timedelta | None = None) -> list[Purged]:
+    """One round, by one process at a time (an advisory lock; others skip the round): make ahead,
+    then purge what the given retentions allow. A lock not had within LOCK_TIMEOUT ends the round;
+    the next one tries again. `conn` is in autocommit mode."""
+    got = await (await conn.execute("SELECT pg_try_advisory_lock(%s, %s)", MAINTAINER_LOCK)).fetchone()
+    if not got[0]:
+        return []
+    try:
+        await make_ahead(conn)
+        return [await purge(conn, table, older_than) for table, older_than in
+                (("outbox_events", outbox), ("inbox_messages", inbox)) if older_than is not None]
+    except psycopg.errors.LockNotAvailable:
+        log.warning("partition maintenance waited too long for a lock; it tries again next round")
+        return []
+    finally:
+        await conn.execute("SELECT pg_advisory_unlock(%s, %s)", MAINTAINER_LOCK)

@@ -1,0 +1,136 @@
+"""The outbox, inbox and attempts tables partitioned by the time their ids tell (migration 0013,
+seamq.pg.partitions): where rows land, what a dropped day keeps, and that a copy of a message
+finds its row whatever day it arrives on."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import uuid
+from datetime import datetime, timedelta, timezone
+
+import psycopg
+
+from conftest import SEAMQ
+from helpers import scalar
+from seamq.ids import uuid7
+from seamq.pg import partitions
+from seamq.pg.sql import query
+
+DAY = timedelta(days=1)
+
+
+def dated_id(at: datetime) -> uuid.UUID:
+    return uuid7(int(at.timestamp() * 1000))
+
+
+def add_event(conn, event_id: uuid.UUID, deliver_at: datetime | None = None) -> None:
+    conn.execute(query("insert_outbox"), dict(
+        id=event_id, context="sea", aggregate_type="order", aggregate_id="o-1", event_type="order_placed",
+        event_version=1, payload="{}", occurred_at=datetime.now(timezone.utc), correlation_id=None,
+        causation_id=None, traceparent=None, deliver_at=deliver_at))
+
+
+def receive(conn, *ids: uuid.UUID) -> list[str]:
+    """The consumer's first write of a batch: the ids that were new (the others are copies)."""
+    items = json.dumps([[str(i), "sea.events.order_placed.v1", "order_placed", 1, None, None] for i in ids])
+    return [r[0] for r in conn.execute(query("inbox_insert"), dict(consumer="billing", items=items)).fetchall()]
+
+
+def where(conn, table: str, key: str, value: uuid.UUID) -> str:
+    return conn.execute(f"SELECT tableoid::regclass::text FROM {table} WHERE {key} = %s", (value,)).fetchone()[0]
+
+
+async def made(dsn: str, now: datetime) -> None:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await partitions.make_ahead(conn, now)
+
+
+async def drop(dsn: str, table: str, older_than: timedelta, now: datetime) -> list[partitions.Dropped]:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        return await partitions.drop_expired(conn, table, older_than, now)
+
+
+async def test_every_key_has_a_partition_and_a_new_range_takes_its_rows_from_the_default_one(dsn):
+    now = datetime.now(timezone.utc)
+    today, foreign, far = dated_id(now), uuid.uuid4(), dated_id(now + 40 * DAY)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for event_id in (today, foreign, far):
+            add_event(conn, event_id)
+        assert sorted(receive(conn, today, foreign, far)) == sorted(map(str, (today, foreign, far)))
+        assert where(conn, "outbox_events", "id", today) == f"outbox_events_p{now:%Y%m%d}_0000"
+        assert where(conn, "outbox_events", "id", foreign) == "outbox_events_legacy"  # no time in a UUIDv4
+        assert where(conn, "outbox_events", "id", far) == "outbox_events_default"  # beyond the days made
+    await made(dsn, now + 40 * DAY)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        far_day = f"p{now + 40 * DAY:%Y%m%d}_0000"
+        assert where(conn, "outbox_events", "id", far) == f"outbox_events_{far_day}"
+        assert where(conn, "inbox_messages", "message_id", far) == f"inbox_messages_{far_day}"
+        assert receive(conn, today, foreign, far) == [], "every copy finds its row"
+        # The key is as unique as the id: no writer can file a row under another time.
+        try:
+            conn.execute("UPDATE outbox_events SET part = part + interval '1 day' WHERE id = %s", (today,))
+            raise AssertionError("a row was filed under a time its id does not tell")
+        except psycopg.errors.CheckViolation:
+            pass
+
+
+async def test_a_copy_arriving_after_its_day_rolled_over_is_not_handled_twice(dsn):
+    """The boundary forced: a message dated in the last millisecond of a day, its copy arriving
+    once the next day's partition is the current one (and after the consumer's own time moved on)."""
+    midnight = datetime.now(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0) + DAY
+    last, first = dated_id(midnight - timedelta(milliseconds=1)), dated_id(midnight)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        assert receive(conn, last) == [str(last)]
+    await made(dsn, midnight + 3 * DAY)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        assert receive(conn, last, first) == [str(first)], "the copy is found in its own day; the new one is new"
+        assert where(conn, "inbox_messages", "message_id", last) != where(conn, "inbox_messages", "message_id", first)
+        assert scalar(dsn, "SELECT count(*) FROM inbox_messages WHERE message_id = %s", (last,)) == 1
+
+
+async def test_a_dropped_day_keeps_its_unfinished_rows_in_the_default_partition_and_they_still_deduplicate(dsn):
+    now = datetime.now(timezone.utc)
+    handled, dead, held, published = (dated_id(now) for _ in range(4))
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        receive(conn, handled, dead)
+        conn.execute("UPDATE inbox_messages SET status = 'dead_lettered', processed_at = NULL WHERE message_id = %s",
+                     (dead,))
+        conn.execute(query("inbox_failed_alone"), dict(
+            consumer="billing", id=dead, subject="s", event_type="order_placed", event_version=1, occurred_at=None,
+            deliver_at=None, error="HTTP 500: boom"))
+        add_event(conn, held, deliver_at=now + 30 * DAY)  # a delayed event, due long after its day is gone
+        add_event(conn, published)
+        conn.execute("UPDATE outbox_events SET published_at = now() WHERE id = %s", (published,))
+    later = now + 10 * DAY
+    # A day is kept until its range ended a whole retention ago.
+    assert await drop(dsn, "inbox_messages", timedelta(days=7), now + 2 * DAY) == []
+    inbox = await drop(dsn, "inbox_messages", timedelta(days=7), later)
+    outbox = await drop(dsn, "outbox_events", timedelta(days=7), later)
+    today = f"p{now:%Y%m%d}_0000"
+    assert f"inbox_messages_{today}" in [d.partition.name for d in inbox]
+    assert {d.partition.name: d.moved for d in outbox}[f"outbox_events_{today}"] == 1
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        assert scalar(dsn, "SELECT to_regclass(%s) IS NULL", (f"inbox_attempts_{today}",)), "attempts go with it"
+        assert where(conn, "inbox_messages", "message_id", dead) == "inbox_messages_default"
+        assert where(conn, "inbox_attempts", "message_id", dead) == "inbox_attempts_default"
+        assert where(conn, "outbox_events", "id", held) == "outbox_events_default"
+        assert scalar(dsn, "SELECT count(*) FROM outbox_events WHERE id = %s", (published,)) == 0
+        assert scalar(dsn, "SELECT count(*) FROM inbox_messages WHERE message_id = %s", (handled,)) == 0
+        # The dead letter still deduplicates: a copy is no new message, and its history is whole.
+        assert receive(conn, dead) == []
+        rows = conn.execute(query("inbox_lock"), dict(consumer="billing", ids=[str(dead)])).fetchall()
+        assert [(r[0], r[1]) for r in rows] == [(dead, "dead_lettered")]
+        assert [r[2] for r in conn.execute(query("inbox_attempts"), dict(consumer="billing", id=dead))] == [
+            "HTTP 500: boom"]
+
+
+def test_a_consumer_refuses_a_retention_shorter_than_a_copy_can_arrive(dsn):
+    env = {"SEAMQ_DATABASE_URL": dsn, "PATH": os.environ["PATH"], "SEAMQ_CONSUMER__PURGE_OLDER_THAN": "30m",
+           "SEAMQ_CONSUMER__HANDLER_URL": "http://127.0.0.1:9/handle", "SEAMQ_NATS__URL": "nats://127.0.0.1:9"}
+    result = subprocess.run([*SEAMQ, "consume", "--consumer", "sea__from_vibespro"], env=env, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert "error[INVALID_CONFIG]" in result.stderr and "purge_older_than 30m is too short" in result.stderr
+    assert "Traceback" not in result.stderr
