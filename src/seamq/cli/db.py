@@ -15,7 +15,7 @@ def upgrade() -> None:
     """Apply missing migrations (idempotent; safe to run from several processes)."""
     from seamq.pg import migrate
 
-    applied = run(migrate.upgrade(settings().database_dsn()))
+    applied = run(migrate.upgrade(settings().database_dsn(), progress=console.print))
     for m in applied:
         console.print(f"applied {m.version:04d}_{m.name}")
     if not applied:

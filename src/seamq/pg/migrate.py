@@ -12,13 +12,14 @@ import hashlib
 import re
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Callable
 from importlib import resources
 
 import psycopg
 from psycopg.rows import dict_row
 
 from seamq.model import ErrorCode, SeamqError
-from seamq.pg import partitions
+from seamq.pg import online, partitions
 from seamq.pg.sql import query
 
 _FILE = re.compile(r"^(\d{4})_(\w+)\.sql$")
@@ -51,15 +52,23 @@ def migrations() -> list[Migration]:
     return sorted(found, key=lambda m: m.version)
 
 
-async def upgrade(dsn: str) -> list[Migration]:
-    """Apply what is missing; returns the migrations applied by this call."""
+async def upgrade(dsn: str, progress: Callable[[str], None] = lambda line: None,
+                  until: int | None = None) -> list[Migration]:
+    """Apply what is missing (up to `until`); returns the migrations applied by this call. A
+    migration with online steps (seamq.pg.online) has them run first, when the tables it changes
+    exist."""
+    wanted = [m for m in migrations() if until is None or m.version <= until]
+    applied_before = {s.version for s in await status(dsn) if s.applied_at is not None}
+    for migration in wanted:
+        if migration.version - 1 in applied_before and migration.version not in applied_before:
+            await online.prepare(dsn, migration.version, progress)
     async with await psycopg.AsyncConnection.connect(dsn, row_factory=dict_row) as conn:
         async with conn.transaction():
             await conn.execute(query("migrations_lock"))
             await conn.execute(query("migrations_table"))
             applied = {row["version"]: row for row in await (await conn.execute(query("migrations_applied"))).fetchall()}
             done = []
-            for migration in migrations():
+            for migration in wanted:
                 row = applied.get(migration.version)
                 if row is not None:
                     if row["checksum"] != migration.checksum:

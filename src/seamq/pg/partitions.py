@@ -57,6 +57,9 @@ def _name(table: str, start: datetime) -> str:
 
 
 async def _plan(conn: psycopg.AsyncConnection) -> list[dict]:
+    """The partitioned tables; none before migration 0013."""
+    if not (await (await conn.execute("SELECT to_regclass('seamq_partitioning') IS NOT NULL")).fetchone())[0]:
+        return []
     return await (await conn.execute(query("partitioning"))).fetchall()
 
 

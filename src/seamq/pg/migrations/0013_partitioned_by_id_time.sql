@@ -41,9 +41,11 @@ BEGIN
     $body$ $f$, starts);
 
   ALTER TABLE inbox_attempts DROP CONSTRAINT inbox_attempts_consumer_message_id_fkey;
-  ALTER TABLE inbox_attempts ADD COLUMN part timestamptz NOT NULL DEFAULT 'epoch';
-  ALTER TABLE outbox_events ADD COLUMN part timestamptz NOT NULL DEFAULT 'epoch';
-  ALTER TABLE inbox_messages ADD COLUMN part timestamptz NOT NULL DEFAULT 'epoch';
+  -- On an install with rows, `seamq db upgrade` has done these already, online (seamq.pg.online):
+  -- then this transaction only renames, attaches and checks names, in milliseconds.
+  ALTER TABLE inbox_attempts ADD COLUMN IF NOT EXISTS part timestamptz NOT NULL DEFAULT 'epoch';
+  ALTER TABLE outbox_events ADD COLUMN IF NOT EXISTS part timestamptz NOT NULL DEFAULT 'epoch';
+  ALTER TABLE inbox_messages ADD COLUMN IF NOT EXISTS part timestamptz NOT NULL DEFAULT 'epoch';
 
   FOR item IN SELECT * FROM (VALUES
       ('outbox_events', 'id', 'PRIMARY KEY (id, part)', 'outbox_events_pkey'),
@@ -52,6 +54,15 @@ BEGIN
   LOOP
     IF item.key IS NOT NULL THEN
       EXECUTE format('ALTER TABLE %I DROP CONSTRAINT %I', item.name, item.old_key);
+      IF to_regclass(item.name || '_key_by_time') IS NOT NULL THEN  -- built beforehand, concurrently
+        EXECUTE format('ALTER TABLE %I ADD CONSTRAINT %I PRIMARY KEY USING INDEX %I',
+                       item.name, item.old_key, item.name || '_key_by_time');
+      END IF;
+    END IF;
+    -- Every legacy row is dated 'epoch': proven by a validated constraint, the attach reads no row.
+    IF NOT EXISTS (SELECT 1 FROM pg_constraint WHERE conname = item.name || '_legacy_is_epoch') THEN
+      EXECUTE format('ALTER TABLE %I ADD CONSTRAINT %I CHECK (part = %L)', item.name, item.name || '_legacy_is_epoch',
+                     'epoch');
     END IF;
     FOR index IN SELECT indexname FROM pg_indexes WHERE tablename = item.name AND schemaname = current_schema() LOOP
       EXECUTE format('ALTER INDEX %1$I RENAME TO %2$I', index.indexname, index.indexname || '_legacy');
@@ -59,6 +70,7 @@ BEGIN
     EXECUTE format('ALTER TABLE %1$I RENAME TO %2$I', item.name, item.name || '_legacy');
     EXECUTE format('CREATE TABLE %1$I (LIKE %2$I INCLUDING DEFAULTS INCLUDING GENERATED INCLUDING IDENTITY '
                    'INCLUDING CONSTRAINTS INCLUDING STATISTICS) PARTITION BY RANGE (part)', item.name, item.name || '_legacy');
+    EXECUTE format('ALTER TABLE %I DROP CONSTRAINT %I', item.name, item.name || '_legacy_is_epoch');  -- legacy's alone
     IF item.key IS NOT NULL THEN
       EXECUTE format('ALTER TABLE %I ADD %s', item.name, item.key);
     END IF;
