@@ -134,3 +134,46 @@ def test_a_consumer_refuses_a_retention_shorter_than_a_copy_can_arrive(dsn):
     assert result.returncode == 2, result.stderr
     assert "error[INVALID_CONFIG]" in result.stderr and "purge_older_than 30m is too short" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def touched(conn, name: str, params: dict) -> set[str]:
+    """The partitions a statement read (a scan executed at least once), from EXPLAIN ANALYZE; its
+    writes rolled back."""
+    found: set[str] = set()
+
+    def walk(node: dict) -> None:
+        if node.get("Relation Name") and node.get("Actual Loops", 0) > 0 and node["Node Type"] != "ModifyTable":
+            found.add(node["Relation Name"])
+        for child in node.get("Plans", []):
+            walk(child)
+
+    with conn.transaction(force_rollback=True):
+        walk(conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + query(name), params).fetchone()[0][0]["Plan"])
+    return found
+
+
+async def test_statements_by_id_read_only_the_partitions_their_ids_are_dated_in(dsn):
+    """Run-time pruning: the relay's and the consumer's writes by id read the day of each id,
+    whatever number of days exist (here today, two days ahead, legacy and default)."""
+    now = datetime.now(timezone.utc)
+    ids = [dated_id(now) for _ in range(3)]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for day in range(3):  # 5,000 rows in each of three days, analyzed: a read of every day would show
+            others = [dated_id(now + day * DAY) for _ in range(5000)]
+            conn.execute("INSERT INTO outbox_events (id, context, aggregate_type, aggregate_id, event_type, payload, "
+                         "part) SELECT x, 'sea', 'order', 'o-1', 'order_placed', '{}', seamq_id_time(x) "
+                         "FROM unnest(CAST(%s AS uuid[])) x", (others,))
+            receive(conn, *others)
+        conn.execute("ANALYZE outbox_events; ANALYZE inbox_messages")
+        for event_id in ids:
+            add_event(conn, event_id)
+        receive(conn, *ids)
+        today = {f"outbox_events_p{now:%Y%m%d}_0000"}
+        inbox_today = {f"inbox_messages_p{now:%Y%m%d}_0000"}
+        texts = [str(i) for i in ids]
+        assert touched(conn, "mark_published", dict(ids=ids, seqs=[1, 2, 3])) == today
+        assert touched(conn, "mark_failed", dict(ids=ids, errors=["e"] * 3, delays=[1.0] * 3,
+                                                 park=[False] * 3)) == today
+        assert touched(conn, "inbox_lock", dict(consumer="billing", ids=texts)) == inbox_today
+        assert touched(conn, "inbox_duplicate", dict(consumer="billing", ids=texts)) == inbox_today
+        assert touched(conn, "replay_mark", dict(consumer="billing", message_id=ids[0], watchdog=60)) == inbox_today

@@ -76,7 +76,7 @@ class PgInbox:
         if not existing:
             return admitted
         replays = {i.message_id for i in existing if i.replay}
-        ids = [i.message_id for i in existing]
+        ids = list(dict.fromkeys(i.message_id for i in existing))  # copies of one message: one row
         cur = await conn.execute(query("inbox_lock"), dict(consumer=self.consumer, ids=ids))
         replayed, duplicates = [], []
         for message_id, status, attempts in await cur.fetchall():

@@ -104,7 +104,9 @@ async def _make_ahead(conn: psycopg.AsyncConnection, now: datetime) -> list[Part
                     sql.Identifier(f"{table}_default"), sql.Identifier(table)))
                 await _check(conn, table, f"{table}_default")
         have = await dated(conn, table)
-        start = have[-1].end if have else starts
+        # The first one begins where now's span does (or at the start): never a partition per
+        # day since 2020 on a new install.
+        start = have[-1].end if have else max(starts, starts + (now - starts) // every * every)
         while start < now + every * ahead:
             end = start + every
             made.append(await _make(conn, Partition(table, _name(table, start), start, end)))

@@ -114,6 +114,8 @@ WHERE id IN (SELECT id FROM outbox_events WHERE held AND deliver_at <= now()
              ORDER BY deliver_at LIMIT 10000 FOR UPDATE SKIP LOCKED)
 
 -- name: mark_published
+-- By id and the time it tells (migration 0013): joined row by row, each id reads its own day only
+-- (pruned as the statement runs); a statement by ids is written so everywhere.
 UPDATE outbox_events o
 SET published_at = clock_timestamp(), publish_attempts = o.publish_attempts + 1,
     publish_error = NULL, next_attempt_at = NULL, stream_seq = u.stream_seq
@@ -229,24 +231,24 @@ RETURNING message_id::text
 -- name: inbox_lock
 -- Existing rows, locked until this transaction ends: a concurrent redelivery
 -- of the same message waits here, then sees it processed.
-SELECT message_id, status, attempts FROM inbox_messages
-WHERE consumer = %(consumer)s AND message_id = ANY(CAST(%(ids)s AS uuid[]))
-  AND part = ANY(ARRAY(SELECT seamq_id_time(id) FROM unnest(CAST(%(ids)s AS uuid[])) id))
-ORDER BY message_id
-FOR UPDATE
+SELECT i.message_id, i.status, i.attempts
+FROM unnest(CAST(%(ids)s AS uuid[])) AS u(id)
+JOIN inbox_messages i ON i.consumer = %(consumer)s AND i.message_id = u.id AND i.part = seamq_id_time(u.id)
+ORDER BY i.message_id
+FOR UPDATE OF i
 
 -- name: inbox_replay
 -- A DLQ replay arrived: process again, in a new round of attempts (the
 -- history keeps the old ones). A retry needs no write here: `attempts` counts
 -- what the handler did, and inbox_record writes it with the outcome.
-UPDATE inbox_messages SET attempts = 0, status = 'received'
-WHERE consumer = %(consumer)s AND message_id = ANY(CAST(%(ids)s AS uuid[]))
-  AND part = ANY(ARRAY(SELECT seamq_id_time(id) FROM unnest(CAST(%(ids)s AS uuid[])) id))
+UPDATE inbox_messages i SET attempts = 0, status = 'received'
+FROM unnest(CAST(%(ids)s AS uuid[])) AS u(id)
+WHERE i.consumer = %(consumer)s AND i.message_id = u.id AND i.part = seamq_id_time(u.id)
 
 -- name: inbox_duplicate
-UPDATE inbox_messages SET duplicates = duplicates + 1
-WHERE consumer = %(consumer)s AND message_id = ANY(CAST(%(ids)s AS uuid[]))
-  AND part = ANY(ARRAY(SELECT seamq_id_time(id) FROM unnest(CAST(%(ids)s AS uuid[])) id))
+UPDATE inbox_messages i SET duplicates = i.duplicates + 1
+FROM unnest(CAST(%(ids)s AS uuid[])) AS u(id)
+WHERE i.consumer = %(consumer)s AND i.message_id = u.id AND i.part = seamq_id_time(u.id)
 
 -- name: inbox_record
 -- What became of a lane's messages, in one statement, only for rows that

@@ -9,8 +9,9 @@
 --
 -- Rows already here stay where they are: the table becomes the partition `*_legacy`, for every id
 -- dated before the start (T) and every id that is no UUIDv7, and is purged by DELETE as before. T
--- is the start of today on an empty install, else of the day after tomorrow (UTC), so producers
--- of the version before, which write no `part`, keep working until T while they are upgraded.
+-- is 2020 on an empty install (every UUIDv7 has its day), else the start of the day after tomorrow
+-- (UTC), so producers of the version before, which write no `part`, keep working until T while
+-- they are upgraded.
 -- Dated partitions, made ahead, and a default partition for what falls outside them (a late
 -- copy of a message whose day was dropped, an id dated too far ahead, the unfinished rows of a
 -- dropped day) are made by seamq.pg.partitions.
@@ -26,7 +27,7 @@ DO $migration$
 DECLARE
   starts timestamptz := CASE
     WHEN NOT EXISTS (SELECT 1 FROM outbox_events) AND NOT EXISTS (SELECT 1 FROM inbox_messages)
-    THEN date_trunc('day', now(), 'UTC')
+    THEN timestamptz '2020-01-01 00:00:00+00'
     ELSE date_trunc('day', now(), 'UTC') + interval '2 days' END;
   item record;
   index record;
