@@ -32,15 +32,20 @@ def load_history(dsn: str, rows: int, backing_off: int = 40) -> None:
     that nothing corrects them behind the test's back (a large table waits for 10% of changes).
     A few rows back off at the end, so the claim's check for them has something to find."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("ALTER TABLE outbox_events SET (autovacuum_enabled = false)")
-        conn.execute(
+        for (leaf,) in conn.execute("SELECT relid::text FROM pg_partition_tree('outbox_events') WHERE isleaf").fetchall():
+            conn.execute(f"ALTER TABLE {leaf} SET (autovacuum_enabled = false)")
+        conn.execute(  # UUIDv7 ids of this hour: today's partition, where a day's history is
             "INSERT INTO outbox_events (id, context, aggregate_type, aggregate_id, event_type, payload, "
-            "                           published_at, publish_attempts, stream_seq) "
-            "SELECT gen_random_uuid(), 'sea', 'order', 'h-' || (g %% 1000), 'order_placed', '{\"n\": 1}', "
-            "       now() - interval '1 hour', 1, g FROM generate_series(1, %s) g", (rows,))
+            "                           published_at, publish_attempts, stream_seq, part) "
+            "SELECT x.id, 'sea', 'order', 'h-' || (x.g %% 1000), 'order_placed', '{\"n\": 1}', "
+            "       now() - interval '1 hour', 1, x.g, seamq_id_time(x.id) "
+            "FROM (SELECT g, CAST(lpad(to_hex(CAST(extract(epoch FROM now() - interval '1 hour') * 1000 AS bigint)), "
+            "                          12, '0') || '7' || substr(md5(g::text), 1, 3) || '8' || "
+            "                     substr(md5(g::text), 4, 15) AS uuid) AS id "
+            "      FROM generate_series(1, %s) g) x", (rows,))
         conn.execute("VACUUM ANALYZE outbox_events")
-        assert conn.execute("SELECT n_live_tup > 0 FROM pg_stat_user_tables "
-                            "WHERE relname = 'outbox_events'").fetchone()[0]
+        assert conn.execute("SELECT sum(n_live_tup) > 0 FROM pg_stat_user_tables "
+                            "WHERE relname LIKE 'outbox_events%%'").fetchone()[0]
 
 
 def back_off(dsn: str, count: int) -> None:

@@ -124,6 +124,11 @@ async def test_a_dropped_day_keeps_its_unfinished_rows_in_the_default_partition_
         assert [(r[0], r[1]) for r in rows] == [(dead, "dead_lettered")]
         assert [r[2] for r in conn.execute(query("inbox_attempts"), dict(consumer="billing", id=dead))] == [
             "HTTP 500: boom"]
+        # A drop cut short after its detach leaves the detached day; the next round deletes it.
+        conn.execute("CREATE TABLE outbox_events_p20200101_0000_detached (LIKE outbox_events)")
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await partitions.maintain(conn)
+    assert scalar(dsn, "SELECT to_regclass('outbox_events_p20200101_0000_detached') IS NULL")
 
 
 def test_a_consumer_refuses_a_retention_shorter_than_a_copy_can_arrive(dsn):

@@ -28,6 +28,7 @@ from seamq.pg.sql import query
 log = logging.getLogger("seamq.partitions")
 
 LOCK_TIMEOUT = "200ms"
+DETACHED = "_detached"  # a dropped partition's name until its files are deleted
 MAINTAINER_LOCK = (7106, 0)  # one maintainer at a time, cluster-wide
 # Which rows of a dropped partition live on in the default one, and, for the attempts table,
 # whose rows they are.
@@ -161,11 +162,20 @@ async def drop_expired(conn: psycopg.AsyncConnection, table: str, older_than: ti
                 await _detach_keeping(conn, twin, sql.SQL(
                     "(consumer, message_id) IN (SELECT consumer, message_id FROM {} WHERE {})").format(
                     sql.Identifier(part.name), sql.SQL(UNFINISHED[table])))
-            for gone in (part, *twins):
-                await conn.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(gone.name)))
+            for gone in (part, *twins):  # out of the tables now; their files go after the lock is let go
+                await conn.execute(sql.SQL("ALTER TABLE {} RENAME TO {}").format(
+                    sql.Identifier(gone.name), sql.Identifier(gone.name + DETACHED)))
+        await _drop_detached(conn)
         log.info("partition dropped", extra=dict(partition=part.name, moved=moved))
         dropped.append(Dropped(part, moved))
     return dropped
+
+
+async def _drop_detached(conn: psycopg.AsyncConnection) -> None:
+    """Partitions detached by a drop (or by one cut short before it was done): deleting their
+    files, a table's worth of them, holds no lock any writer needs."""
+    for (name,) in await (await conn.execute(query("partitions_detached"), dict(suffix=DETACHED))).fetchall():
+        await conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(name)))
 
 
 async def _recent(conn: psycopg.AsyncConnection, part: Partition, cutoff: datetime) -> bool:
@@ -249,6 +259,7 @@ async def maintain(conn: psycopg.AsyncConnection, *, outbox: timedelta | None = 
     if not got[0]:
         return []
     try:
+        await _drop_detached(conn)
         await make_ahead(conn)
         return [await purge(conn, table, older_than) for table, older_than in
                 (("outbox_events", outbox), ("inbox_messages", inbox)) if older_than is not None]

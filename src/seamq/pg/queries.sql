@@ -529,3 +529,9 @@ ORDER BY attnum
 -- name: partition_has_check
 SELECT 1 FROM pg_constraint
 WHERE conrelid = CAST(%(name)s AS regclass) AND contype = 'c' AND conname = %(name)s || '_part_is_id_time'
+
+-- name: partitions_detached
+-- Dated partitions detached by a drop whose files are still to be deleted (seamq.pg.partitions).
+SELECT relname FROM pg_class
+WHERE relkind = 'r' AND NOT relispartition AND relnamespace = CAST(current_schema() AS regnamespace)
+  AND relname ~ ('^(outbox_events|inbox_messages|inbox_attempts)_p[0-9]+_[0-9]+' || %(suffix)s || '$')
