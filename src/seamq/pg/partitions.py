@@ -32,7 +32,9 @@ DETACHED = "_detached"  # a dropped partition's name until its files are deleted
 MAINTAINER_LOCK = (7106, 0)  # one maintainer at a time, cluster-wide
 # Which rows of a dropped partition live on in the default one, and, for the attempts table,
 # whose rows they are.
-UNFINISHED = {"outbox_events": "published_at IS NULL", "inbox_messages": "processed_at IS NULL"}
+# Each condition is one partial index's (migration 0013): the drop reads the few rows it keeps,
+# never the day, while it holds the table.
+UNFINISHED = {"outbox_events": ["published_at IS NULL AND NOT held", "held"], "inbox_messages": ["processed_at IS NULL"]}
 # A partition stays while any of its rows was published, received or handled within the retention.
 RECENT = {"outbox_events": ["published_at"], "inbox_messages": ["received_at", "processed_at"]}
 # The attempts table follows the inbox: its partitions are dropped with the inbox's of one range.
@@ -155,13 +157,15 @@ async def drop_expired(conn: psycopg.AsyncConnection, table: str, older_than: ti
             break
         twins = [twin for follower, leader in FOLLOWS.items() if leader == table
                  for twin in await dated(conn, follower) if (twin.start, twin.end) == (part.start, part.end)]
+        await _stop_vacuums(conn, [part.name, *(twin.name for twin in twins)])
         async with conn.transaction():
             await _lock(conn, table, *(twin.table for twin in twins))
-            moved = await _detach_keeping(conn, part, sql.SQL(UNFINISHED[table]))
+            await conn.execute("SET LOCAL enable_seqscan = off")  # whatever the day's statistics say
+            moved = await _detach_keeping(conn, part, [sql.SQL(c) for c in UNFINISHED[table]])
             for twin in twins:  # the attempts of the messages kept
-                await _detach_keeping(conn, twin, sql.SQL(
+                await _detach_keeping(conn, twin, [sql.SQL(
                     "(consumer, message_id) IN (SELECT consumer, message_id FROM {} WHERE {})").format(
-                    sql.Identifier(part.name), sql.SQL(UNFINISHED[table])))
+                    sql.Identifier(part.name), sql.SQL(c)) for c in UNFINISHED[table]])
             for gone in (part, *twins):  # out of the tables now; their files go after the lock is let go
                 await conn.execute(sql.SQL("ALTER TABLE {} RENAME TO {}").format(
                     sql.Identifier(gone.name), sql.Identifier(gone.name + DETACHED)))
@@ -169,6 +173,16 @@ async def drop_expired(conn: psycopg.AsyncConnection, table: str, older_than: ti
         log.info("partition dropped", extra=dict(partition=part.name, moved=moved))
         dropped.append(Dropped(part, moved))
     return dropped
+
+
+async def _stop_vacuums(conn: psycopg.AsyncConnection, names: list[str]) -> None:
+    """A vacuum or analyze of a partition about to be dropped is work for nothing, and its lock
+    would keep the drop waiting; it is cancelled where this role may (a superuser's), else the
+    drop waits for a round in which none runs."""
+    try:
+        await conn.execute(query("partition_vacuums_cancel"), dict(names=names))
+    except psycopg.errors.InsufficientPrivilege:
+        pass
 
 
 async def _drop_detached(conn: psycopg.AsyncConnection) -> None:
@@ -188,21 +202,26 @@ async def _recent(conn: psycopg.AsyncConnection, part: Partition, cutoff: dateti
 
 
 async def _lock(conn: psycopg.AsyncConnection, *tables: str) -> None:
-    """The parents first, as every writer takes them: a writer waits milliseconds, never deadlocks."""
+    """The parents alone, first, as every writer takes them: a writer waits milliseconds, never
+    deadlocks, and a vacuum of some partition does not keep the change waiting."""
     await conn.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
-    await conn.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(
+    await conn.execute(sql.SQL("LOCK TABLE ONLY {} IN ACCESS EXCLUSIVE MODE").format(
         sql.SQL(", ").join(map(sql.Identifier, tables))))
 
 
-async def _detach_keeping(conn: psycopg.AsyncConnection, part: Partition, keep: sql.Composable) -> int:
+async def _detach_keeping(conn: psycopg.AsyncConnection, part: Partition, keep: list[sql.Composable]) -> int:
     """Detach `part` and insert its rows matching `keep` through the parent, which routes them to
     the default partition now that no dated range covers them. The caller drops it."""
     columns = await _columns(conn, part.table)
     await conn.execute(sql.SQL("ALTER TABLE {} DETACH PARTITION {}").format(
         sql.Identifier(part.table), sql.Identifier(part.name)))
-    cur = await conn.execute(sql.SQL("INSERT INTO {} ({columns}) OVERRIDING SYSTEM VALUE SELECT {columns} FROM {} WHERE {}")
-                             .format(sql.Identifier(part.table), sql.Identifier(part.name), keep, columns=columns))
-    return cur.rowcount
+    moved = 0
+    for condition in keep:
+        cur = await conn.execute(sql.SQL(
+            "INSERT INTO {} ({columns}) OVERRIDING SYSTEM VALUE SELECT {columns} FROM {} WHERE {}").format(
+            sql.Identifier(part.table), sql.Identifier(part.name), condition, columns=columns))
+        moved += cur.rowcount
+    return moved
 
 
 # Rows of the legacy and default partitions past their retention: deleted in bounded batches.

@@ -535,3 +535,8 @@ WHERE conrelid = CAST(%(name)s AS regclass) AND contype = 'c' AND conname = %(na
 SELECT relname FROM pg_class
 WHERE relkind = 'r' AND NOT relispartition AND relnamespace = CAST(current_schema() AS regnamespace)
   AND relname ~ ('^(outbox_events|inbox_messages|inbox_attempts)_p[0-9]+_[0-9]+' || %(suffix)s || '$')
+
+-- name: partition_vacuums_cancel
+SELECT pg_cancel_backend(pid) FROM pg_stat_progress_vacuum WHERE relid = ANY(CAST(%(names)s AS regclass[]))
+UNION ALL
+SELECT pg_cancel_backend(pid) FROM pg_stat_progress_analyze WHERE relid = ANY(CAST(%(names)s AS regclass[]))
