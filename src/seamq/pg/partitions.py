@@ -14,7 +14,6 @@ relays and consumers behind a long query, and the next round tries again.
 
 from __future__ import annotations
 
-import logging
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -23,17 +22,15 @@ from typing import AsyncIterator
 import psycopg
 from psycopg import sql
 
+from seamq.observability import log
 from seamq.pg.sql import query
-
-log = logging.getLogger("seamq.partitions")
 
 LOCK_TIMEOUT = "200ms"
 DETACHED = "_detached"  # a dropped partition's name until its files are deleted
 MAINTAINER_LOCK = (7106, 0)  # one maintainer at a time, cluster-wide
-# Which rows of a dropped partition live on in the default one, and, for the attempts table,
-# whose rows they are.
-# Each condition is one partial index's (migration 0013): the drop reads the few rows it keeps,
-# never the day, while it holds the table.
+# The rows of a dropped partition that live on in the default one (and the attempts of those
+# messages). Each condition is one partial index's: the drop reads the few rows it keeps, never
+# the day, while it holds the table.
 UNFINISHED = {"outbox_events": ["published_at IS NULL AND NOT held", "held"], "inbox_messages": ["processed_at IS NULL"]}
 # A partition stays while any of its rows was published, received or handled within the retention.
 RECENT = {"outbox_events": ["published_at"], "inbox_messages": ["received_at", "processed_at"]}
@@ -140,7 +137,7 @@ async def _make(conn: psycopg.AsyncConnection, part: Partition) -> Partition:
         await _check(conn, part.table, part.name)
         await conn.execute(sql.SQL("INSERT INTO {} ({columns}) OVERRIDING SYSTEM VALUE SELECT {columns} FROM seamq_strays")
                            .format(table, columns=columns))
-    log.info("partition made", extra=dict(partition=part.name, start=part.start.isoformat()))
+    log.info("partition_made", partition=part.name, start=part.start.isoformat())
     return part
 
 
@@ -170,7 +167,7 @@ async def drop_expired(conn: psycopg.AsyncConnection, table: str, older_than: ti
                 await conn.execute(sql.SQL("ALTER TABLE {} RENAME TO {}").format(
                     sql.Identifier(gone.name), sql.Identifier(gone.name + DETACHED)))
         await _drop_detached(conn)
-        log.info("partition dropped", extra=dict(partition=part.name, moved=moved))
+        log.info("partition_dropped", partition=part.name, moved=moved)
         dropped.append(Dropped(part, moved))
     return dropped
 
@@ -283,7 +280,7 @@ async def maintain(conn: psycopg.AsyncConnection, *, outbox: timedelta | None = 
         return [await purge(conn, table, older_than) for table, older_than in
                 (("outbox_events", outbox), ("inbox_messages", inbox)) if older_than is not None]
     except psycopg.errors.LockNotAvailable:
-        log.warning("partition maintenance waited too long for a lock; it tries again next round")
+        log.warning("partition_maintenance_lock_timeout", then="tried again next round")
         return []
     finally:
         await conn.execute("SELECT pg_advisory_unlock(%s, %s)", MAINTAINER_LOCK)
