@@ -30,7 +30,6 @@ from psycopg_pool import AsyncConnectionPool
 
 from seamq.pg import partitions
 from seamq.pg.errors import database_away
-from seamq.pg.partitions import Purged
 from seamq.pg.sql import query, to_positional
 from seamq.ports import OutboxRow
 
@@ -156,7 +155,7 @@ class PgOutbox:
                 await cur.execute(query("outbox_backlog"))
                 return await cur.fetchall()
 
-    async def purge(self, older_than_seconds: float, batch: int = 5000) -> Purged:
+    async def purge(self, older_than_seconds: float, batch: int = 5000) -> partitions.Purged:
         """Published rows older than the window: whole partitions dropped, the legacy and default
         partitions' rows deleted in bounded batches (seamq.pg.partitions)."""
         async with await AsyncConnection.connect(self.pool.conninfo, autocommit=True) as conn:
