@@ -1,6 +1,9 @@
 -- Every SQL statement seamq runs, by name. Loaded by seamq.pg.sql.
 -- Parameters use psycopg's %(name)s style; casts use CAST(...) so the same
 -- text also works through SQLAlchemy's text() and asyncpg.
+-- A statement by ids joins them row by row with the day each tells (`part = seamq_id_time(id)`,
+-- migration 0013): each id reads its own day only, pruned as the statement runs. A statement the
+-- relay sends together with others ends without a comment (the `;` after it must not be one).
 
 -- name: insert_outbox
 -- A row due later than now is held (migration 0004): the relay publishes it once due.
@@ -114,8 +117,6 @@ WHERE id IN (SELECT id FROM outbox_events WHERE held AND deliver_at <= now()
              ORDER BY deliver_at LIMIT 10000 FOR UPDATE SKIP LOCKED)
 
 -- name: mark_published
--- By id and the time it tells (migration 0013): joined row by row, each id reads its own day only
--- (pruned as the statement runs); a statement by ids is written so everywhere.
 UPDATE outbox_events o
 SET published_at = clock_timestamp(), publish_attempts = o.publish_attempts + 1,
     publish_error = NULL, next_attempt_at = NULL, stream_seq = u.stream_seq
