@@ -104,7 +104,8 @@ async def retain(svc, rows: int, by_drop: bool) -> dict:
         producer.stop.set()
         producer.thread.join()
     before = producer.during(started - pause, started)
-    return dict(rows=rows, load_s=round(loaded), retention_s=round(ended - started, 3), outcome=outcome,
+    return dict(rows=rows, load_s=round(loaded), retention_s=round(ended - started, 3),
+                rows_per_s=round(rows / (ended - started)), outcome=outcome,
                 **{f"before_{k}": v for k, v in before.items()}, **producer.during(started, ended))
 
 
