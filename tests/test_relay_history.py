@@ -34,12 +34,16 @@ def load_history(dsn: str, rows: int, backing_off: int = 40) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         for (leaf,) in conn.execute("SELECT relid::text FROM pg_partition_tree('outbox_events') WHERE isleaf").fetchall():
             conn.execute(f"ALTER TABLE {leaf} SET (autovacuum_enabled = false)")
-        conn.execute(  # UUIDv7 ids of this hour: today's partition, where a day's history is
+        # UUIDv7 ids of the last hour, in today's partition, where the backlog goes too: the
+        # worst case, a day's history in the heap and indexes the backlog is read from (just
+        # after midnight, the hour is today's first minutes).
+        conn.execute(
             "INSERT INTO outbox_events (id, context, aggregate_type, aggregate_id, event_type, payload, "
             "                           published_at, publish_attempts, stream_seq, part) "
             "SELECT x.id, 'sea', 'order', 'h-' || (x.g %% 1000), 'order_placed', '{\"n\": 1}', "
             "       now() - interval '1 hour', 1, x.g, seamq_id_time(x.id) "
-            "FROM (SELECT g, CAST(lpad(to_hex(CAST(extract(epoch FROM now() - interval '1 hour') * 1000 AS bigint)), "
+            "FROM (SELECT g, CAST(lpad(to_hex(CAST(extract(epoch FROM greatest(now() - interval '1 hour', "
+            "                                       date_trunc('day', now(), 'UTC'))) * 1000 AS bigint)), "
             "                          12, '0') || '7' || substr(md5(g::text), 1, 3) || '8' || "
             "                     substr(md5(g::text), 4, 15) AS uuid) AS id "
             "      FROM generate_series(1, %s) g) x", (rows,))

@@ -4,6 +4,7 @@ finds its row whatever day it arrives on."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -47,6 +48,13 @@ async def made(dsn: str, now: datetime) -> None:
         await partitions.make_ahead(conn, now)
 
 
+async def made_and_dropped(dsn: str, now: datetime, days: int) -> None:
+    for day in range(days):
+        await made(dsn, now + day * DAY)
+    for table in ("outbox_events", "inbox_messages"):
+        assert len(await drop(dsn, table, DAY, now + days * DAY)) >= days - 2
+
+
 async def drop(dsn: str, table: str, older_than: timedelta, now: datetime) -> list[partitions.Dropped]:
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         return await partitions.drop_expired(conn, table, older_than, now)
@@ -74,6 +82,32 @@ async def test_every_key_has_a_partition_and_a_new_range_takes_its_rows_from_the
             raise AssertionError("a row was filed under a time its id does not tell")
         except psycopg.errors.CheckViolation:
             pass
+
+
+async def test_making_and_dropping_days_never_holds_a_lock_while_its_event_loop_is_blocked(dsn):
+    """Workers make and drop days in their own event loop, which a handler or a test may block
+    with a query of its own. Were a day's change a transaction of several round trips, that query
+    could wait for the change's lock while the change waited for the loop: each waiting on the
+    other, for good (as a test once did, its loop blocked polling the inbox just after midnight).
+    Each change is one round trip, so the blocking query waits milliseconds."""
+    now = datetime.now(timezone.utc)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for table in ("outbox_events", "inbox_messages", "inbox_attempts"):
+            for name, *_ in conn.execute(query("partitions_dated"), dict(table=table)).fetchall():
+                conn.execute(f"DROP TABLE {name}")
+        conn.execute("SET statement_timeout = '60s'")
+        maintainer = asyncio.create_task(made_and_dropped(dsn, now, 40))  # 120 days to make, 114 to drop
+        writes = 0
+        while not maintainer.done():
+            await asyncio.sleep(0)  # the maintainer's turn, then the loop is this test's again
+            with conn.transaction():  # blocks the loop as long as the parent is locked
+                add_event(conn, dated_id(now))
+                receive(conn, dated_id(now))
+            writes += 1
+        await maintainer
+        assert len(conn.execute(query("partitions_dated"), dict(table="inbox_attempts")).fetchall()) <= 5
+        assert scalar(dsn, "SELECT count(*) FROM outbox_events") == writes, "every unpublished row kept"
+    assert writes > 1
 
 
 async def test_a_copy_arriving_after_its_day_rolled_over_is_not_handled_twice(dsn):

@@ -167,10 +167,9 @@ async def maintain_periodically(dsn: str, stop: asyncio.Event, *, outbox: float 
     while not stop.is_set():
         try:
             async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-                for purged, table in zip(await partitions.maintain(conn, outbox=outbox_window, inbox=inbox_window),
-                                         [t for t, w in (("outbox", outbox_window), ("inbox", inbox_window)) if w]):
+                for purged in await partitions.maintain(conn, outbox=outbox_window, inbox=inbox_window):
                     if purged.dropped or purged.deleted:
-                        log.info(f"{table}_purged", partitions=len(purged.dropped), deleted=purged.deleted)
+                        log.info("purged", table=purged.table, partitions=len(purged.dropped), deleted=purged.deleted)
         except Exception as exc:  # the next round will try again
             log.warning("partition_maintenance_failed", error=str(exc))
         await sleep_unless_stopped(stop, every)

@@ -8,8 +8,9 @@ beyond the partitions made, and the unfinished rows of a dropped day (an unpubli
 an open dead letter), moved there in the drop's transaction. Legacy and default rows are few and
 purged by DELETE, as every row was before.
 
-Each change takes the parent's lock for milliseconds; `lock_timeout` keeps it from queueing the
-relays and consumers behind a long query, and the next round tries again.
+Each change takes the parent's lock for milliseconds, in one round trip: the lock goes when the
+server is done, whatever the worker's event loop is busy with. `lock_timeout` keeps it from
+queueing the relays and consumers behind a long query, and the next round tries again.
 """
 
 from __future__ import annotations
@@ -95,48 +96,33 @@ async def make_ahead(conn: psycopg.AsyncConnection, now: datetime | None = None)
 async def _make_ahead(conn: psycopg.AsyncConnection, now: datetime) -> list[Partition]:
     made = []
     for plan in await _plan(conn):
-        table, starts, every, ahead = plan[0], plan[1], plan[2], plan[3]
-        exists = await (await conn.execute("SELECT to_regclass(%s) IS NOT NULL", (f"{table}_default",))).fetchone()
-        if not exists[0]:  # the usual round takes no lock on a table in use
-            async with conn.transaction():
-                await _lock(conn, table)
-                await conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} PARTITION OF {} DEFAULT").format(
-                    sql.Identifier(f"{table}_default"), sql.Identifier(table)))
-                await _check(conn, table, f"{table}_default")
+        table, key, starts, every, ahead = plan
         have = await dated(conn, table)
         # The first one begins where now's span does (or at the start): never a partition per
         # day since 2020 on a new install.
         start = have[-1].end if have else max(starts, starts + (now - starts) // every * every)
         while start < now + every * ahead:
             end = start + every
-            made.append(await _make(conn, Partition(table, _name(table, start), start, end)))
+            made.append(await _make(conn, Partition(table, _name(table, start), start, end), key))
             start = end
     return made
 
 
-async def _check(conn: psycopg.AsyncConnection, table: str, name: str) -> None:
-    key = "id" if table == "outbox_events" else "message_id"
-    exists = await (await conn.execute(query("partition_has_check"), dict(name=name))).fetchone()
-    if not exists:
-        await conn.execute(sql.SQL("ALTER TABLE {} ADD CONSTRAINT {} CHECK (part = seamq_id_time({}))").format(
-            sql.Identifier(name), sql.Identifier(f"{name}_part_is_id_time"), sql.Identifier(key)))
-
-
-async def _make(conn: psycopg.AsyncConnection, part: Partition) -> Partition:
+async def _make(conn: psycopg.AsyncConnection, part: Partition, key: str) -> Partition:
     table, name = sql.Identifier(part.table), sql.Identifier(part.name)
-    default = sql.Identifier(f"{part.table}_default")
     columns = await _columns(conn, part.table)
-    async with conn.transaction():
-        await _lock(conn, part.table)
-        await conn.execute(sql.SQL(
-            "CREATE TEMP TABLE seamq_strays ON COMMIT DROP AS WITH moved AS ("
-            " DELETE FROM {default} WHERE part >= %(start)s AND part < %(end)s RETURNING {columns})"
-            " SELECT * FROM moved").format(default=default, columns=columns), dict(start=part.start, end=part.end))
-        await conn.execute(sql.SQL("CREATE TABLE {} PARTITION OF {} FOR VALUES FROM ({}) TO ({})").format(
-            name, table, sql.Literal(part.start), sql.Literal(part.end)))
-        await _check(conn, part.table, part.name)
-        await conn.execute(sql.SQL("INSERT INTO {} ({columns}) OVERRIDING SYSTEM VALUE SELECT {columns} FROM seamq_strays")
-                           .format(table, columns=columns))
+    await _at_once(conn, [
+        *_locking(part.table),
+        sql.SQL("CREATE TEMP TABLE seamq_strays ON COMMIT DROP AS WITH moved AS ("
+                " DELETE FROM {default} WHERE part >= {start} AND part < {end} RETURNING {columns})"
+                " SELECT * FROM moved").format(default=sql.Identifier(f"{part.table}_default"), columns=columns,
+                                               start=sql.Literal(part.start), end=sql.Literal(part.end)),
+        sql.SQL("CREATE TABLE {} PARTITION OF {} FOR VALUES FROM ({}) TO ({})").format(
+            name, table, sql.Literal(part.start), sql.Literal(part.end)),
+        sql.SQL("ALTER TABLE {} ADD CONSTRAINT {} CHECK (part = seamq_id_time({}))").format(
+            name, sql.Identifier(f"{part.name}_part_is_id_time"), sql.Identifier(key)),
+        sql.SQL("INSERT INTO {} ({columns}) OVERRIDING SYSTEM VALUE SELECT {columns} FROM seamq_strays").format(
+            table, columns=columns)])
     log.info("partition_made", partition=part.name, start=part.start.isoformat())
     return part
 
@@ -155,17 +141,17 @@ async def drop_expired(conn: psycopg.AsyncConnection, table: str, older_than: ti
         twins = [twin for follower, leader in FOLLOWS.items() if leader == table
                  for twin in await dated(conn, follower) if (twin.start, twin.end) == (part.start, part.end)]
         await _stop_vacuums(conn, [part.name, *(twin.name for twin in twins)])
-        async with conn.transaction():
-            await _lock(conn, table, *(twin.table for twin in twins))
-            await conn.execute("SET LOCAL enable_seqscan = off")  # whatever the day's statistics say
-            moved = await _detach_keeping(conn, part, [sql.SQL(c) for c in UNFINISHED[table]])
-            for twin in twins:  # the attempts of the messages kept
-                await _detach_keeping(conn, twin, [sql.SQL(
-                    "(consumer, message_id) IN (SELECT consumer, message_id FROM {} WHERE {})").format(
-                    sql.Identifier(part.name), sql.SQL(c)) for c in UNFINISHED[table]])
-            for gone in (part, *twins):  # out of the tables now; their files go after the lock is let go
-                await conn.execute(sql.SQL("ALTER TABLE {} RENAME TO {}").format(
-                    sql.Identifier(gone.name), sql.Identifier(gone.name + DETACHED)))
+        statements = [*_locking(table, *(twin.table for twin in twins)),
+                      sql.SQL("SET LOCAL enable_seqscan = off")]  # whatever the day's statistics say
+        first = len(statements) + 1  # the day's first INSERT, after its DETACH
+        statements += _detach_keeping(part, [sql.SQL(c) for c in UNFINISHED[table]], await _columns(conn, table))
+        for twin in twins:  # the attempts of the messages kept
+            statements += _detach_keeping(twin, [sql.SQL(
+                "(consumer, message_id) IN (SELECT consumer, message_id FROM {} WHERE {})").format(
+                sql.Identifier(part.name), sql.SQL(c)) for c in UNFINISHED[table]], await _columns(conn, twin.table))
+        statements += [sql.SQL("ALTER TABLE {} RENAME TO {}").format(  # their files go after the locks do
+            sql.Identifier(gone.name), sql.Identifier(gone.name + DETACHED)) for gone in (part, *twins)]
+        moved = sum((await _at_once(conn, statements))[first:first + len(UNFINISHED[table])])
         await _drop_detached(conn)
         log.info("partition_dropped", partition=part.name, moved=moved)
         dropped.append(Dropped(part, moved))
@@ -198,27 +184,33 @@ async def _recent(conn: psycopg.AsyncConnection, part: Partition, cutoff: dateti
     return False
 
 
-async def _lock(conn: psycopg.AsyncConnection, *tables: str) -> None:
+def _locking(*tables: str) -> list[sql.Composable]:
     """The parents alone, first, as every writer takes them: a writer waits milliseconds, never
     deadlocks, and a vacuum of some partition does not keep the change waiting."""
-    await conn.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
-    await conn.execute(sql.SQL("LOCK TABLE ONLY {} IN ACCESS EXCLUSIVE MODE").format(
-        sql.SQL(", ").join(map(sql.Identifier, tables))))
+    return [sql.SQL("SET LOCAL lock_timeout = {}").format(sql.Literal(LOCK_TIMEOUT)),
+            sql.SQL("LOCK TABLE ONLY {} IN ACCESS EXCLUSIVE MODE").format(sql.SQL(", ").join(map(sql.Identifier, tables)))]
 
 
-async def _detach_keeping(conn: psycopg.AsyncConnection, part: Partition, keep: list[sql.Composable]) -> int:
+async def _at_once(conn: psycopg.AsyncConnection, statements: list[sql.Composable]) -> list[int]:
+    """`statements` as one transaction in one round trip (a simple query of several statements
+    is one transaction): the locks they take are let go when the server is done, never held
+    while this client waits for its turn in a busy event loop, or one blocked by a query that
+    waits for those very locks. The rows each statement changed."""
+    assert conn.autocommit, "partition changes run on an autocommit connection"
+    cur = await conn.execute(sql.SQL(";\n").join(statements))
+    counts = [cur.rowcount]
+    while cur.nextset():
+        counts.append(cur.rowcount)
+    return counts
+
+
+def _detach_keeping(part: Partition, keep: list[sql.Composable], columns: sql.Composed) -> list[sql.Composable]:
     """Detach `part` and insert its rows matching `keep` through the parent, which routes them to
     the default partition now that no dated range covers them. The caller drops it."""
-    columns = await _columns(conn, part.table)
-    await conn.execute(sql.SQL("ALTER TABLE {} DETACH PARTITION {}").format(
-        sql.Identifier(part.table), sql.Identifier(part.name)))
-    moved = 0
-    for condition in keep:
-        cur = await conn.execute(sql.SQL(
-            "INSERT INTO {} ({columns}) OVERRIDING SYSTEM VALUE SELECT {columns} FROM {} WHERE {}").format(
-            sql.Identifier(part.table), sql.Identifier(part.name), condition, columns=columns))
-        moved += cur.rowcount
-    return moved
+    return [sql.SQL("ALTER TABLE {} DETACH PARTITION {}").format(sql.Identifier(part.table), sql.Identifier(part.name)),
+            *(sql.SQL("INSERT INTO {} ({columns}) OVERRIDING SYSTEM VALUE SELECT {columns} FROM {} WHERE {}").format(
+                sql.Identifier(part.table), sql.Identifier(part.name), condition, columns=columns)
+              for condition in keep)]
 
 
 # Rows of the legacy and default partitions past their retention: deleted in bounded batches.
@@ -235,6 +227,7 @@ PURGE = {
 
 @dataclass(frozen=True)
 class Purged:
+    table: str
     dropped: list[Dropped]
     deleted: int  # rows deleted from the legacy and default partitions
 
@@ -263,7 +256,7 @@ async def purge(conn: psycopg.AsyncConnection, table: str, older_than: timedelta
                 deleted += cur.rowcount
                 if cur.rowcount < batch:
                     break
-    return Purged(dropped, deleted)
+    return Purged(table, dropped, deleted)
 
 
 async def maintain(conn: psycopg.AsyncConnection, *, outbox: timedelta | None = None,

@@ -509,9 +509,9 @@ ON CONFLICT (user_name) DO UPDATE SET generation = console_sessions.generation +
 RETURNING generation
 
 -- name: partitioning
--- The partitioned tables (migration 0013): where their dated partitions start, how long each is,
--- how many are kept made ahead.
-SELECT name, starts, every, ahead FROM seamq_partitioning ORDER BY name
+-- The partitioned tables (migration 0013): the id their key is the time of, where their dated
+-- partitions start, how long each is, how many are kept made ahead.
+SELECT name, id_column, starts, every, ahead FROM seamq_partitioning ORDER BY name
 
 -- name: partitions_dated
 -- A table's dated partitions with their ranges, oldest first (not its legacy or default ones).
@@ -526,10 +526,6 @@ ORDER BY 2
 SELECT attname FROM pg_attribute
 WHERE attrelid = CAST(%(table)s AS regclass) AND attnum > 0 AND NOT attisdropped AND attgenerated = ''
 ORDER BY attnum
-
--- name: partition_has_check
-SELECT 1 FROM pg_constraint
-WHERE conrelid = CAST(%(name)s AS regclass) AND contype = 'c' AND conname = %(name)s || '_part_is_id_time'
 
 -- name: partitions_detached
 -- Dated partitions detached by a drop whose files are still to be deleted (seamq.pg.partitions).

@@ -18,6 +18,7 @@
 
 CREATE TABLE seamq_partitioning (
   name TEXT PRIMARY KEY,                               -- the partitioned table
+  id_column TEXT NOT NULL,                             -- the id its partition key is the time of
   starts TIMESTAMPTZ NOT NULL,                         -- T: ids dated before it are legacy
   every INTERVAL NOT NULL DEFAULT interval '1 day',    -- one partition's span
   ahead INT NOT NULL DEFAULT 3                         -- partitions kept made ahead of now
@@ -85,7 +86,7 @@ BEGIN
     EXECUTE format('CREATE TABLE %1$I PARTITION OF %2$I DEFAULT', item.name || '_default', item.name);
     EXECUTE format('ALTER TABLE %1$I ADD CONSTRAINT %2$I CHECK (part = seamq_id_time(%3$I))',
                    item.name || '_default', item.name || '_default_part_is_id_time', item.id);
-    INSERT INTO seamq_partitioning (name, starts) VALUES (item.name, starts);
+    INSERT INTO seamq_partitioning (name, id_column, starts) VALUES (item.name, item.id, starts);
   END LOOP;
 
   -- The write order continues across the tables' change; the legacy table's own sequence goes.
