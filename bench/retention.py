@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import statistics
+from contextlib import asynccontextmanager
 import threading
 import time
 import uuid
@@ -17,7 +18,11 @@ from datetime import datetime, timedelta, timezone
 
 import psycopg
 
-from bench.common import Result, fresh_database, services
+from bench.common import Result, fresh_database, payload, relay_and_consumer, services, stop
+from bench.consumer import CONSUMER
+from bench.e2e import offer
+from seamq import outbox
+from seamq.model import Event
 from seamq.ids import uuid7
 from seamq.pg import partitions
 from seamq.pg.sql import query
@@ -94,7 +99,7 @@ async def retain(svc, rows: int, by_drop: bool) -> dict:
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
             if by_drop:  # the day, 8 days after it: its retention of 7 days has passed
                 done = await partitions.drop_expired(conn, "outbox_events", 7 * DAY, day + 8 * DAY)
-                outcome = f"{len(done)} partitions dropped"
+                outcome = f"{len(done)} partitions dropped, the table held {sum(d.held for d in done) * 1000:.0f} ms"
             else:
                 purged = await partitions.purge(conn, "outbox_events", 7 * DAY)
                 outcome = f"{purged.deleted} rows deleted"
@@ -109,12 +114,105 @@ async def retain(svc, rows: int, by_drop: bool) -> dict:
                 **{f"before_{k}": v for k, v in before.items()}, **producer.during(started, ended))
 
 
+def load_inbox_day(dsn: str, rows: int, day: datetime) -> None:
+    """`rows` messages the bench consumer handled, with ids dated across `day` (its partition)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for first in range(0, rows, 1_000_000):
+            conn.execute(
+                "INSERT INTO inbox_messages (consumer, message_id, subject, event_type, event_version, received_at, "
+                "                            attempts, status, processed_at, part) "
+                "SELECT %(consumer)s, x.id, 'vibespro.event.vibe_created.v1', 'vibe_created', 1, "
+                "       now() - interval '8 days', 1, 'processed', now() - interval '8 days', seamq_id_time(x.id) "
+                "FROM (SELECT CAST(lpad(to_hex(%(ms)s + g * 86400000::bigint / %(rows)s), 12, '0') || '7' || "
+                "             substr(md5(g::text), 1, 3) || '8' || substr(md5(g::text), 4, 15) AS uuid) AS id "
+                "      FROM generate_series(%(lo)s, %(hi)s) g) x",
+                dict(consumer=CONSUMER, ms=int(day.timestamp() * 1000), rows=rows, lo=first + 1,
+                     hi=min(rows, first + 1_000_000)))
+        conn.execute("CHECKPOINT")
+
+
+def dated_writer(dsn: str, size: int, at: datetime):
+    """bench.e2e's writer (outbox.add_many_async in the writer's transaction) with ids dated `at`:
+    the live events go to a day of their own, which the drop leaves alone."""
+    ms = int(at.timestamp() * 1000)
+
+    @asynccontextmanager
+    async def connect():
+        async with await psycopg.AsyncConnection.connect(dsn) as conn:
+            async def write(count: int, first: int) -> list[str]:
+                events = [Event(context="vibespro", aggregate_type="vibe", aggregate_id=f"v-{(first + i) % 500}",
+                                event_type="vibe_created", payload=payload(size, i), id=uuid7(ms + first + i))
+                          for i in range(count)]
+                async with conn.transaction():
+                    await outbox.add_many_async(conn, events)
+                return [str(e.id) for e in events]
+
+            yield write
+
+    return connect
+
+
+async def under_load(svc, rows: int, size: int) -> dict:
+    """A day of the outbox and of the inbox dropped while a relay and a consumer carry 1,000 events/s
+    (bench.e2e's open-loop writer): the commit -> handler latency of the events committed in the
+    seconds before the drop, against those committed while it ran."""
+    dsn, relay, consumer = await relay_and_consumer(svc, "retention_live", SEAMQ_CONSUMER__BATCH_SIZE=500)
+    now = datetime.now(timezone.utc)
+    day = (now + 5 * DAY).replace(hour=0, minute=0, second=0, microsecond=0)
+    later = day + 20 * DAY
+    pause = 10 if rows >= 1_000_000 else 2
+    try:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            await partitions.make_ahead(conn, later)
+        loaders = [threading.Thread(target=load_day, args=(dsn, rows, day)),
+                   threading.Thread(target=load_inbox_day, args=(dsn, rows, day))]
+        for t in loaders:
+            t.start()
+        for t in loaders:
+            t.join()
+        writing = asyncio.create_task(offer(dsn, 1000, 3 * pause, size, writer=dated_writer(dsn, size, later)))
+        await asyncio.sleep(pause)
+        started = time.time()
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            done = [d for table in ("outbox_events", "inbox_messages")
+                    for d in await partitions.drop_expired(conn, table, 7 * DAY, day + 8 * DAY)]
+        ended = time.time()
+        commits, _ = await writing
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            deadline = time.monotonic() + 60
+            while True:
+                handled = dict(conn.execute(
+                    "SELECT message_id::text, extract(epoch FROM processed_at) FROM inbox_messages "
+                    "WHERE message_id = ANY(%s::uuid[]) AND processed_at IS NOT NULL", (list(commits),)).fetchall())
+                if len(handled) == len(commits) or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.2)
+    finally:
+        stop(relay), stop(consumer)
+    assert len(handled) == len(commits), f"{len(handled)} of {len(commits)} live events handled"
+    row = dict(rows=rows, outcome=f"{len(done)} partitions dropped (two of {rows:,} rows), the tables held "
+               f"{sum(d.held for d in done) * 1000:.0f} ms in all", retention_s=round(ended - started, 3),
+               rows_per_s=round(2 * rows / (ended - started)))
+    for name, lo, hi in (("before", started - pause, started), ("during", started, ended + 0.5)):
+        latencies = sorted(float(handled[i]) - at for i, at in commits.items() if lo <= at < hi)
+        row.update({f"{name}_events": len(latencies),
+                    f"{name}_p50_ms": round(statistics.median(latencies) * 1000, 1),
+                    f"{name}_p99_ms": round(latencies[int(len(latencies) * 0.99)] * 1000, 1),
+                    f"{name}_max_ms": round(latencies[-1] * 1000, 1)})
+    return row
+
+
 async def run(count: int, size: int) -> Result:
     result = Result("retention")
     rows = DAY_ROWS if count >= 10_000 else 100 * count
     with services() as svc:
         result.add(case="a day dropped (partition)", **await retain(svc, rows, True))
         result.add(case="a day deleted in batches of 5,000 (legacy)", **await retain(svc, rows, False))
+        result.add(case="a day of the outbox and of the inbox dropped under a relay and a consumer at 1,000/s",
+                   **await under_load(svc, rows, size))
     result.notes.append("published rows of one day, 8 days old, retention 7 days; a producer commits one event per "
                         "transaction throughout; commit_* while the retention ran, before_* in the 10 s before")
+    result.notes.append("under a relay and a consumer: latency from the writer's commit to the handler's, of the "
+                        "events committed in the 10 s before the drops (before_*) and while they ran (during_*, "
+                        "to 0.5 s after)")
     return result

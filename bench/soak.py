@@ -7,7 +7,9 @@ that writes one side-effect row per success in the inbox transaction. 1% of
 events fail on their first delivery, 0.1% are poison. Meanwhile a random
 worker is killed -9 (and restarted) every few seconds, nats-server is killed
 -9 and restarted, and PostgreSQL is shut down `immediate` (no checkpoint:
-crash recovery) and restarted. Once everything is quiet it counts: lost,
+crash recovery) and restarted; and the tables' days change under the workers:
+old ones dropped, and the day the second half of the events is dated in made,
+which moves those rows out of the default partition (`Days`). Once everything is quiet it counts: lost,
 duplicated, poison dead-lettered, unpublished, order violations in the stream
 and in handling order, time to quiet. It prints a table, writes JSON, and
 exits 1 on any loss, duplicate, unpublished row or poison not dead-lettered.
@@ -26,7 +28,7 @@ import signal
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import psycopg
@@ -34,7 +36,9 @@ import psycopg
 from bench.common import SEAMQ, fresh_database, services
 from bench.soak_count import CONSUMER, count, query, quiet, where_they_are
 from seamq import outbox
+from seamq.ids import uuid7
 from seamq.model import Event
+from seamq.pg import partitions
 from seamq.topology import load_topology
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -106,6 +110,61 @@ class Workers:
                 proc.kill()
 
 
+class Days:
+    """A day made and days dropped while the soak runs (issue 45). The second half of the events is
+    dated a few days ahead, beyond the days the workers make, so it waits in the default partition
+    until that day is made, which moves it there under the relays and consumers; a day of history,
+    long past its retention, is dropped with its neighbours under them too."""
+
+    AHEAD, PAST, RETENTION, HISTORY = timedelta(days=5), timedelta(days=10), timedelta(days=7), 10_000
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn, self.now = dsn, datetime.now(timezone.utc)
+        self.later_ms = int((self.now + self.AHEAD).timestamp() * 1000)
+        self.made: list[str] = []
+        self.dropped: list[str] = []
+
+    async def prepare(self) -> None:
+        """Days from 10 days ago (as days passing would have made them), one of them with history."""
+        async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
+            for table in ("outbox_events", "inbox_messages", "inbox_attempts"):
+                for day in await partitions.dated(conn, table):
+                    await conn.execute(f"DROP TABLE {day.name}")
+            await partitions.make_ahead(conn, self.now - self.PAST)
+            await partitions.make_ahead(conn, self.now)
+            ms = int((self.now - self.PAST).timestamp() * 1000)
+            ident = ("CAST(lpad(to_hex(%(ms)s + g), 12, '0') || '7' || substr(md5(g::text), 1, 3) || '8' || "
+                     "substr(md5(g::text), 4, 15) AS uuid)")
+            await conn.execute(
+                "INSERT INTO outbox_events (id, context, aggregate_type, aggregate_id, event_type, payload, "
+                "published_at, publish_attempts, part) SELECT x.id, 'vibespro', 'order', 'history', 'vibe_created', "
+                f"'{{}}', now() - interval '10 days', 1, seamq_id_time(x.id) FROM (SELECT {ident} AS id "
+                "FROM generate_series(1, %(rows)s) g) x", dict(ms=ms, rows=self.HISTORY))
+            await conn.execute(
+                "INSERT INTO inbox_messages (consumer, message_id, subject, event_type, event_version, received_at, "
+                "attempts, status, processed_at, part) SELECT %(consumer)s, x.id, 'vibespro.event.vibe_created.v1', "
+                "'vibe_created', 1, now() - interval '10 days', 1, 'processed', now() - interval '10 days', "
+                f"seamq_id_time(x.id) FROM (SELECT {ident} AS id FROM generate_series(1, %(rows)s) g) x",
+                dict(ms=ms, rows=self.HISTORY, consumer=CONSUMER))
+
+    async def make(self) -> str:
+        async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True, connect_timeout=2) as conn:
+            self.made = [day.name for day in await partitions.make_ahead(conn, self.now + self.AHEAD)]
+        return f"{len(self.made)} days made under the workers, the last {self.made[-1:]}"
+
+    async def drop(self) -> str:
+        async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True, connect_timeout=2) as conn:
+            self.dropped = [d.partition.name for table in ("outbox_events", "inbox_messages")
+                            for d in await partitions.drop_expired(conn, table, self.RETENTION)]
+        return f"{len(self.dropped)} days dropped under the workers, the first {self.dropped[:1]}"
+
+    async def count(self) -> dict:
+        [(left,)] = await query(self.dsn, "SELECT count(*) FROM outbox_events_default")
+        [(history,)] = await query(self.dsn, "SELECT count(*) FROM outbox_events WHERE aggregate_id = 'history'")
+        return dict(days_made=len(self.made), days_dropped=len(self.dropped), rows_left_in_default=left,
+                    history_rows_left=history)
+
+
 async def write(dsn: str, events: list[Event], progress: list[int], stalls: list[int]) -> None:
     """Through the public API, 100 per transaction, riding out PostgreSQL restarts. A commit
     whose outcome is unknown (the server died during it) is checked before it is retried.
@@ -173,8 +232,11 @@ async def soak(events_total: int, aggregates: int, kill_every: float, fault_seco
                       SEAMQ_LOG_LEVEL="info")  # a failed soak shows each partition's handovers
         logs = svc.root / "logs"
         logs.mkdir()
+        days = Days(dsn)
+        await days.prepare()
         events = [Event(context="vibespro", aggregate_type="order", aggregate_id=f"a-{i % aggregates}",
-                        event_type="vibe_created", payload={"n": i // aggregates, "kind": kind(i)})
+                        event_type="vibe_created", payload={"n": i // aggregates, "kind": kind(i)},
+                        **({"id": uuid7(days.later_ms + i)} if i >= events_total // 2 else {}))
                   for i in range(events_total)]
         workers = Workers(env, logs)
         workers.start_all()
@@ -195,9 +257,15 @@ async def soak(events_total: int, aggregates: int, kill_every: float, fault_seco
             # Until the events are written, the fault window is over, nats-server is back and at least
             # two workers were killed (the restarts alone can outlast the window on a busy machine).
             while (not writer.done() or time.monotonic() - started < fault_seconds or nats_back is not None
-                   or workers.kills < MIN_KILLS):
+                   or workers.kills < MIN_KILLS or not days.made or not days.dropped):
                 await asyncio.sleep(0.1)
                 now, share = time.monotonic(), progress[0] / events_total
+                for done, at, change in ((days.dropped, 0.45, days.drop), (days.made, 0.75, days.make)):
+                    if not done and (share >= at or now - started > fault_seconds * at):
+                        try:  # PostgreSQL may be down, or a lock not had in time: again, 0.1 s later
+                            fault(await change())
+                        except psycopg.Error:
+                            pass
                 if now >= next_kill:
                     fault(f"kill -9 {workers.kill_one()}")
                     next_kill = now + kill_every * random.uniform(0.5, 1.5)
@@ -232,6 +300,8 @@ async def soak(events_total: int, aggregates: int, kill_every: float, fault_seco
         report["worker_kills"] = workers.kills
         report["worker_exits_restarted"] = workers.exits
         report.update(await count(dsn, nc, events))
+        report.update(await days.count())
+        report["ok"] = report["ok"] and report["rows_left_in_default"] == 0 == report["history_rows_left"]
         if not report["ok"]:
             report["consumers"] = await where_they_are(nc, durables)
         if partitions:  # the claim partitions make: each aggregate handled in order, whatever the faults

@@ -17,7 +17,7 @@ def test_quick_bench_runs_every_scenario(tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     report = json.loads((tmp_path / "latest.json").read_text())
     scenarios = {s["scenario"]: s for s in report["scenarios"]}
-    assert set(scenarios) == {"relay", "relay_latency", "producer_commits", "relay_history", "retention", "consumer", "e2e", "delayed", "http", "spark",
+    assert set(scenarios) == {"relay", "relay_latency", "producer_commits", "relay_history", "retention", "tables_at_scale", "consumer", "e2e", "delayed", "http", "spark",
                               "peer", "peers_relay", "peers_relay_latency", "jobs", "peers_jobs", "floors",
                               "summary"}
     assert report["scenarios"][0]["scenario"] == "summary"  # where seamq stands leads the report

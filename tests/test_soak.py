@@ -1,5 +1,6 @@
 """The fault-injection soak, small (the full run is `make soak`, in docs/benchmarks.md): kill -9
-of workers, nats-server killed and restarted, PostgreSQL restarted -m immediate; then counted."""
+of workers, nats-server killed and restarted, PostgreSQL restarted -m immediate, the tables' days
+made and dropped under the workers; then counted."""
 
 import json
 import pytest
@@ -25,6 +26,10 @@ def test_small_soak_loses_and_duplicates_nothing(tmp_path):
     assert report["handled"] == 3000 - 3 and report["poison_dead_lettered"] == 3 == report["poison"]
     assert report["stream_duplicates"] == 0 and report["order_violations_stream"] == 0
     assert report["good_dead_lettered"] == 0, "a good event that failed once never reaches the DLQ"
+    # Days made and dropped under the workers: the rows the made day covers moved out of the default
+    # partition (half the events), the dropped days' history gone.
+    assert report["days_made"] >= 3 and report["days_dropped"] >= 2
+    assert report["rows_left_in_default"] == 0 and report["history_rows_left"] == 0
 
 
 @pytest.mark.timeout(900)  # its own limit: a long run on a busy machine is no hang

@@ -15,6 +15,7 @@ queueing the relays and consumers behind a long query, and the next round tries 
 
 from __future__ import annotations
 
+import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -51,6 +52,8 @@ class Partition:
 class Dropped:
     partition: Partition
     moved: int  # unfinished rows moved to the default partition
+    held: float  # seconds the tables were locked: the detach and the move
+    took: float  # seconds in all, the checks before and the files' deletion after included
 
 
 def _name(table: str, start: datetime) -> str:
@@ -136,6 +139,7 @@ async def drop_expired(conn: psycopg.AsyncConnection, table: str, older_than: ti
     cutoff = now - older_than
     dropped = []
     for part in await dated(conn, table):
+        began = time.monotonic()
         if part.end > cutoff or await _recent(conn, part, cutoff):
             break
         twins = [twin for follower, leader in FOLLOWS.items() if leader == table
@@ -151,10 +155,13 @@ async def drop_expired(conn: psycopg.AsyncConnection, table: str, older_than: ti
                 sql.Identifier(part.name), sql.SQL(c)) for c in UNFINISHED[table]], await _columns(conn, twin.table))
         statements += [sql.SQL("ALTER TABLE {} RENAME TO {}").format(  # their files go after the locks do
             sql.Identifier(gone.name), sql.Identifier(gone.name + DETACHED)) for gone in (part, *twins)]
+        locked = time.monotonic()
         moved = sum((await _at_once(conn, statements))[first:first + len(UNFINISHED[table])])
+        held = time.monotonic() - locked
         await _drop_detached(conn)
-        log.info("partition_dropped", partition=part.name, moved=moved)
-        dropped.append(Dropped(part, moved))
+        took = time.monotonic() - began
+        log.info("partition_dropped", partition=part.name, moved=moved, held_ms=round(held * 1000), took_ms=round(took * 1000))
+        dropped.append(Dropped(part, moved, held, took))
     return dropped
 
 
