@@ -33,13 +33,21 @@ DECLARE
   item record;
   index record;
 BEGIN
+  -- PL/pgSQL, not SQL: a SQL function that cannot be inlined is planned again in every statement
+  -- that calls it, and each insert calls it twice (its value, its partition's CHECK): 67 us an
+  -- insert against 13 (docs/benchmarks.md, 1c).
   EXECUTE format($f$
-    CREATE FUNCTION seamq_id_time(id uuid) RETURNS timestamptz LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $body$
-      SELECT CASE WHEN get_byte(b, 6) >> 4 = 7 AND get_byte(b, 8) >> 6 = 2 AND t >= %1$L THEN t
-                  ELSE timestamptz 'epoch' END
-      FROM (SELECT uuid_send(id) AS b) bytes,
-           LATERAL (SELECT timestamptz 'epoch'
-                           + ('x' || encode(substr(bytes.b, 1, 6), 'hex'))::bit(48)::bigint * interval '1 ms') AS d(t)
+    CREATE FUNCTION seamq_id_time(id uuid) RETURNS timestamptz LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $body$
+    DECLARE
+      b bytea := uuid_send(id);
+      t timestamptz;
+    BEGIN
+      IF get_byte(b, 6) >> 4 <> 7 OR get_byte(b, 8) >> 6 <> 2 THEN  -- no UUIDv7
+        RETURN timestamptz 'epoch';
+      END IF;
+      t := timestamptz 'epoch' + ('x' || encode(substr(b, 1, 6), 'hex'))::bit(48)::bigint * interval '1 ms';
+      RETURN CASE WHEN t >= %1$L THEN t ELSE timestamptz 'epoch' END;
+    END
     $body$ $f$, starts);
 
   ALTER TABLE inbox_attempts DROP CONSTRAINT inbox_attempts_consumer_message_id_fkey;
