@@ -39,26 +39,31 @@ def checkpoint(dsn: str) -> None:
         conn.execute("CHECKPOINT")
 
 
+async def drained(svc, relay, count: int, timeout: float) -> tuple[int, dict]:
+    """A relay's rate over a backlog of `count` rows of kind 'bench' (rows / first to last
+    published_at), with the CPU per row of the relay and of PostgreSQL; the relay is stopped."""
+    cpu = CpuWindow(relay=(relay.pid,), pg=(svc.pg.proc.pid,))
+    try:
+        with psycopg.connect(svc.dsn, autocommit=True) as conn:
+            pending = lambda: conn.execute(  # noqa: E731  (the pending index, as `seamq backlog` reads it)
+                "SELECT count(*) FROM outbox_events WHERE published_at IS NULL AND NOT held").fetchone()[0]
+            used = await cpu_per_row(cpu, lambda: count - pending(), count, timeout=timeout)
+            n, seconds = conn.execute(
+                "SELECT count(*), extract(epoch FROM max(published_at) - min(published_at)) FROM outbox_events "
+                "WHERE published_at IS NOT NULL AND payload->>'kind' = 'bench'").fetchone()
+    finally:
+        stop(relay)
+    return round(n / float(seconds)), used
+
+
 async def catch_up(svc, count: int, size: int, history: int) -> dict:
     await reset_stream(svc.nats.url)
     dsn = await fresh_database(svc, f"history{history}")
     loaded = load_history(dsn, history) if history else 0.0
     write_outbox(dsn, count, size)
     checkpoint(dsn)  # both cases start from what is on disk
-    relay = spawn([*SEAMQ, "relay"], svc.env(SEAMQ_RELAY__BATCH_SIZE=500))
-    cpu = CpuWindow(relay=(relay.pid,), pg=(svc.pg.proc.pid,))
-    try:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            pending = lambda: conn.execute(  # noqa: E731  (the pending index, as `seamq backlog` reads it)
-                "SELECT count(*) FROM outbox_events WHERE published_at IS NULL AND NOT held").fetchone()[0]
-            used = await cpu_per_row(cpu, lambda: count - pending(), count, timeout=900)
-            n, seconds = conn.execute(
-                "SELECT count(*), extract(epoch FROM max(published_at) - min(published_at)) FROM outbox_events "
-                "WHERE stream_seq IS NOT NULL AND payload->>'kind' = 'bench'").fetchone()
-    finally:
-        stop(relay)
-    return dict(history_rows=history, load_and_analyze_s=round(loaded), backlog=count,
-                events_per_s=round(n / float(seconds)), **used)
+    rate, used = await drained(svc, spawn([*SEAMQ, "relay"], svc.env(SEAMQ_RELAY__BATCH_SIZE=500)), count, 900)
+    return dict(history_rows=history, load_and_analyze_s=round(loaded), backlog=count, events_per_s=rate, **used)
 
 
 async def run(count: int, size: int) -> Result:

@@ -26,6 +26,7 @@ from bench.common import (
     CpuWindow, Result, bench_topology, cpu_per_row, provision, publish_events, services, spawn, stop,
 )
 from bench.consumer import CONSUMER, reset
+from bench.history import drained
 from bench.relay import reset_stream
 from seamq.pg import migrate, partitions
 from seamq.topology import load_topology
@@ -135,19 +136,9 @@ def produce(svc, layout: Layout, count: int, per_tx: int, ids: str, kind: str) -
 async def relay_catch_up(svc, layout: Layout, count: int) -> dict:
     await reset_stream(svc.nats.url)
     produce(svc, layout, count, 5000, "v7", "bench")
-    relay = spawn([sys.executable, "-m", "seamq", "relay"], layout.env(svc, SEAMQ_RELAY__BATCH_SIZE=500))
-    cpu = CpuWindow(relay=(relay.pid,), pg=(svc.pg.proc.pid,))
-    try:
-        with psycopg.connect(svc.dsn, autocommit=True) as conn:
-            pending = lambda: conn.execute(  # noqa: E731  (the pending index, as `seamq backlog` reads it)
-                "SELECT count(*) FROM outbox_events WHERE published_at IS NULL AND NOT held").fetchone()[0]
-            used = await cpu_per_row(cpu, lambda: count - pending(), count, timeout=1800)
-            n, seconds = conn.execute(
-                "SELECT count(*), extract(epoch FROM max(published_at) - min(published_at)) FROM outbox_events "
-                "WHERE published_at IS NOT NULL AND payload->>'kind' = 'bench'").fetchone()
-    finally:
-        stop(relay)
-    return dict(relay_events_per_s=round(n / float(seconds)), **{f"relay_{k}": v for k, v in used.items()})
+    rate, used = await drained(svc, spawn([sys.executable, "-m", "seamq", "relay"],
+                                          layout.env(svc, SEAMQ_RELAY__BATCH_SIZE=500)), count, 1800)
+    return dict(relay_events_per_s=rate, **{f"relay_{k}": v for k, v in used.items()})
 
 
 async def consumer_catch_up(svc, layout: Layout, topology_file: Path, count: int, size: int) -> dict:
