@@ -21,7 +21,7 @@ from rich.table import Table
 from bench.common import machine
 from bench.summary import summary
 
-SCENARIOS = ["relay", "history", "retention", "consumer", "e2e", "delayed", "http", "spark", "peer", "peers_relay", "jobs", "peers_jobs",
+SCENARIOS = ["relay", "history", "retention", "scale", "consumer", "e2e", "delayed", "http", "spark", "peer", "peers_relay", "jobs", "peers_jobs",
              "floors"]
 
 
