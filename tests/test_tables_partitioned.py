@@ -49,10 +49,18 @@ async def made(dsn: str, now: datetime) -> None:
 
 
 async def made_and_dropped(dsn: str, now: datetime, days: int) -> None:
+    """As maintenance rounds do: a lock not had within lock_timeout (a busy machine) is tried again."""
+    async def again(change, *args) -> None:
+        while True:
+            try:
+                return await change(*args)
+            except psycopg.errors.LockNotAvailable:
+                await asyncio.sleep(0.05)
+
     for day in range(days):
-        await made(dsn, now + day * DAY)
+        await again(made, dsn, now + day * DAY)
     for table in ("outbox_events", "inbox_messages"):
-        assert len(await drop(dsn, table, DAY, now + days * DAY)) >= days - 2
+        await again(drop, dsn, table, DAY, now + days * DAY)
 
 
 async def drop(dsn: str, table: str, older_than: timedelta, now: datetime) -> list[partitions.Dropped]:
@@ -105,7 +113,8 @@ async def test_making_and_dropping_days_never_holds_a_lock_while_its_event_loop_
                 receive(conn, dated_id(now))
             writes += 1
         await maintainer
-        assert len(conn.execute(query("partitions_dated"), dict(table="inbox_attempts")).fetchall()) <= 5
+        for table in ("outbox_events", "inbox_messages", "inbox_attempts"):  # 3 ahead, at most 2 before
+            assert len(conn.execute(query("partitions_dated"), dict(table=table)).fetchall()) <= 5, table
         assert scalar(dsn, "SELECT count(*) FROM outbox_events") == writes, "every unpublished row kept"
     assert writes > 1
 
