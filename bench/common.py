@@ -82,6 +82,13 @@ async def provision(nats_url: str, topology=None):
     return topology
 
 
+def uuid7_at(ms: str, g: str = "g") -> str:
+    """SQL for a UUIDv7 id dated at the millisecond `ms` (an SQL expression), its other bits drawn
+    from `g`: how the benches and tests write a history dated where they want it."""
+    return (f"CAST(lpad(to_hex({ms}), 12, '0') || '7' || substr(md5({g}::text), 1, 3) || '8' || "
+            f"substr(md5({g}::text), 4, 15) AS uuid)")
+
+
 def write_outbox(dsn: str, count: int, size: int, context: str = "sea", aggregates: int = 1000) -> None:
     with psycopg.connect(dsn) as conn:
         for start in range(0, count, 5000):

@@ -18,7 +18,7 @@ from datetime import datetime, timedelta, timezone
 
 import psycopg
 
-from bench.common import Result, fresh_database, payload, relay_and_consumer, services, stop
+from bench.common import Result, fresh_database, payload, relay_and_consumer, services, stop, uuid7_at
 from bench.consumer import CONSUMER
 from bench.e2e import offer
 from seamq import outbox
@@ -26,6 +26,8 @@ from seamq.model import Event
 from seamq.ids import uuid7
 from seamq.pg import partitions
 from seamq.pg.sql import query
+
+IN_THE_DAY = "%(ms)s + g * 86400000::bigint / %(rows)s"  # the day's rows spread over its milliseconds
 
 DAY_ROWS = 10_000_000
 DAY = timedelta(days=1)
@@ -38,9 +40,7 @@ def load_day(dsn: str, rows: int, day: datetime | None) -> float:
     first_ms = int(day.timestamp() * 1000) if day else 0
     with psycopg.connect(dsn, autocommit=True) as conn:
         for first in range(0, rows, 1_000_000):  # a transaction per million
-            ident = ("gen_random_uuid()" if day is None else
-                     "CAST(lpad(to_hex(%(ms)s + g * 86400000::bigint / %(rows)s), 12, '0') || '7' || "
-                     "substr(md5(g::text), 1, 3) || '8' || substr(md5(g::text), 4, 15) AS uuid)")
+            ident = "gen_random_uuid()" if day is None else uuid7_at(IN_THE_DAY)
             conn.execute(
                 "INSERT INTO outbox_events (id, context, aggregate_type, aggregate_id, event_type, payload, "
                 "                           published_at, publish_attempts, stream_seq, part) "
@@ -123,9 +123,7 @@ def load_inbox_day(dsn: str, rows: int, day: datetime) -> None:
                 "                            attempts, status, processed_at, part) "
                 "SELECT %(consumer)s, x.id, 'vibespro.event.vibe_created.v1', 'vibe_created', 1, "
                 "       now() - interval '8 days', 1, 'processed', now() - interval '8 days', seamq_id_time(x.id) "
-                "FROM (SELECT CAST(lpad(to_hex(%(ms)s + g * 86400000::bigint / %(rows)s), 12, '0') || '7' || "
-                "             substr(md5(g::text), 1, 3) || '8' || substr(md5(g::text), 4, 15) AS uuid) AS id "
-                "      FROM generate_series(%(lo)s, %(hi)s) g) x",
+                f"FROM (SELECT {uuid7_at(IN_THE_DAY)} AS id FROM generate_series(%(lo)s, %(hi)s) g) x",
                 dict(consumer=CONSUMER, ms=int(day.timestamp() * 1000), rows=rows, lo=first + 1,
                      hi=min(rows, first + 1_000_000)))
         conn.execute("CHECKPOINT")

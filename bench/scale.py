@@ -23,7 +23,7 @@ import nats
 import psycopg
 
 from bench.common import (
-    CpuWindow, Result, bench_topology, cpu_per_row, provision, publish_events, services, spawn, stop,
+    CpuWindow, Result, bench_topology, cpu_per_row, provision, publish_events, services, spawn, stop, uuid7_at,
 )
 from bench.consumer import CONSUMER, reset
 from bench.history import drained
@@ -90,8 +90,7 @@ def load(dsn: str, layout: Layout, rows: int) -> float:
     hour (both tables at once), then VACUUM ANALYZE and CHECKPOINT. Seconds it took."""
     end_ms = int((datetime.now(timezone.utc) - timedelta(hours=1)).timestamp() * 1000)
     at = f"{end_ms - int(WEEK.total_seconds() * 1000)} + g * {int(WEEK.total_seconds() * 1000)}::bigint / {rows}"
-    ident = (f"CAST(lpad(to_hex({at}), 12, '0') || '7' || substr(md5(g::text), 1, 3) || '8' || "
-             "substr(md5(g::text), 4, 15) AS uuid)") if layout.partitioned else "gen_random_uuid()"
+    ident = uuid7_at(at) if layout.partitioned else "gen_random_uuid()"
     part = ", part" if layout.partitioned else ""
     part_value = ", seamq_id_time(x.id)" if layout.partitioned else ""
     statements = [

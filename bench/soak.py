@@ -33,7 +33,7 @@ from pathlib import Path
 
 import psycopg
 
-from bench.common import SEAMQ, fresh_database, services
+from bench.common import SEAMQ, fresh_database, services, uuid7_at
 from bench.soak_count import CONSUMER, count, query, quiet, where_they_are
 from seamq import outbox
 from seamq.ids import uuid7
@@ -133,8 +133,7 @@ class Days:
             await partitions.make_ahead(conn, self.now - self.PAST)
             await partitions.make_ahead(conn, self.now)
             ms = int((self.now - self.PAST).timestamp() * 1000)
-            ident = ("CAST(lpad(to_hex(%(ms)s + g), 12, '0') || '7' || substr(md5(g::text), 1, 3) || '8' || "
-                     "substr(md5(g::text), 4, 15) AS uuid)")
+            ident = uuid7_at("%(ms)s + g")
             await conn.execute(
                 "INSERT INTO outbox_events (id, context, aggregate_type, aggregate_id, event_type, payload, "
                 "published_at, publish_attempts, part) SELECT x.id, 'vibespro', 'order', 'history', 'vibe_created', "

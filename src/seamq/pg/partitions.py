@@ -100,20 +100,19 @@ async def _make_ahead(conn: psycopg.AsyncConnection, now: datetime) -> list[Part
     made = []
     for plan in await _plan(conn):
         table, key, starts, every, ahead = plan
-        have = await dated(conn, table)
+        have, columns = await dated(conn, table), await _columns(conn, table)
         # The first one begins where now's span does (or at the start): never a partition per
         # day since 2020 on a new install.
         start = have[-1].end if have else max(starts, starts + (now - starts) // every * every)
         while start < now + every * ahead:
             end = start + every
-            made.append(await _make(conn, Partition(table, _name(table, start), start, end), key))
+            made.append(await _make(conn, Partition(table, _name(table, start), start, end), key, columns))
             start = end
     return made
 
 
-async def _make(conn: psycopg.AsyncConnection, part: Partition, key: str) -> Partition:
+async def _make(conn: psycopg.AsyncConnection, part: Partition, key: str, columns: sql.Composed) -> Partition:
     table, name = sql.Identifier(part.table), sql.Identifier(part.name)
-    columns = await _columns(conn, part.table)
     await _at_once(conn, [
         *_locking(part.table),
         sql.SQL("CREATE TEMP TABLE seamq_strays ON COMMIT DROP AS WITH moved AS ("
@@ -137,22 +136,24 @@ async def drop_expired(conn: psycopg.AsyncConnection, table: str, older_than: ti
     their unfinished rows move to the default partition in the same transaction."""
     now = now or datetime.now(timezone.utc)
     cutoff = now - older_than
+    followers = [follower for follower, leader in FOLLOWS.items() if leader == table]
+    columns = {t: await _columns(conn, t) for t in (table, *followers)}
+    days = [twin for follower in followers for twin in await dated(conn, follower)]
     dropped = []
     for part in await dated(conn, table):
         began = time.monotonic()
         if part.end > cutoff or await _recent(conn, part, cutoff):
             break
-        twins = [twin for follower, leader in FOLLOWS.items() if leader == table
-                 for twin in await dated(conn, follower) if (twin.start, twin.end) == (part.start, part.end)]
+        twins = [twin for twin in days if (twin.start, twin.end) == (part.start, part.end)]
         await _stop_vacuums(conn, [part.name, *(twin.name for twin in twins)])
         statements = [*_locking(table, *(twin.table for twin in twins)),
                       sql.SQL("SET LOCAL enable_seqscan = off")]  # whatever the day's statistics say
         first = len(statements) + 1  # the day's first INSERT, after its DETACH
-        statements += _detach_keeping(part, [sql.SQL(c) for c in UNFINISHED[table]], await _columns(conn, table))
+        statements += _detach_keeping(part, [sql.SQL(c) for c in UNFINISHED[table]], columns[table])
         for twin in twins:  # the attempts of the messages kept
             statements += _detach_keeping(twin, [sql.SQL(
                 "(consumer, message_id) IN (SELECT consumer, message_id FROM {} WHERE {})").format(
-                sql.Identifier(part.name), sql.SQL(c)) for c in UNFINISHED[table]], await _columns(conn, twin.table))
+                sql.Identifier(part.name), sql.SQL(c)) for c in UNFINISHED[table]], columns[twin.table])
         statements += [sql.SQL("ALTER TABLE {} RENAME TO {}").format(  # their files go after the locks do
             sql.Identifier(gone.name), sql.Identifier(gone.name + DETACHED)) for gone in (part, *twins)]
         locked = time.monotonic()
