@@ -20,13 +20,8 @@ import pytest
 from seamq.pg.outbox_repo import RELAY_LOCK_CLASS, relay_session
 from seamq.pg.sql import query, to_positional
 
-from bench.common import uuid7_at
 from helpers import read_stream, wait_for
 from helpers.relay import check_exactly_once_in_order, events_for, relay_running, unpublished, write
-
-# The last hour, kept in today's partition: the history and the backlog in one day is the worst case.
-IN_TODAY = ("CAST(extract(epoch FROM greatest(now() - interval '1 hour', date_trunc('day', now(), 'UTC'))) "
-            "* 1000 AS bigint)")
 
 HISTORY = 100_000  # published rows, analyzed with nothing pending
 LIMIT, SCAN, BUCKETS = 500, 2000, 16  # the relay's claim: what PgOutbox.claim asks for with batch 500
@@ -47,7 +42,11 @@ def load_history(dsn: str, rows: int, backing_off: int = 40) -> None:
             "                           published_at, publish_attempts, stream_seq, part) "
             "SELECT x.id, 'sea', 'order', 'h-' || (x.g %% 1000), 'order_placed', '{\"n\": 1}', "
             "       now() - interval '1 hour', 1, x.g, seamq_id_time(x.id) "
-            f"FROM (SELECT g, {uuid7_at(IN_TODAY)} AS id FROM generate_series(1, %s) g) x", (rows,))
+            "FROM (SELECT g, CAST(lpad(to_hex(CAST(extract(epoch FROM greatest(now() - interval '1 hour', "
+            "                                       date_trunc('day', now(), 'UTC'))) * 1000 AS bigint)), "
+            "                          12, '0') || '7' || substr(md5(g::text), 1, 3) || '8' || "
+            "                     substr(md5(g::text), 4, 15) AS uuid) AS id "
+            "      FROM generate_series(1, %s) g) x", (rows,))
         conn.execute("VACUUM ANALYZE outbox_events")
         assert conn.execute("SELECT sum(n_live_tup) > 0 FROM pg_stat_user_tables "
                             "WHERE relname LIKE 'outbox_events%%'").fetchone()[0]
