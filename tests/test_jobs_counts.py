@@ -245,7 +245,7 @@ async def test_a_commit_that_may_wait_rides_with_the_next_one_or_goes_alone_when
     assert held.done() and store.batches == 2
 
     started = loop.time()
-    [alone] = await tallied.commit([Write("w2", job("w2", "active"), (await raw_store.get("w2"))[1],
+    [alone] = await tallied.commit([Write("w2", job("w2", "active"), (await raw_store.get("w2")).revision,
                                           before=job("w2", "available"), may_wait=0.5)])
     assert 0.5 <= loop.time() - started < 30 and store.batches == 3 and alone
     counts = tally.summed([r for r, _ in await raw_store.scan(tally.prefix("waits"))], model.utcnow())

@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 
 from seamq.jobs.memory_store import MemoryJobStore
-from seamq.jobs.ports import TAKEN_HOLD, Conflict, Write
+from seamq.jobs.ports import TAKEN_HOLD, Conflict, Stored, Write
 
 
 @pytest.fixture(params=["memory", "nats"])
@@ -58,20 +58,22 @@ async def test_writes_are_compare_and_set_and_a_batch_is_all_or_none(store):
         await store.commit([Write("a", {"id": "a", "n": 3}, first)])  # a revision someone else moved past
     with pytest.raises(Conflict):
         await store.commit([Write("b", {"id": "b", "n": 1}), Write("a", {"id": "a", "n": 4}, first)])
-    record, revision = await store.get("a")
-    assert await store.get("b") is None and revision == second
+    held = await store.get("a")
+    assert isinstance(held, Stored) and await store.get("b") is None and held.revision == second
+    record = held.record
     assert {k: v for k, v in record.items() if v is not None} == {"id": "a", "n": 2}  # a job's usual nulls aside
     await store.delete("a")
     assert await store.get("a") is None
     [again] = await store.commit([Write("a", {"id": "a", "n": 5})])  # a deleted key is created anew
-    assert (await store.get("a"))[1] == again
+    assert (await store.get("a")).revision == again
 
 
 async def test_several_records_in_one_read(store):
     revisions = await store.commit([Write(k, {"id": k, "_kind": "t", "n": n}) for n, k in enumerate(("m1", "m2", "m3"))])
     await store.delete("m2")
     found = await store.get_many(["m1", "m2", "m3", "nope"])
-    assert {k: (r["n"], rev) for k, (r, rev) in found.items()} == {"m1": (0, revisions[0]), "m3": (2, revisions[2])}
+    assert {k: (held.record["n"], held.revision) for k, held in found.items()} == {"m1": (0, revisions[0]), "m3": (2, revisions[2])}
+    assert all(isinstance(held, Stored) for held in [*found.values(), *await store.scan("")])
 
 
 async def test_a_read_of_more_records_than_one_request_takes(store):
@@ -171,7 +173,7 @@ async def test_a_delete_is_a_write_of_a_batch_by_compare_and_set(store):
         await store.commit([Write("del.j", None, job + 100), Write("tally.q.x", {"_kind": "t", "n": 0}, count)])
     assert await store.get("del.j") == ({"_kind": "t", "n": 1}, job) and await store.get("tally.q.x") == ({"_kind": "t", "n": 1}, count)
     await store.commit([Write("del.j", None, job), Write("tally.q.x", {"_kind": "t", "n": 0}, count)])
-    assert await store.get("del.j") is None and (await store.get("tally.q.x"))[0] == {"_kind": "t", "n": 0}
+    assert await store.get("del.j") is None and (await store.get("tally.q.x")).record == {"_kind": "t", "n": 0}
     [again] = await store.commit([Write("del.j", {"_kind": "t", "n": 2})])  # the key may be made again
     assert await store.get("del.j") == ({"_kind": "t", "n": 2}, again)
 

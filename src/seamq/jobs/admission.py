@@ -20,7 +20,7 @@ from seamq.jobs import job as J
 from seamq.jobs import model
 from seamq.jobs.events import Events
 from seamq.jobs.model import OjsError, conflict
-from seamq.jobs.ports import Conflict, JobStore, Write
+from seamq.jobs.ports import Conflict, JobStore, Stored, Write
 from seamq.jobs.queues import Queues
 
 WAITING_TIMERS = {"run", "expire"}
@@ -66,7 +66,7 @@ class Admission:
         await self.queues.learn(record)
         await self.events.emit("job.enqueued", record)
 
-    async def cancel_all(self, held: list[tuple[dict, int]], also: list[Write]) -> list[dict]:
+    async def cancel_all(self, held: list[Stored], also: list[Write]) -> list[dict]:
         """Jobs not yet ended, cancelled with `also` in one atomic batch (a workflow's cancel);
         Conflict when one of them moved meanwhile."""
         now, jobs = self.clock(), [(J.from_record(r), rev) for r, rev in held]

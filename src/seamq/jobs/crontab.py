@@ -14,7 +14,7 @@ from typing import Any
 from seamq.jobs import cron, model
 from seamq.jobs.admission import Admission
 from seamq.jobs.model import OjsError, conflict, iso
-from seamq.jobs.ports import Conflict, Write
+from seamq.jobs.ports import Conflict, Stored, Write
 
 
 class Crontab:
@@ -26,14 +26,14 @@ class Crontab:
         record = cron.new(body, self.admission.clock())
         held = await self.store.get(record["_key"])
         try:
-            await self.store.commit([Write(record["_key"], record, held[1] if held else 0)])
+            await self.store.commit([Write(record["_key"], record, held.revision if held else 0)])
         except Conflict:
             raise conflict(f"cron {record['name']} changed while it was registered") from None
         if record["enabled"]:
             await self._arm(record)
         return cron.public(record)
 
-    async def _load(self, name: str) -> tuple[dict, int]:
+    async def _load(self, name: str) -> Stored:
         held = await self.store.get(cron.key(name))
         if held is None:
             raise OjsError(404, "not_found", f"cron {name} not found")
@@ -41,11 +41,11 @@ class Crontab:
 
     async def set_enabled(self, name: str, enabled: bool) -> dict:
         held = await self._load(name)
-        record = {**held[0], "enabled": enabled}
+        record = {**held.record, "enabled": enabled}
         if enabled:
             record["next_run_at"] = iso(cron.parse(record["expression"]).next_after(self.admission.clock(), record["timezone"]))
         try:
-            await self.store.commit([Write(record["_key"], record, held[1])])
+            await self.store.commit([Write(record["_key"], record, held.revision)])
         except Conflict:
             raise conflict(f"cron {name} changed while it was {'enabled' if enabled else 'disabled'}") from None
         if enabled:
@@ -74,7 +74,7 @@ class Crontab:
 
     async def fire(self, key: str, due_ms: Any) -> None:
         held = await self.store.get(key)
-        if held is None or not held[0].get("enabled", True):
+        if held is None or not held.record.get("enabled", True):
             return
         record, revision = held
         due = model.parse_time(record["next_run_at"])
@@ -84,12 +84,12 @@ class Crontab:
         following = {**record, "next_run_at": iso(cron.parse(record["expression"]).next_after(
             max(now, due), record["timezone"]))}
         last = await self.store.get(record.get("_last_job_id") or "-")
-        if record["overlap_policy"] == "skip" and last is not None and last[0]["state"] not in model.FINISHED:
+        if record["overlap_policy"] == "skip" and last is not None and last.record["state"] not in model.FINISHED:
             try:
                 await self.store.commit([Write(key, following, revision)])
             except Conflict:
                 return  # another server fired it, or it changed
-            await self.admission.events.emit("cron.skipped", last[0])
+            await self.admission.events.emit("cron.skipped", last.record)
         else:
             job = model.new_record(record["job_template"], now)
             following["_last_job_id"] = job["id"]

@@ -197,7 +197,7 @@ class Engine:
 
     async def _dead(self, job_id: str) -> None:
         held = await self.store.get(job_id) if model.is_job_id(job_id) else None
-        if held is None or not held[0].get("_dlq"):
+        if held is None or not held.record.get("_dlq"):
             raise OjsError(404, "not_found", f"no dead letter {job_id}")
 
     async def delete_dead_letter(self, job_id: str) -> dict:

@@ -30,8 +30,8 @@ class Schemas:
         """201 for a new (type, version); 200 for the same schema again; 409 for another schema."""
         held = await self.store.get(record["_key"])
         if held is not None:
-            if held[0]["schema"] == record["schema"] and held[0]["uri"] == record["uri"]:
-                return 200, schemas.public(held[0])
+            if held.record["schema"] == record["schema"] and held.record["uri"] == record["uri"]:
+                return 200, schemas.public(held.record)
             raise OjsError(409, "duplicate", f"schema {record['type']} version {record['version']} is registered "
                                              "with another schema; register a new version")
         taken = self.by_uri(record["uri"], missing_ok=True)

@@ -15,7 +15,7 @@ from seamq.jobs import job as J
 from seamq.jobs import workflows
 from seamq.jobs.admission import Admission
 from seamq.jobs.model import OjsError, conflict, is_job_id
-from seamq.jobs.ports import CAS_TRIES, Conflict, Write
+from seamq.jobs.ports import CAS_TRIES, Conflict, Stored, Write
 
 
 class Flows:
@@ -35,12 +35,12 @@ class Flows:
         held = await self.store.get(workflows.key(record["workflow_id"]))
         if held is None:
             return [], [], None
-        moved, started = workflows.job_ended(held[0], record, self.admission.clock())
+        moved, started = workflows.job_ended(held.record, record, self.admission.clock())
         if moved is None:
             return [], [], None
         for job in started:
             await self.admission.ready(J.from_record(job))
-        writes = [Write(moved["_key"], moved, held[1], finished=moved["state"] != workflows.RUNNING),
+        writes = [Write(moved["_key"], moved, held.revision, finished=moved["state"] != workflows.RUNNING),
                   *(Write(job["id"], job) for job in started)]
         return writes, started, moved
 
@@ -60,10 +60,10 @@ class Flows:
         for job_id in workflows.job_ids_of(workflow):
             held = await self.store.get(job_id)
             if held is not None:
-                states[job_id] = held[0]["state"]
+                states[job_id] = held.record["state"]
         return workflows.public(workflow, states)
 
-    async def _load(self, workflow_id: str) -> tuple[dict, int]:
+    async def _load(self, workflow_id: str) -> Stored:
         held = await self.store.get(workflows.key(workflow_id)) \
             if is_job_id(workflow_id) else None
         if held is None:

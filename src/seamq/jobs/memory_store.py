@@ -11,7 +11,7 @@ import itertools
 from collections import Counter, deque
 from datetime import datetime, timedelta, timezone
 
-from seamq.jobs.ports import TAKEN_HOLD, Conflict, Fired, Taken, Write
+from seamq.jobs.ports import TAKEN_HOLD, Conflict, Fired, Stored, Taken, Write
 
 
 ACK_WAIT = timedelta(seconds=30)  # a fired timer not `done` by then is handed out again (a server died)
@@ -32,8 +32,8 @@ class Clock:
 class MemoryJobStore:
     def __init__(self, clock: Clock | None = None) -> None:
         self.clock = clock or Clock()
-        self.records: dict[str, tuple[dict, int]] = {}
-        self.replica: dict[str, tuple[dict, int]] | None = None  # what get_many sees while it lags
+        self.records: dict[str, Stored] = {}
+        self.replica: dict[str, Stored] | None = None  # what get_many sees while it lags
         self.revision = 0
         self.seq = itertools.count(1)
         # queue -> priority -> entries in the order offered: (seq, job id, revision, deliveries)
@@ -52,13 +52,13 @@ class MemoryJobStore:
 
     # ---- records ------------------------------------------------------------------------------------
 
-    async def get(self, key: str) -> tuple[dict, int] | None:
+    async def get(self, key: str) -> Stored | None:
         held = self.records.get(key)
-        return (copy.deepcopy(held[0]), held[1]) if held else None
+        return Stored(copy.deepcopy(held.record), held.revision) if held else None
 
-    async def get_many(self, keys: list[str]) -> dict[str, tuple[dict, int]]:
+    async def get_many(self, keys: list[str]) -> dict[str, Stored]:
         seen = self.records if self.replica is None else self.replica
-        return {key: (copy.deepcopy(seen[key][0]), seen[key][1]) for key in keys if key in seen}
+        return {key: Stored(copy.deepcopy(seen[key].record), seen[key].revision) for key in keys if key in seen}
 
     def lag(self) -> None:
         """From now until `catch_up`, `get_many` answers as a replica that applied nothing after now
@@ -71,7 +71,7 @@ class MemoryJobStore:
     async def commit(self, writes: list[Write]) -> list[int]:
         for write in writes:  # every check first: all or none
             current = self.records.get(write.key)
-            if write.revision is not None and (current[1] if current else 0) != write.revision:
+            if write.revision is not None and (current.revision if current else 0) != write.revision:
                 raise Conflict(write.key)
         out = []
         for write in writes:
@@ -79,7 +79,7 @@ class MemoryJobStore:
             if write.record is None:
                 self.records.pop(write.key, None)
             else:
-                self.records[write.key] = (copy.deepcopy(write.record), self.revision)
+                self.records[write.key] = Stored(copy.deepcopy(write.record), self.revision)
             self._tell(write.key, write.record)
             out.append(self.revision)
         return out
@@ -88,8 +88,8 @@ class MemoryJobStore:
         if self.records.pop(key, None) is not None:
             self._tell(key, None)
 
-    async def scan(self, prefix: str) -> list[tuple[dict, int]]:
-        return [(copy.deepcopy(record), revision) for key, (record, revision) in list(self.records.items())
+    async def scan(self, prefix: str) -> list[Stored]:
+        return [Stored(copy.deepcopy(record), revision) for key, (record, revision) in list(self.records.items())
                 if (key.startswith(prefix) if prefix else "." not in key)]
 
     async def follow(self, prefixes: list[str]):

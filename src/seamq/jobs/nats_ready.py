@@ -108,9 +108,9 @@ class ReadyOrder:
         key = f"prio.{queue}"
         for _ in range(10):
             held = await self.get(key)
-            known = {*(held[0]["priorities"] if held else ()), priority}
+            known = {*(held.record["priorities"] if held else ()), priority}
             try:
-                await self.commit([Write(key, {"_key": key, "priorities": sorted(known)}, held[1] if held else 0)])
+                await self.commit([Write(key, {"_key": key, "priorities": sorted(known)}, held.revision if held else 0)])
             except Conflict:
                 continue  # another server added one meanwhile
             self._priorities[queue] = known
@@ -167,7 +167,7 @@ class ReadyOrder:
         # has not heard of yet, and a fetch must find it (conformance, two servers, on a busy machine).
         held = await self.get(f"prio.{queue}")
         if held is not None:
-            self._priorities[queue] = {*self._priorities.get(queue, ()), *held[0]["priorities"]}
+            self._priorities[queue] = {*self._priorities.get(queue, ()), *held.record["priorities"]}
         for priority in sorted(self._priorities.get(queue, ()), reverse=True):
             if len(out) >= count:
                 break

@@ -6,7 +6,7 @@ other flags every server follows. Writes that belong together (a bulk enqueue; a
 its workflow; a cron fire with the job it enqueues) are one JetStream atomic batch: all stored or
 none, each with its own CAS. KV's own create/update take neither a TTL nor a batch, so the same
 publishes are made here (the KV protocol is public): `Nats-Expected-Last-Subject-Sequence` is the
-CAS, 0 meaning absent. The engine sees records as dicts and revisions as ints.
+CAS, 0 meaning absent. The engine sees records as dicts and revisions as ints (ports.Stored).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, KeyValueConfig
 from nats.js.errors import APIError, BadRequestError, KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 
 from seamq.jobs.model import decode, encode, utcnow
-from seamq.jobs.ports import Conflict, Write
+from seamq.jobs.ports import Conflict, Stored, Write
 from seamq.jobs.tally import RETENTION, record_ttl
 from seamq.nats.replies import acked
 from seamq.nats.wire import header_block
@@ -117,9 +117,9 @@ class Records:
         last = await self._last(key)
         return last[1] if last and last[0] is None else 0
 
-    async def get(self, key: str) -> tuple[dict, int] | None:
+    async def get(self, key: str) -> Stored | None:
         last = await self._last(key)
-        return (decode(last[0]), last[1]) if last and last[0] is not None else None
+        return Stored(decode(last[0]), last[1]) if last and last[0] is not None else None
 
     async def _last(self, key: str) -> tuple[bytes | None, int] | None:
         """The key's last message as last stored, asked of the stream's leader (`STREAM.MSG.GET`):
@@ -136,25 +136,25 @@ class Records:
         marker = not message.get("data") or b"KV-Operation" in base64.b64decode(message.get("hdrs") or "")
         return None if marker else base64.b64decode(message["data"]), message["seq"]
 
-    async def get_many(self, keys: list[str]) -> dict[str, tuple[dict, int]]:
+    async def get_many(self, keys: list[str]) -> dict[str, Stored]:
         """Batched direct gets of the keys' last records (nats-server 2.11+), each answered as a run
         of messages ended by a status; at most MULTI_GET keys a request (more are refused). Any
         replica may answer, so a record may be older than the last one stored: the port says so."""
-        out: dict[str, tuple[dict, int]] = {}
+        out: dict[str, Stored] = {}
         for start in range(0, len(keys), MULTI_GET):
             subjects = [f"$KV.{JOBS}.{key}" for key in keys[start:start + MULTI_GET]]
             async for message in self.replies.answers(f"$JS.API.DIRECT.GET.KV_{JOBS}", json.dumps(
                     {"multi_last": subjects, "batch": len(subjects)}).encode(), ends=("204", "404")):  # 404: none
                 headers = message.headers or {}
                 if message.data and not headers.get("KV-Operation"):
-                    out[headers["Nats-Subject"].removeprefix(f"$KV.{JOBS}.")] = (
+                    out[headers["Nats-Subject"].removeprefix(f"$KV.{JOBS}.")] = Stored(
                         decode(message.data), int(headers["Nats-Sequence"]))
         return out
 
     async def delete(self, key: str) -> None:
         await self.jobs.purge(key)
 
-    async def scan(self, prefix: str, batch: int = 1000) -> list[tuple[dict, int]]:
+    async def scan(self, prefix: str, batch: int = 1000) -> list[Stored]:
         """One ordered pass over the bucket's last values, pulled a batch at a time (a KV watch is
         pushed as fast as the server can, and 100k records queued in the client would cost more
         memory than the server is allowed)."""
@@ -170,7 +170,7 @@ class Records:
                 for message in await sub.fetch(batch, timeout=10):
                     pending = message.metadata.num_pending
                     if message.data and (message.headers or {}).get("KV-Operation") is None:
-                        out.append((decode(message.data), message.metadata.sequence.stream))
+                        out.append(Stored(decode(message.data), message.metadata.sequence.stream))
         finally:
             await sub.unsubscribe()
             await self.js.delete_consumer(stream, info.name)  # else it lingers, and a stream holds 1,000

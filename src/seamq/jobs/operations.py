@@ -26,7 +26,7 @@ from seamq.jobs.activity import Workers
 from seamq.jobs.admission import Admission
 from seamq.jobs.events import Events
 from seamq.jobs.model import OjsError, conflict, not_found
-from seamq.jobs.ports import CAS_TRIES, TAKEN_HOLD, Conflict, Fired, JobStore, Taken, WorkflowMoves, Write
+from seamq.jobs.ports import CAS_TRIES, TAKEN_HOLD, Conflict, Fired, JobStore, Stored, Taken, WorkflowMoves, Write
 from seamq.jobs.queues import Queues
 from seamq.observability import log
 
@@ -61,7 +61,7 @@ class Operations:
         held = await self.store.get(job_id) if model.is_job_id(job_id) else None
         if held is None:
             raise not_found(job_id)
-        return J.from_record(held[0]), held[1]
+        return J.from_record(held.record), held.revision
 
     async def exists(self, job_id: Any) -> bool:
         return model.is_job_id(job_id) and await self.store.get(job_id) is not None
@@ -130,7 +130,7 @@ class Operations:
                 break
             except Conflict:
                 current = await self.store.get(job.id) if len(writes) > 1 and attempt < CAS_TRIES - 1 else None
-                if current is None or current[1] != revision:
+                if current is None or current.revision != revision:
                     raise Lost(409, "conflict", f"job {job.id} changed meanwhile; read it again") from None
                 # the job is as it was: its workflow moved on meanwhile (another of its jobs ended)
         stored = revisions[0]
@@ -235,7 +235,7 @@ class Operations:
         # claim the job anew: the worker gets the job once, as last claimed.
         return list({job["id"]: job for job in out}.values())
 
-    async def _claim(self, taken: Taken, held: tuple[dict, int] | None, worker_id: str | None,
+    async def _claim(self, taken: Taken, held: Stored | None, worker_id: str | None,
                      visibility: Any) -> dict | None:
         """Claim the job of an entry taken, read with the fetch's batch (`get_many`, which may lag the
         last write): what that read shows is tried, and anything else is decided again on the record
@@ -243,7 +243,7 @@ class Operations:
         for latest in (False, True, True):  # the hint, then the record as last stored (again if a CAS lost)
             if latest:
                 held = await self.store.get(taken.job_id)
-            read, revision = (J.from_record(held[0]), held[1]) if held else (None, 0)
+            read, revision = (J.from_record(held.record), held.revision) if held else (None, 0)
             job, now = read, self.clock()
             if job is not None and job.state == J.State.ACTIVE and job.entry == taken.entry:
                 if job.lease_until and job.lease_until > now:  # a lease longer than the hold, or extended
@@ -368,7 +368,7 @@ class Operations:
         attempt = fired.token.get("attempt")
         if held is None:
             return fired.kind not in ("scheduled", "expire")  # a push not stored yet, or never
-        job, revision = J.from_record(held[0]), held[1]
+        job, revision = J.from_record(held.record), held.revision
         if (fired.kind == "retry" and job.state == J.State.ACTIVE and job.attempt == attempt) or \
                 (fired.kind == "timeout" and job.state == J.State.AVAILABLE and job.attempt + 1 == attempt):
             return False  # the failure, or the claim, not stored yet

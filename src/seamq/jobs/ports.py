@@ -2,7 +2,7 @@
 and that one contract suite (tests/test_jobs_store_contract.py) holds both to, as River's drivers.
 
 Three parts, none of which keeps the whole backlog in a server's memory:
-- records, the truth: a dict per key with a revision; writes are compare-and-set, several at once
+- records, the truth: a dict per key with a revision (`Stored`); writes are compare-and-set, several at once
   all or none;
 - the ready order: an entry per job that became available (offered before its record is stored),
   taken by priority then first in, first out, and held while its job runs (the hold is the job's lease: it comes back to be taken again if
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import AsyncIterator, Protocol
+from typing import AsyncIterator, NamedTuple, Protocol
 
 
 # How long an entry taken is held before it comes again, unless held anew: long enough for a server
@@ -27,6 +27,13 @@ TAKEN_HOLD = 30
 # A change whose compare-and-set lost to another writer (a heartbeat, a timer, another job of its
 # workflow) is read again and tried again, this many times in all, before it is refused as a conflict.
 CAS_TRIES = 8
+
+class Stored(NamedTuple):
+    """A record as last stored, and the revision a compare-and-set over it names."""
+
+    record: dict
+    revision: int
+
 
 class Conflict(Exception):
     """A compare-and-set lost: someone else changed the record (or created the key) first."""
@@ -70,10 +77,10 @@ class Fired:
 
 
 class JobStore(Protocol):
-    async def get(self, key: str) -> tuple[dict, int] | None:
+    async def get(self, key: str) -> Stored | None:
         """The record as last stored (read your writes): what a refusal or a dropped entry is decided on."""
 
-    async def get_many(self, keys: list[str]) -> dict[str, tuple[dict, int]]:
+    async def get_many(self, keys: list[str]) -> dict[str, Stored]:
         """Several records in one read: those that exist, by key. Cheaper than `get`, and possibly
         older than the last write (a replica may answer): a hint to act on, checked by CAS, never a
         reason to refuse or to drop anything."""
@@ -83,7 +90,7 @@ class JobStore(Protocol):
 
     async def delete(self, key: str) -> None: ...
 
-    async def scan(self, prefix: str) -> list[tuple[dict, int]]:
+    async def scan(self, prefix: str) -> list[Stored]:
         """Every record whose key starts with `prefix` (a dotted one such as `cron.`; "" for the jobs,
         whose keys have no dot): a pass over the store, for listings, never kept."""
 

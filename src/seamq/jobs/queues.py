@@ -82,7 +82,7 @@ class Queues:
     async def _put(self, key: str, record: dict, what: str) -> None:
         held = await self.store.get(key)
         try:
-            await self.store.commit([Write(key, record, held[1] if held else 0)])
+            await self.store.commit([Write(key, record, held.revision if held else 0)])
         except Conflict:
             raise conflict(f"{what} changed meanwhile; read it again") from None
         self.kept(key, record)
@@ -130,11 +130,11 @@ class Queues:
         for _ in range(TRIES):
             now = self.clock().timestamp()
             held = await self.store.get(key)
-            tokens = capacity if held is None else min(capacity, held[0]["tokens"] + (now - held[0]["at"]) * rate)
+            tokens = capacity if held is None else min(capacity, held.record["tokens"] + (now - held.record["at"]) * rate)
             granted = min(wanted, int(tokens))
             try:
                 await self.store.commit([Write(key, {"_key": key, "_kind": "tokens", "tokens": tokens - granted,
-                                                     "at": now}, held[1] if held else 0)])
+                                                     "at": now}, held.revision if held else 0)])
                 return granted
             except Conflict:
                 continue
@@ -150,7 +150,7 @@ class Queues:
             if held is None:
                 return
             try:
-                await self.store.commit([Write(key, {**held[0], "tokens": held[0]["tokens"] + unused}, held[1])])
+                await self.store.commit([Write(key, {**held.record, "tokens": held.record["tokens"] + unused}, held.revision)])
                 return
             except Conflict:
                 continue

@@ -31,12 +31,12 @@ async def apply(store: JobStore, record: dict, cancel: Callable[[str], Awaitable
         return None
     holder = await store.get(holder_id)
     states = unique.get("states") or [s.value for s in model.STATES if s not in model.FINISHED]
-    if holder is None or holder[0]["state"] not in states:
+    if holder is None or holder.record["state"] not in states:
         await store.take_unique(key, record["id"], period)
         return None
     policy = unique.get("on_conflict", "reject")
     if policy == "ignore":
-        return holder[0]
+        return holder.record
     if policy == "replace":
         await cancel(holder_id)
         await store.take_unique(key, record["id"], period)
