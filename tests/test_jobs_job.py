@@ -142,14 +142,29 @@ def test_each_change_leaves_what_its_old_state_held_and_its_new_one_does_not():
     waiting = new(scheduled_at="2026-11-25T00:00:00Z")
     retrying = J.failed(active(retry={"initial_interval": "PT1S", "jitter": False}), NOW, "x")
     A = J.Aftermath
-    assert J.aftermath(new(), held) == A()  # claimed: its hold begins, nothing ends
+    assert J.aftermath(new(), held) == A(event="job.started")  # claimed: its hold begins, nothing ends
     assert J.aftermath(held, J.extended(held, NOW, LEASE)) == A()  # a heartbeat keeps its hold
-    assert J.aftermath(held, J.completed(held, NOW, None)) == A(settle="h1", finished=True)
-    assert J.aftermath(held, J.failed(held, NOW, "x")) == A(settle="h1")  # back to wait: not finished
-    assert J.aftermath(new(), J.cancelled(new(), NOW)) == A(withdraw=True, finished=True)
-    assert J.aftermath(waiting, J.cancelled(waiting, NOW)) == A(disarm="scheduled", finished=True)
-    assert J.aftermath(retrying, J.cancelled(retrying, NOW)) == A(disarm="retry", finished=True)
+    assert J.aftermath(held, J.completed(held, NOW, None)) == A(settle="h1", finished=True, event="job.completed")
+    assert J.aftermath(held, J.failed(held, NOW, "x")) == A(settle="h1", event="job.retrying")  # not finished
+    assert J.aftermath(held, J.released(held, NOW, "x")) == A(settle="h1")  # back in its queue, told as nothing
+    assert J.aftermath(new(), J.cancelled(new(), NOW)) == A(withdraw=True, finished=True, event="job.cancelled")
+    assert J.aftermath(waiting, J.cancelled(waiting, NOW)) == A(disarm="scheduled", finished=True, event="job.cancelled")
+    assert J.aftermath(retrying, J.cancelled(retrying, NOW)) == A(disarm="retry", finished=True, event="job.cancelled")
     assert J.aftermath(waiting, J.due(waiting, NOW)) == A()  # its timer fired: the timer is gone already
+    assert J.aftermath(waiting, J.expired(waiting, NOW)) == A(disarm="scheduled", finished=True, event="job.expired")
+
+
+def test_an_end_names_its_dead_letter_its_workflow_and_a_claim_after_a_lost_lease_starts_again():
+    A = J.Aftermath
+    hopeless = active(retry={"max_attempts": 1, "on_exhaustion": "dead_letter"})
+    assert J.aftermath(hopeless, J.failed(hopeless, NOW, "x")) == A(finished=True, dead_letter=True, event="job.discarded")
+    plain = active(retry={"max_attempts": 1})
+    assert J.aftermath(plain, J.failed(plain, NOW, "x")) == A(finished=True, event="job.discarded")
+    step = J.replace(active(), workflow_id="wf1", workflow_index=0)
+    assert J.aftermath(step, J.completed(step, NOW, 1)) == A(finished=True, workflow=True, event="job.completed")
+    assert J.aftermath(step, J.failed(step, NOW, "x")).workflow is False  # retried: the workflow waits
+    lost = J.claimed(J.released(active(), NOW, "lease"), NOW, "w2", LEASE)
+    assert J.aftermath(active(), lost).event == "job.started"  # the same state, a new attempt
 
 
 def test_replace_changes_only_what_it_is_given_and_refuses_a_field_a_job_has_not():

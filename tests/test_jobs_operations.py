@@ -377,3 +377,44 @@ async def test_events_of_both_servers_are_listed_by_either_and_a_cursor_reads_on
     assert page["has_more"] and [e["type"] for e in page["events"] + rest["events"]] == [
         "job.enqueued", "job.started", "job.enqueued", "job.completed"]
     assert (await one.events.list(["job.completed"], ["q"], 10))["events"][0]["data"]["job_id"] == taken["id"]
+
+
+async def test_each_change_is_told_once_as_stored_whichever_path_made_it(engine, store, clock):
+    """The event a change is told as is named by the change (seamq.jobs.job.aftermath) and told where
+    it is stored: an ack, a nack, a timeout, an expiry met in a fetch or by its timer, a cancel."""
+    done, failed, timed, fetched_late, fired_late, cancelled = [await push(engine, job(**options)) for options in (
+        {}, {"retry": {"max_attempts": 1}}, {"timeout_ms": 1000}, {"queue": "x", "expires_at": "+PT10S"},
+        {"queue": "y", "expires_at": "+PT10S"}, {"queue": "z"})]
+    got = {j["id"]: j for j in await engine.ops.fetch(["q"], 3, "w")}
+    assert got.keys() == {done["id"], failed["id"], timed["id"]}
+    await engine.ops.ack(done["id"], {"ok": 1})
+    await engine.ops.nack(failed["id"], {"type": "Boom", "message": "no"})
+    await engine.ops.cancel(cancelled["id"])
+    clock.advance(11)
+    assert await engine.ops.fetch(["x"], 1, "w") == []  # met in its entry past its time
+    for timer in await store.fired(10, 0):  # the timeout's, the other expiry's
+        await engine.ops.fire(timer)
+    await engine.events.flush()
+    told = {}
+    for event in (await engine.events.list([], [], 100))["events"]:
+        told.setdefault(event["subject"], []).append(event["type"])
+    assert told == {done["id"]: ["job.enqueued", "job.started", "job.completed"],
+                    failed["id"]: ["job.enqueued", "job.started", "job.discarded"],
+                    timed["id"]: ["job.enqueued", "job.started", "job.retrying"],
+                    fetched_late["id"]: ["job.enqueued", "job.expired"],
+                    fired_late["id"]: ["job.enqueued", "job.expired"],
+                    cancelled["id"]: ["job.enqueued", "job.cancelled"]}
+    [completed] = (await engine.events.list(["job.completed"], [], 10))["events"]
+    assert completed["data"]["result"] == {"ok": 1} and completed["data"]["duration_ms"] == 0
+
+
+async def test_a_workflows_cancel_lets_each_job_go_as_any_cancel_does(engine, store, clock):
+    later = (clock() + timedelta(seconds=60)).isoformat().replace("+00:00", "Z")
+    created = await engine.flows.create({"type": "batch", "name": "b", "jobs": [
+        {"type": "b.now", "args": [], "options": {"queue": "b"}},
+        {"type": "b.later", "args": [], "options": {"queue": "b", "scheduled_at": later}}]})
+    assert len(store.timers) == 1
+    await engine.flows.cancel(created["id"])
+    assert store.timers == {} and await engine.ops.fetch(["b"], 5, "w") == []  # disarmed, withdrawn
+    stats = await engine.queues.stats("b")
+    assert (stats["available"], stats["scheduled"], stats["cancelled"]) == (0, 0, 2)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import datetime
-from typing import Callable
+from typing import Any, Callable
 
 from seamq.jobs import job as J
 from seamq.jobs import model
@@ -66,17 +66,26 @@ class Admission:
         await self.queues.learn(record)
         await self.events.emit("job.enqueued", record)
 
-    async def cancel_all(self, held: list[Stored], also: list[Write]) -> list[dict]:
-        """Jobs not yet ended, cancelled with `also` in one atomic batch (a workflow's cancel);
-        Conflict when one of them moved meanwhile."""
+    async def cancel_all(self, held: list[Stored], also: list[Write]) -> None:
+        """Jobs not yet ended, cancelled with `also` in one atomic batch (a workflow's cancel), and
+        each let go as any change is; Conflict when one of them moved meanwhile."""
         now, jobs = self.clock(), [(J.from_record(r), rev) for r, rev in held]
         jobs = [(job, J.cancelled(job, now), rev) for job, rev in jobs if job.state not in J.FINISHED]
         await self.store.commit([*also, *(Write(new.id, J.to_record(new), rev, True, J.counted(old))
                                           for old, new, rev in jobs)])
         for before, new, _ in jobs:
-            if before.hold:
-                await self.store.settle(before.hold)
-            if before.state == J.State.AVAILABLE:
-                await self.store.withdraw(new.queue, new.priority, new.id)
-            await self.store.finished(new.queue, new.state.value)
-        return [J.to_record(new) for _, new, _ in jobs]
+            await self.let_go(new, J.aftermath(before, new))
+
+    async def let_go(self, job: J.Job, after: J.Aftermath, record: dict | None = None, **data: Any) -> None:
+        """Once a job's change is stored: what its old state held and its new one does not
+        (seamq.jobs.job.aftermath), then its event, of `record` (the job's, as stored) and `data`."""
+        if after.settle:
+            await self.store.settle(after.settle)
+        if after.withdraw:
+            await self.store.withdraw(job.queue, job.priority, job.id)
+        if after.disarm:
+            await self.store.disarm(after.disarm, J.timer_key(job))
+        if after.finished:
+            await self.store.finished(job.queue, job.state.value)
+        if after.event:
+            await self.events.emit(after.event, record or J.to_record(job), **data)

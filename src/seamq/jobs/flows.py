@@ -81,13 +81,11 @@ class Flows:
                 if held is not None:
                     jobs.append(held)
             try:
-                cancelled = await self.admission.cancel_all(jobs, also=[Write(stopped["_key"], stopped, revision)])
+                await self.admission.cancel_all(jobs, also=[Write(stopped["_key"], stopped, revision)])
                 break
             except Conflict:
                 continue  # a job of it moved meanwhile: read them all again
         else:
             raise conflict(f"workflow {workflow_id} kept changing while it was cancelled; try again")
-        for record in cancelled:
-            await self.admission.events.emit("job.cancelled", record)
         await self.admission.events.emit("workflow.cancelled", stopped)
         return await self._public(stopped)

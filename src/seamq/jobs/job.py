@@ -297,12 +297,16 @@ def timers(job: Job) -> list[Timer]:
 @dataclass(frozen=True, slots=True)
 class Aftermath:
     """What a stored state change leaves to do once its write is in: what the job's old state held
-    that its new one does not (seamq.jobs.operations applies it, in this order)."""
+    that its new one does not (seamq.jobs.admission lets it go, in this order), what its end asks of
+    its workflow and of the dead letters, and the event it is told as."""
 
     settle: str | None = None  # the hold its run was fetched under: its entry is done with
     withdraw: bool = False  # it ended while waiting in its queue's ready order
     disarm: str | None = None  # the count of the timer it no longer waits for: "scheduled" or "retry"
     finished: bool = False  # it ended: its queue counts one more finished job of its state
+    workflow: bool = False  # it ended in a workflow: the workflow's next step is written with it
+    dead_letter: bool = False  # it was discarded for good and kept as a dead letter, written with it
+    event: str | None = None  # what the event log says of it
 
 
 def aftermath(before: Job, job: Job) -> Aftermath:
@@ -311,4 +315,20 @@ def aftermath(before: Job, job: Job) -> Aftermath:
     waited = {State.SCHEDULED: "scheduled", State.RETRYABLE: "retry"}.get(before.state)
     return Aftermath(settle=before.hold if before.hold and before.hold != job.hold else None,
                      withdraw=finished and before.state == State.AVAILABLE,
-                     disarm=waited if finished else None, finished=finished)
+                     disarm=waited if finished else None, finished=finished,
+                     workflow=finished and job.workflow_id is not None,
+                     dead_letter=job.dead_letter and job.state == State.DISCARDED,
+                     event=_event(before, job))
+
+
+def _event(before: Job, job: Job) -> str | None:
+    if job.state == State.ACTIVE:
+        return "job.started" if job.attempt > before.attempt else None  # a claim, not a heartbeat
+    if job.state == before.state:
+        return None
+    if job.state == State.DISCARDED:
+        return "job.expired" if before.state in WAITING else "job.discarded"
+    return _EVENTS.get(job.state)
+
+
+_EVENTS = {State.COMPLETED: "job.completed", State.RETRYABLE: "job.retrying", State.CANCELLED: "job.cancelled"}

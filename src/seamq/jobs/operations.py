@@ -115,15 +115,15 @@ class Operations:
         """Write a job's next state by CAS, with its workflow's next move when it ended. What the new
         state needs comes first: its entry in the ready order when it became available, its clocks
         (an entry or a timer whose change was never stored is dropped when it comes). Then what its
-        old state held and its new one does not (seamq.jobs.job.aftermath)."""
+        old state held and its new one does not, and its event (seamq.jobs.job.aftermath)."""
         record, after = J.to_record(job), J.aftermath(before, job)
         await self.admission.ready(job)
         for attempt in range(CAS_TRIES):
             writes, started, moved = [Write(job.id, record, revision, after.finished, J.counted(before), may_wait)], [], None
-            if after.finished and job.workflow_id and self.flows is not None:
+            if after.workflow and self.flows is not None:
                 extra, started, moved = await self.flows.ending(record)
                 writes += extra
-            if job.dead_letter and job.state == J.State.DISCARDED:
+            if after.dead_letter:
                 writes.append(Write(f"dlq.{job.id}", {"_key": f"dlq.{job.id}", "id": job.id}, None, True))
             try:
                 revisions = await self.store.commit(writes)
@@ -138,14 +138,9 @@ class Operations:
             self._hand_out(job, stored)
         else:
             self.handed_out.pop(job.id, None)
-        if after.settle:
-            await self.store.settle(after.settle)
-        if after.withdraw:
-            await self.store.withdraw(job.queue, job.priority, job.id)
-        if after.disarm:
-            await self.store.disarm(after.disarm, J.timer_key(job))
-        if after.finished:
-            await self.store.finished(job.queue, job.state.value)
+        data = {} if job.state != J.State.COMPLETED else dict(result=job.result, duration_ms=round(
+            (job.completed_at - before.started_at).total_seconds() * 1000) if before.started_at else 0)
+        await self.admission.let_go(job, after, record, **data)
         for new, revision in zip(started, revisions[2:]):
             await self.admission.admitted(new, revision)
         if self.flows is not None:
@@ -203,7 +198,6 @@ class Operations:
 
     async def cancel(self, job_id: str) -> dict:
         _, job, record = await self.change(job_id, lambda job: J.cancelled(job, self.clock()))
-        await self.events.emit("job.cancelled", record)
         return model.public(record)
 
     # ---- workers ----------------------------------------------------------------------------------
@@ -288,7 +282,7 @@ class Operations:
         self._hand_out(claimed, stored)
         if lease.total_seconds() < TAKEN_HOLD:
             await self.store.hold(taken.hold, lease.total_seconds())
-        await self.events.emit("job.started", record)
+        await self.events.emit(J.aftermath(read, claimed).event, record)
         return record
 
     async def _expire_taken(self, job: J.Job, revision: int, taken: Taken, read: J.Job) -> bool:
@@ -297,15 +291,12 @@ class Operations:
             await self._store(J.expired(job, self.clock()), revision, read)
         except OjsError:
             return False
-        await self.events.emit("job.expired", J.to_record(job))
         await self.store.settle(taken.hold)
         return True
 
     async def ack(self, job_id: Any, result: Any = None, *, may_wait: float = 0.0) -> dict:
-        before, done, record = await self.change(job_id, lambda job: J.completed(job, self.clock(), result),
-                                                 may_wait=may_wait)
-        duration = round((done.completed_at - before.started_at).total_seconds() * 1000) if before.started_at else 0
-        await self.events.emit("job.completed", record, duration_ms=duration, result=result)
+        _, done, record = await self.change(job_id, lambda job: J.completed(job, self.clock(), result),
+                                            may_wait=may_wait)
         return {"acknowledged": True, "id": done.id, "job_id": done.id, "state": "completed",
                 "completed_at": record["completed_at"], "job": model.public(record)}
 
@@ -314,13 +305,10 @@ class Operations:
             now = self.clock()
             return J.released(job, now, error) if requeue is True else J.failed(job, now, error, self.rng)
         _, failed, record = await self.change(job_id, move, may_wait=may_wait)
-        return await self._failed(failed, record)
+        return self._failed(failed, record)
 
-    async def _failed(self, failed: J.Job, record: dict) -> dict:
-        if failed.state == J.State.RETRYABLE:
-            await self.events.emit("job.retrying", record)
-        elif failed.state == J.State.DISCARDED:
-            await self.events.emit("job.discarded", record)
+    @staticmethod
+    def _failed(failed: J.Job, record: dict) -> dict:
         answer = {"id": failed.id, "job_id": failed.id, "state": failed.state.value, "attempt": failed.attempt,
                   "max_attempts": failed.max_attempts, "job": model.public(record)}
         keys = ("retry_delay_ms", "next_attempt_at") if failed.state == J.State.RETRYABLE else ()
@@ -382,12 +370,9 @@ class Operations:
             if kind in ("scheduled", "retry") and job.state in (J.State.SCHEDULED, J.State.RETRYABLE):
                 await self._store(J.due(job, now), revision, job)
             elif kind == "expire" and job.state in J.WAITING:
-                expired = J.expired(job, now)
-                await self._store(expired, revision, job)
-                await self.events.emit("job.expired", J.to_record(expired))
+                await self._store(J.expired(job, now), revision, job)
             elif kind == "timeout" and job.state == J.State.ACTIVE:
                 error = {"code": "timeout", "type": "timeout", "message": f"exceeded timeout_ms={job.timeout_ms}"}
-                failed = J.failed(job, now, error, self.rng)
-                await self._failed(failed, (await self._store(failed, revision, job))[1])
+                await self._store(J.failed(job, now, error, self.rng), revision, job)
         except OjsError:  # another server or request moved it first: the timer no longer applies
             pass
