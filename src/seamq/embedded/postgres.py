@@ -120,7 +120,11 @@ class PostgresServer(_Process):
     name = "postgres"
     _stop_signal = signal.SIGINT  # "fast" shutdown: roll back clients, checkpoint, exit
 
-    def __init__(self, data_dir: Path, port: int | None = None, *, durable: bool = True) -> None:
+    def __init__(self, data_dir: Path, port: int | None = None, *, durable: bool = True,
+                 socket_dir: Path | None = None) -> None:
+        """`socket_dir`: also listen on a Unix socket there (made for the server's user), which a
+        process in another network namespace can reach (the partition tests' workers)."""
+        self.socket_dir = socket_dir
         self.requested_dir = Path(data_dir).resolve()
         self.data_dir = self.requested_dir
         self.port = port or free_port()
@@ -141,6 +145,9 @@ class PostgresServer(_Process):
 
     def dsn(self, database: str = "postgres") -> str:
         return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
+
+    def socket_dsn(self, database: str = "postgres") -> str:
+        return f"postgresql://postgres@/{database}?host={self.socket_dir}&port={self.port}"
 
     def _as_user(self) -> dict:
         # The user's own group too: root's group would match root-owned parents' group bits.
@@ -186,13 +193,16 @@ class PostgresServer(_Process):
     def start(self) -> None:
         self.requested_dir.parent.mkdir(parents=True, exist_ok=True)
         self._init()
+        if self.socket_dir and self.user:
+            entry = pwd.getpwnam(self.user)
+            os.chown(self.socket_dir, entry.pw_uid, entry.pw_gid)
         self._stop_leftover()
         # Beside the folder asked for, opened by us: the server writes to the inherited file.
         log = self.requested_dir.parent / f"{self.requested_dir.name}.log"
         settings = {
             "listen_addresses": "127.0.0.1",
             "port": str(self.port),
-            "unix_socket_directories": "",
+            "unix_socket_directories": str(self.socket_dir or ""),
             "max_connections": "200",
             # The relay holds one advisory lock per bucket it serves.
             "max_locks_per_transaction": "256",
