@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import random
+import time
+from urllib.parse import urlparse
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.aio.transport import TcpTransport
 
 from helpers import wait_for
 
 from seamq.nats import pull
-from seamq.nats.connect import NATS_PARSE_HEADER_LINES, parse_header_lines
+from seamq.nats.connect import CLOSE_WAIT, NATS_PARSE_HEADER_LINES, NATS_WAIT_CLOSED, parse_header_lines
 from seamq.nats.pull import JsDelivery, ack_fields
 
 
@@ -63,3 +67,23 @@ async def test_a_pull_that_reaches_no_consumer_is_asked_again_not_waited_out(nc,
         assert [m.data for m in await source.fetch(10, timeout=10)] == [b"x"]
     finally:
         await source.close()
+
+
+async def test_a_connection_whose_server_reads_nothing_more_is_dropped_when_closed_not_waited_on():
+    """What a server cut off by the network looks like from here: the connection holds what it could
+    not send, and nats-py waits for it to close before it tries another server. The wait is bounded
+    (seamq.nats.connect.wait_closed_or_drop); nats-py's own waits for as long as the peer lives."""
+    assert inspect.getsource(NATS_WAIT_CLOSED).strip().endswith("return await self._io_writer.wait_closed()")
+    accepted = []
+    server = await asyncio.start_server(lambda r, w: accepted.append(w), "127.0.0.1", 0)  # reads nothing
+    port = server.sockets[0].getsockname()[1]
+    transport = TcpTransport()
+    await transport.connect(urlparse(f"nats://127.0.0.1:{port}"), 32768, 5)
+    transport.write(b"x" * 64 * 1024 * 1024)  # more than the kernel's buffers take
+    started = time.monotonic()
+    transport.close()
+    await asyncio.wait_for(transport.wait_closed(), 60)
+    assert time.monotonic() - started >= CLOSE_WAIT * 0.9  # it waited its bound for the data to go
+    server.close()
+    for writer in accepted:
+        writer.close()

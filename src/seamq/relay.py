@@ -137,8 +137,8 @@ class Relay:
         uncovered = _FIRST_POLL
         while not stop.is_set():
             beat.turn()  # until it waits: a claim, a publish, a mark that hangs shows in /healthz
-            if not self._connected():
-                backoff = await self._sleep(stop, beat, backoff, "nats_unavailable")
+            if not self._connected():  # nats-py is reconnecting: look again soon
+                backoff = await self._sleep(stop, beat, backoff, "nats_unavailable", NATS_AWAY_LOOK)
                 continue
             try:
                 done = await self.run_once()
@@ -151,7 +151,7 @@ class Relay:
                     backoff = await self._sleep(stop, beat, backoff, "unexpected_error")
                 continue
             if done.transport_failed:
-                backoff = await self._sleep(stop, beat, backoff, "nats_publish_failed")
+                backoff = await self._sleep(stop, beat, backoff, "nats_publish_failed", NATS_AWAY_LOOK)
                 continue
             backoff = 0.0
             if reports and time.monotonic() - last_backlog > self.config.backlog_interval:
@@ -175,12 +175,14 @@ class Relay:
             else:
                 await self._wait_for_work(stop, beat, self.config.poll_interval)
 
-    async def _sleep(self, stop: asyncio.Event, beat: Beat, backoff: float, why: str) -> float:
+    async def _sleep(self, stop: asyncio.Event, beat: Beat, backoff: float, why: str, most: float | None = None) -> float:
+        """Wait, twice as long as the last time up to `most` (max_backoff), said while it grows."""
         beat.rest()
-        backoff = min(self.config.max_backoff, max(0.1, backoff * 2))
-        log.info("relay_backing_off", reason=why, seconds=backoff)
-        await sleep_unless_stopped(stop, backoff)
-        return backoff
+        grown = min(most or self.config.max_backoff, max(0.1, backoff * 2))
+        if grown != backoff:
+            log.info("relay_backing_off", reason=why, seconds=grown)
+        await sleep_unless_stopped(stop, grown)
+        return grown
 
     async def _wait_for_work(self, stop: asyncio.Event, beat: Beat, timeout: float) -> None:
         """Until this loop takes a wake-up, the timeout, or stop.
@@ -229,6 +231,9 @@ class Relay:
 # Seconds between polls while a producer that skipped its NOTIFY is open: doubling,
 # so one left open for minutes costs ten empty claims a second.
 _FIRST_POLL, _LAST_POLL = 0.002, 0.1
+# The longest wait after NATS went away or a publish failed for the broker's sake: nats-py
+# reconnects on its own, and a wait grown past it was most of a 28 s stop when a node was cut off.
+NATS_AWAY_LOOK = 1.0
 
 
 class _Batch(NamedTuple):

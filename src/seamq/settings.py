@@ -36,9 +36,12 @@ class NatsSettings(BaseModel):
     startup_wait: float = Field(5.0, gt=0, description="seconds a worker waits for NATS at start before it exits "
                                                        "with error[BROKER_UNAVAILABLE] (its supervisor restarts it)")
     # A server that stops answering without closing the connection (a frozen or partitioned host)
-    # is left after 3 unanswered pings. nats-py's default, 120 s, held a relay on a frozen cluster
-    # node for over 5 minutes; see docs/operations.md, "A NATS cluster".
-    ping_interval: float = Field(5.0, gt=0, description="seconds between pings; 3 unanswered: reconnect elsewhere")
+    # is left when a third ping is due with two unanswered: 4 to 6 s after its last answer at 2 s.
+    # nats-py's default, 120 s, held a relay on a frozen cluster node for over 5 minutes, and 5 s
+    # stopped publishing for 28 s when a node was cut off (tests/test_network_partitions.py); see
+    # docs/operations.md, "A NATS cluster".
+    ping_interval: float = Field(2.0, gt=0, description="seconds between pings; a third due with two unanswered: "
+                                                        "reconnect elsewhere")
 
     @field_validator("creds_file", "nkey_seed_file", "tls_ca", "tls_cert", "tls_key")
     @classmethod

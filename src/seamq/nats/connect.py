@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import math
+import random
 import ssl
 import time
 
 import nats
 from nats.aio.client import Client
+from nats.aio.transport import TcpTransport
 
 from seamq.observability import log
 from seamq.settings import NatsSettings
@@ -50,6 +52,27 @@ def parse_header_lines(raw: bytes) -> dict[str, str]:
 NATS_PARSE_HEADER_LINES = Client._parse_header_lines  # nats-py's own, kept for the test
 Client._parse_header_lines = staticmethod(parse_header_lines)
 
+CLOSE_WAIT = 1.0  # seconds a lost connection may take to close before it is dropped
+
+
+async def wait_closed_or_drop(self: TcpTransport) -> None:
+    """nats-py's `TcpTransport.wait_closed`, bounded. Before it tries another server, nats-py
+    closes the lost connection and waits for it to close; to a server cut off by the network,
+    a connection holding unsent publishes closes only when the kernel gives up on it (16 s of a
+    relay's 27 s stop, tests/test_network_partitions.py). Past CLOSE_WAIT it is dropped (abort)."""
+    writer = self._io_writer
+    if writer is None:
+        return
+    closing = asyncio.ensure_future(writer.wait_closed())
+    done, _ = await asyncio.wait([closing], timeout=CLOSE_WAIT)
+    if not done:
+        writer.transport.abort()
+    await closing
+
+
+NATS_WAIT_CLOSED = TcpTransport.wait_closed  # nats-py's own, kept for the test
+TcpTransport.wait_closed = wait_closed_or_drop
+
 
 def _tls_context(settings: NatsSettings) -> ssl.SSLContext | None:
     if not (settings.tls_ca or settings.tls_cert):
@@ -70,6 +93,7 @@ class Outage:
 
     def __init__(self, name: str, clock=time.monotonic) -> None:
         self.name, self.clock = name, clock
+        self.client: Client | None = None
         self.since: float | None = None
         self.next_at = 0.0
         self.every = self.FIRST
@@ -86,6 +110,14 @@ class Outage:
             log.warning("nats_still_unavailable", client=self.name, seconds=round(now - self.since), error=describe(exc))
             self.every = min(2 * self.every, self.MOST)
             self.next_at = now + self.every
+
+    async def disconnected(self) -> None:
+        """The connection went (a server that stopped answering pings says nothing else); not
+        when it was closed on purpose."""
+        if self.since is None and not (self.client and self.client.is_closed):
+            now = self.clock()
+            self.since, self.every, self.next_at = now, self.FIRST, now + self.FIRST
+            log.warning("nats_unavailable", client=self.name, error="connection lost")
 
     async def reconnected(self) -> None:
         if self.since is not None:
@@ -105,7 +137,10 @@ async def connect(settings: NatsSettings, *, name: str = "seamq", persistent: bo
     secret = lambda s: s.get_secret_value() if s else None  # noqa: E731
     outage = Outage(name)
     options = dict(
-        servers=[s.strip() for s in settings.url.split(",")],
+        # In a random order, tried in turn: each reconnect tries every other server before the one
+        # just lost (nats-py's own shuffle, at each reconnect, may try the lost one first).
+        servers=random.sample(servers := [s.strip() for s in settings.url.split(",")], len(servers)),
+        dont_randomize=True,
         name=name,
         connect_timeout=settings.connect_timeout,
         max_reconnect_attempts=max(1, math.ceil(settings.startup_wait / _RECONNECT_WAIT)) if persistent else 2,
@@ -119,10 +154,11 @@ async def connect(settings: NatsSettings, *, name: str = "seamq", persistent: bo
         nkeys_seed=str(settings.nkey_seed_file) if settings.nkey_seed_file else None,
         tls=_tls_context(settings),
         error_cb=outage.error,
+        disconnected_cb=outage.disconnected,
         reconnected_cb=outage.reconnected,
         **callbacks,
     )
-    client = await nats.connect(**{k: v for k, v in options.items() if v is not None})
+    client = outage.client = await nats.connect(**{k: v for k, v in options.items() if v is not None})
     if persistent:
         client.options["max_reconnect_attempts"] = -1  # read on every reconnect: from now on, forever
     return client

@@ -46,6 +46,7 @@ class PullSource:
         self._arrived = arrived or asyncio.Event()  # shared by all partitions of a consumer
         self._requested = 0  # asked for, not yet arrived nor expired
         self._requested_at = 0.0
+        self._reconnects = nc.stats["reconnects"]
         self._sub = None
         self._inbox = ""
         self._stopping = False
@@ -98,8 +99,10 @@ class PullSource:
         return not self._ready and self._requested <= 0
 
     def _expire(self) -> None:
-        if time.monotonic() - self._requested_at > EXPIRES + 0.5:
-            self._requested = 0  # every request has expired by now (also after a reconnect)
+        reconnects = self.nc.stats["reconnects"]
+        if reconnects != self._reconnects or time.monotonic() - self._requested_at > EXPIRES + 0.5:
+            # Every request has expired by now, or went with the connection: ask again at once.
+            self._requested, self._reconnects = 0, reconnects
 
     async def top_up(self) -> None:
         self._expire()
@@ -218,6 +221,10 @@ class Deliveries:
     @property
     def drained(self) -> bool:
         return self.pull.drained
+
+    @property
+    def connection_lost(self) -> int:
+        return self.pull.nc.stats["reconnects"]
 
     async def close(self) -> None:
         await self.pull.close()
