@@ -15,7 +15,9 @@ The state outlives a lane transaction, since redelivered messages arrive in
 later ones, and lives in one consumer process. A waiting message that does not
 come back within HOLD_GRACE of its due time (it went to another process)
 stops holding the others back: those fetched more than HOLD_GRACE after it
-was due. Fetched, not handled: on a busy machine a lane may reach a message
+was due. A send-back lost with a connection (a server cut off before the client
+noticed) brings its message back only after ack_wait: when the connection was
+lost, every waiting message is taken as due then (`wait_out`). Fetched, not handled: on a busy machine a lane may reach a message
 long after it was fetched, while the failed one, redelivered on time, waits
 behind it in the same lane; judged by the clock when the lane reaches it, the
 later message would overtake the failed one (seen: 4 of 200 aggregates out
@@ -52,6 +54,15 @@ class Holds:
         if not earlier:
             return None
         return max(max(earlier) - time.monotonic(), 0.0) + HOLD_MARGIN
+
+    def wait_out(self, seconds: float) -> None:
+        """The connection their send-backs went through was lost, maybe with some of them: the server
+        then sends a message again only when ack_wait runs out. Every waiting message holds its
+        aggregate back as if due `seconds` from now (or later, if it was)."""
+        until = time.monotonic() + seconds
+        for waiting in self._waiting.values():
+            for seq, due in waiting.items():
+                waiting[seq] = max(due, until)
 
     def record(self, pending: "Pending") -> None:
         """After a commit: what the lane sent back waits; what it handled or dead-lettered is done."""
