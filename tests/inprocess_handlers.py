@@ -3,6 +3,7 @@
 import asyncio
 import os
 
+from seamq import Poison
 from seamq.registry import Registry
 
 
@@ -37,3 +38,13 @@ async def record_order(envelope, tx) -> None:
 
 
 ORDER_REGISTRY = Registry(default="inprocess_handlers:record_order")
+
+
+async def record_order_or_poison(envelope, tx) -> None:
+    """record_order, except for a planted poison event (payload `poison`), which nothing can handle."""
+    if envelope.payload.get("poison"):
+        raise Poison("planted poison")
+    await record_order(envelope, tx)
+
+
+ORDER_POISON_REGISTRY = Registry(default="inprocess_handlers:record_order_or_poison")

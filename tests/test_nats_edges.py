@@ -87,3 +87,21 @@ async def test_a_connection_whose_server_reads_nothing_more_is_dropped_when_clos
     server.close()
     for writer in accepted:
         writer.close()
+
+
+def test_after_a_loss_every_other_server_is_tried_before_the_one_lost_the_least_tried_first():
+    from nats.aio.client import Server
+
+    from seamq.nats.connect import Rotation
+
+    a, b, c = (Server(urlparse(f"nats://10.0.0.{n}:4222")) for n in (1, 2, 3))
+    rotation = Rotation()
+    rotation.on = a.uri.netloc  # the one lost
+    for _ in range(20):  # whatever the tie-break draws
+        choice, delay = rotation([a, b, c], {})
+        assert choice in (b, c) and delay == 0
+    b.reconnects = 1  # tried, failed
+    assert rotation([a, b, c], {}) == (c, 0)
+    c.reconnects = 1  # every other failed: any of the three, the lost one too
+    assert {rotation([a, b, c], {})[0].uri.netloc for _ in range(50)} == {s.uri.netloc for s in (a, b, c)}
+    assert rotation([b, c], {})[1] > 0  # a server tried and failed is tried again after a pause

@@ -22,7 +22,7 @@ import pytest
 
 from seamq.embedded.nats_server import nats_server_binary
 
-SUBNET = "10.77.0"
+SUBNET, CLUSTER = "10.77.0", "10.78.0"  # clients and servers; servers' routes
 
 
 def _ip(*argv: str) -> None:
@@ -47,9 +47,14 @@ def need_namespaces() -> None:
 
 
 class Lab:
-    def __init__(self, hosts: list[str], root: Path) -> None:
+    """`hosts` on one bridge (addresses SUBNET.n); `servers`, among them, also on a second bridge of
+    their own (CLUSTER.n), which their cluster routes use: a server can then be split from its
+    peers while clients still reach it (`split`), or cut off from everyone (`isolate`)."""
+
+    def __init__(self, hosts: list[str], root: Path, servers: list[str] = ()) -> None:
         self.token = secrets.token_hex(3)
         self.hosts = {host: i for i, host in enumerate(hosts, 1)}
+        self.servers = list(servers)
         self.root = root
         self.procs: list[subprocess.Popen] = []
 
@@ -59,25 +64,34 @@ class Lab:
     def addr(self, host: str) -> str:
         return f"{SUBNET}.{self.hosts[host]}"
 
+    def cluster_addr(self, host: str) -> str:
+        return f"{CLUSTER}.{self.hosts[host]}"
+
     def __enter__(self) -> "Lab":
         switch = self.ns("switch")
         try:
             _ip("netns", "add", switch)
-            _ip("-n", switch, "link", "add", "br0", "type", "bridge")
-            _ip("-n", switch, "link", "set", "br0", "up")
+            for bridge in ("br0", "br1"):
+                _ip("-n", switch, "link", "add", bridge, "type", "bridge")
+                _ip("-n", switch, "link", "set", bridge, "up")
             for host, i in self.hosts.items():
-                ns = self.ns(host)
-                _ip("netns", "add", ns)
-                _ip("-n", ns, "link", "set", "lo", "up")
-                _ip("-n", switch, "link", "add", f"v{i}", "type", "veth", "peer", "name", "eth0", "netns", ns)
-                _ip("-n", switch, "link", "set", f"v{i}", "master", "br0")
-                _ip("-n", switch, "link", "set", f"v{i}", "up")
-                _ip("-n", ns, "addr", "add", f"{self.addr(host)}/24", "dev", "eth0")
-                _ip("-n", ns, "link", "set", "eth0", "up")
+                _ip("netns", "add", self.ns(host))
+                _ip("-n", self.ns(host), "link", "set", "lo", "up")
+                self._link(host, f"v{i}", "eth0", "br0", self.addr(host))
+                if host in self.servers:
+                    self._link(host, f"c{i}", "eth1", "br1", self.cluster_addr(host))
         except BaseException:
             self.__exit__()
             raise
         return self
+
+    def _link(self, host: str, port: str, nic: str, bridge: str, addr: str) -> None:
+        switch, ns = self.ns("switch"), self.ns(host)
+        _ip("-n", switch, "link", "add", port, "type", "veth", "peer", "name", nic, "netns", ns)
+        _ip("-n", switch, "link", "set", port, "master", bridge)
+        _ip("-n", switch, "link", "set", port, "up")
+        _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", nic)
+        _ip("-n", ns, "link", "set", nic, "up")
 
     def __exit__(self, *_) -> None:
         for proc in self.procs:
@@ -113,11 +127,21 @@ class Lab:
     # ---- faults --------------------------------------------------------------------------------------
 
     def isolate(self, host: str) -> None:
-        """Cut `host` off from every other: its link at the bridge goes down (packets dropped)."""
-        _ip("-n", self.ns("switch"), "link", "set", f"v{self.hosts[host]}", "down")
+        """Cut `host` off from every other: its links at the bridges go down (packets dropped)."""
+        self._ports(host, "down", cluster_only=False)
+
+    def split(self, server: str) -> None:
+        """Cut `server` off from its peers only: its clients still reach it (a minority of one)."""
+        self._ports(server, "down", cluster_only=True)
 
     def heal(self, host: str) -> None:
-        _ip("-n", self.ns("switch"), "link", "set", f"v{self.hosts[host]}", "up")
+        self._ports(host, "up", cluster_only=False)
+
+    def _ports(self, host: str, state: str, cluster_only: bool) -> None:
+        i = self.hosts[host]
+        ports = ([] if cluster_only else [f"v{i}"]) + ([f"c{i}"] if host in self.servers else [])
+        for port in ports:
+            _ip("-n", self.ns("switch"), "link", "set", port, state)
 
 
 class LabNats:
@@ -130,10 +154,14 @@ class LabNats:
 
     @property
     def url(self) -> str:
-        return ",".join(f"nats://{self.lab.addr(h)}:{self.CLIENT}" for h in self.hosts)
+        return ",".join(self.url_of(h) for h in self.hosts)
+
+    def url_of(self, host: str) -> str:
+        """One node's: a client given it learns the others from the cluster."""
+        return f"nats://{self.lab.addr(host)}:{self.CLIENT}"
 
     def start(self, timeout: float = 60) -> None:
-        routes = ", ".join(f'"nats-route://{self.lab.addr(h)}:{self.ROUTE}"' for h in self.hosts)
+        routes = ", ".join(f'"nats-route://{self.lab.cluster_addr(h)}:{self.ROUTE}"' for h in self.hosts)
         for host in self.hosts:
             home = self.lab.root / host
             (home / "jetstream").mkdir(parents=True, exist_ok=True)
@@ -142,7 +170,8 @@ class LabNats:
             conf.write_text(
                 f'server_name: "{host}"\nlisten: "{addr}:{self.CLIENT}"\nhttp: "{addr}:{self.MONITOR}"\n'
                 f'jetstream {{\n  store_dir: "{home / "jetstream"}"\n}}\n'
-                f'cluster {{\n  name: "lab"\n  listen: "{addr}:{self.ROUTE}"\n  routes: [{routes}]\n}}\n')
+                f'cluster {{\n  name: "lab"\n  listen: "{self.lab.cluster_addr(host)}:{self.ROUTE}"\n'
+                f'  routes: [{routes}]\n}}\n')
             self.lab.popen(host, [nats_server_binary(), "-c", str(conf)], home / "nats-server.log")
         deadline = time.monotonic() + timeout
         while not all(self.healthy(h) for h in self.hosts):
@@ -160,3 +189,16 @@ class LabNats:
             if any(c.get("name") == name for c in connz.get("connections") or ()):
                 return host
         return None
+
+    def leaders(self, stream: str, consumer: str, via: str, env: dict) -> tuple[str | None, str | None]:
+        """The nodes leading `stream` and its `consumer` now, asked from host `via`."""
+        code = ("import asyncio, json, os, nats\n"
+                "async def main():\n"
+                "    nc = await nats.connect(os.environ['SEAMQ_NATS__URL'].split(','))\n"
+                "    js = nc.jetstream()\n"
+                "    s = await js.stream_info(%r)\n"
+                "    c = await js.consumer_info(%r, %r)\n"
+                "    print(json.dumps([s.cluster.leader, c.cluster.leader]))\n"
+                "    await nc.close()\n"
+                "asyncio.run(main())\n") % (stream, stream, consumer)
+        return tuple(json.loads(self.lab.run(via, [sys.executable, "-c", code], env, timeout=60)))

@@ -125,6 +125,26 @@ class Outage:
             self.since = None
 
 
+class Rotation:
+    """The next server nats-py tries after a connection is lost: the least tried first, the one just
+    lost counting as tried once, so every other server comes before it; a server tried and failed
+    waits _RECONNECT_WAIT before it is tried again. nats-py's own order tried the lost one first now and then (a shuffle), and always
+    once the cluster's other servers were learned (they join its list after the first), which cost a
+    connect timeout on a server cut off by the network."""
+
+    def __init__(self) -> None:
+        self.on: str | None = None  # the server connected to, last time the connection was made
+
+    def joined(self, client: Client) -> None:
+        url = client.connected_url
+        self.on = url.netloc if url else None
+
+    def __call__(self, servers: list, info: dict) -> tuple:
+        tried = lambda s: s.reconnects + (s.uri.netloc == self.on)  # noqa: E731 (the lost one: tried once)
+        choice = min(servers, key=lambda s: (tried(s), random.random()))
+        return choice, _RECONNECT_WAIT if choice.reconnects else 0.0
+
+
 # What a broker that is away looks like to nats-py: the socket's errors and its own.
 _AWAY = (OSError, asyncio.TimeoutError, nats.errors.NoServersError, nats.errors.StaleConnectionError,
          nats.errors.UnexpectedEOF, nats.errors.ConnectionClosedError)
@@ -135,12 +155,15 @@ async def connect(settings: NatsSettings, *, name: str = "seamq", persistent: bo
     fail (their supervisor restarts them, and a wrong URL is said rather than waited on forever);
     once connected they reconnect forever, riding out broker restarts. One-shot commands fail fast."""
     secret = lambda s: s.get_secret_value() if s else None  # noqa: E731
-    outage = Outage(name)
+    outage, rotation = Outage(name), Rotation()
+
+    async def reconnected() -> None:
+        rotation.joined(client)
+        await outage.reconnected()
+
     options = dict(
-        # In a random order, tried in turn: each reconnect tries every other server before the one
-        # just lost (nats-py's own shuffle, at each reconnect, may try the lost one first).
-        servers=random.sample(servers := [s.strip() for s in settings.url.split(",")], len(servers)),
-        dont_randomize=True,
+        servers=[s.strip() for s in settings.url.split(",")],
+        reconnect_to_server_handler=rotation,
         name=name,
         connect_timeout=settings.connect_timeout,
         max_reconnect_attempts=max(1, math.ceil(settings.startup_wait / _RECONNECT_WAIT)) if persistent else 2,
@@ -155,10 +178,11 @@ async def connect(settings: NatsSettings, *, name: str = "seamq", persistent: bo
         tls=_tls_context(settings),
         error_cb=outage.error,
         disconnected_cb=outage.disconnected,
-        reconnected_cb=outage.reconnected,
+        reconnected_cb=reconnected,
         **callbacks,
     )
     client = outage.client = await nats.connect(**{k: v for k, v in options.items() if v is not None})
+    rotation.joined(client)
     if persistent:
         client.options["max_reconnect_attempts"] = -1  # read on every reconnect: from now on, forever
     return client
