@@ -24,18 +24,11 @@ from seamq.settings import NatsSettings
 from seamq.topology import load_topology
 
 from conftest import SEAMQ
-from helpers import read_stream, scalar, wait_for
+from helpers import FAILOVER_TOPOLOGY, read_stream, scalar, wait_for
 from helpers.relay import check_exactly_once_in_order, events_for, unpublished
 
 CONSUMER = "sea__from_vibespro"
-# Redeliveries during a failover must not use up max_deliver: a node loss is not a handler's fault.
-TOPOLOGY = """
-contexts:
-  sea: {}
-  vibespro: {}
-consumers:
-  sea__from_vibespro: {ack_wait: 10s, max_deliver: 20, max_ack_pending: 500}
-"""
+TOPOLOGY = FAILOVER_TOPOLOGY
 
 
 @pytest.fixture

@@ -26,18 +26,11 @@ from seamq.model import Event
 from seamq.pg import migrate
 
 from conftest import SEAMQ
-from helpers import scalar, wait_for
+from helpers import FAILOVER_TOPOLOGY, scalar, wait_for
 from helpers.lab import Lab, LabNats, need_namespaces
 from helpers.relay import unpublished
 
 STREAM, CONSUMER = "VIBESPRO_EVENTS", "sea__from_vibespro"
-TOPOLOGY = """
-contexts:
-  sea: {}
-  vibespro: {}
-consumers:
-  sea__from_vibespro: {ack_wait: 10s, max_deliver: 20, max_ack_pending: 500}
-"""
 CUT = 15  # seconds each fault lasts
 # Seconds a single node cut off may stop publishing or handling here. Issue 47's target is 10 s, and
 # an idle machine shows 5-9 s (docs/operations.md, "A NATS cluster"); the bound the test holds is
@@ -85,7 +78,7 @@ async def test_the_relays_node_cut_off_or_flapping_pauses_publishing_briefly_and
                      "n int, pid int)")
     (tmp_path / "lab").mkdir()
     topology = tmp_path / "topology.yaml"
-    topology.write_text(TOPOLOGY)
+    topology.write_text(FAILOVER_TOPOLOGY)
     written, todo = 0, events(200, 100)
     poison = {e.id for e in todo if e.payload.get("poison")}
     with Lab(["n1", "n2", "n3", "relay", "consumer"], tmp_path / "lab", servers=["n1", "n2", "n3"]) as lab:

@@ -10,6 +10,16 @@ from nats.errors import NoRespondersError
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import ServiceUnavailableError
 
+# A cluster's topology for node-loss and partition tests: redeliveries during a failover must not
+# use up max_deliver (a node lost is not a handler's fault), and ack_wait is short enough to wait out.
+FAILOVER_TOPOLOGY = """
+contexts:
+  sea: {}
+  vibespro: {}
+consumers:
+  sea__from_vibespro: {ack_wait: 10s, max_deliver: 20, max_ack_pending: 500}
+"""
+
 
 async def read_stream(js, stream: str, subject: str = ">", timeout: float = 120.0) -> list:
     """Every message in a stream, in stream order, through an ack-less pull consumer; fewer than the
