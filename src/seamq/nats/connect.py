@@ -128,9 +128,9 @@ class Outage:
 class Rotation:
     """The next server nats-py tries after a connection is lost: the least tried first, the one just
     lost counting as tried once, so every other server comes before it; a server tried and failed
-    waits _RECONNECT_WAIT before it is tried again. nats-py's own order tried the lost one first now and then (a shuffle), and always
-    once the cluster's other servers were learned (they join its list after the first), which cost a
-    connect timeout on a server cut off by the network."""
+    waits _RECONNECT_WAIT before it is tried again. nats-py's own order tried the lost one first now
+    and then (a shuffle), and always once the cluster's other servers were learned (they join its
+    list after the first): a connect timeout on a server cut off by the network."""
 
     def __init__(self) -> None:
         self.on: str | None = None  # the server connected to, last time the connection was made
