@@ -18,10 +18,11 @@ stops holding the others back: those fetched more than HOLD_GRACE after it
 was due. A send-back lost with a connection (a server cut off before the client
 noticed) brings its message back only after ack_wait: when the connection was
 lost, every waiting message is taken as due then (`wait_out`). Fetched, not
-handled: on a busy machine a lane may reach a message long after it was fetched, while the failed one, redelivered on time, waits
-behind it in the same lane; judged by the clock when the lane reaches it, the
-later message would overtake the failed one (seen: 4 of 200 aggregates out
-of order in the partitions soak on a machine slowed down several times).
+handled: on a busy machine a lane may reach a message long after it was
+fetched, while the failed one, redelivered on time, waits behind it in the same
+lane; judged by the clock when the lane reaches it, the later message would
+overtake the failed one (seen: 4 of 200 aggregates out of order in the
+partitions soak on a machine slowed down several times).
 
 A hold is not an attempt: it costs the held message none of its max_deliver
 (seamq.verdict), so a message may be held as often as its aggregate needs.

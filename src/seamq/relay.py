@@ -175,7 +175,8 @@ class Relay:
             else:
                 await self._wait_for_work(stop, beat, self.config.poll_interval)
 
-    async def _sleep(self, stop: asyncio.Event, beat: Beat, backoff: float, why: str, most: float | None = None) -> float:
+    async def _sleep(self, stop: asyncio.Event, beat: Beat, backoff: float, why: str,
+                     most: float | None = None) -> float:
         """Wait, twice as long as the last time up to `most` (max_backoff), said while it grows."""
         beat.rest()
         grown = min(most or self.config.max_backoff, max(0.1, backoff * 2))
