@@ -54,6 +54,20 @@ def events(aggregates: int, per_aggregate: int) -> list[Event]:
             for n in range(per_aggregate) for a in range(aggregates)]
 
 
+async def provision(lab: Lab, env: dict, timeout: float = 120) -> None:
+    """`seamq provision` from inside the lab; refused while a node is not yet known to the others
+    (error[BROKER_UNAVAILABLE]: no suitable peers for placement), it is run again."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            lab.run("relay", [*SEAMQ, "provision"], env)
+            return
+        except AssertionError as exc:
+            if "BROKER_UNAVAILABLE" not in str(exc) or time.monotonic() > deadline:
+                raise
+        await asyncio.sleep(1)
+
+
 @pytest.fixture
 def postgres(tmp_path):
     sock = Path(tempfile.mkdtemp(prefix="sqpg-"))  # short: a socket's path has at most 107 bytes
@@ -88,7 +102,7 @@ async def test_the_relays_node_cut_off_or_flapping_pauses_publishing_briefly_and
         env.update(SEAMQ_DATABASE_URL=dsn, SEAMQ_NATS__URL=nats.url, SEAMQ_TOPOLOGY_FILE=str(topology),
                    SEAMQ_REPLICAS="3", PYTHONPATH=str(Path(__file__).parent),
                    SEAMQ_CONSUMER__REGISTRY="inprocess_handlers:ORDER_POISON_REGISTRY", SEAMQ_CONSUMER__NAK_BASE="0.2")
-        lab.run("relay", [*SEAMQ, "provision"], env)
+        await provision(lab, env)
         leaders = lambda: nats.leaders(STREAM, CONSUMER, "relay", env)  # noqa: E731
         # The consumer on its leader's node, the relay on another: a fault on the relay's node
         # leaves the consumer's deliveries alone.

@@ -96,3 +96,14 @@ def provisioned_sync_env(nats_server, service_env):
 
     asyncio.run(drift())
     return service_env
+
+
+async def test_a_change_the_server_refuses_is_a_coded_error_naming_its_reason(nc, topology):
+    """A stream of someone else's that already takes the subjects: JetStream refuses to make ours.
+    Said as error[INVALID_TOPOLOGY] with the server's reason, not as a traceback (error[INTERNAL])."""
+    js = nc.jetstream()
+    await js.add_stream(name="SOMEONE_ELSES", subjects=["vibespro.event.>"])
+    with pytest.raises(SeamqError) as refused:
+        await apply(js, topology)
+    assert refused.value.code == ErrorCode.INVALID_TOPOLOGY
+    assert "JetStream refused a change" in str(refused.value) and "err_code" in str(refused.value)

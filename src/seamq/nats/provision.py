@@ -23,13 +23,17 @@ from nats.js import JetStreamContext
 from nats.js.api import (
     AckPolicy, ConsumerConfig, DeliverPolicy, RetentionPolicy, StorageType, StreamConfig,
 )
-from nats.js.errors import NotFoundError
+from nats.js.errors import APIError, NotFoundError
 
 from seamq.model import ErrorCode, SeamqError
 from seamq.nats import jsapi
 from seamq.nats.fast_batch import server_batches
 from seamq.nats.partitions import GROUP
 from seamq.topology import ConsumerSpec, StreamSpec, Topology, events_pattern
+
+# JetStream's "no suitable peers for placement" and "insufficient resources": a server of the
+# cluster is down, not yet joined, or full; the topology itself is fine.
+PLACEMENT_REFUSED = {10005, 10023}
 
 
 @dataclass
@@ -291,6 +295,18 @@ async def apply(js: JetStreamContext, topology: Topology, *, force: bool = False
         lines = "; ".join(f"{c.kind} {c.name}: {', '.join(c.destructive_reasons)}" for c in refused)
         hint = "" if all(c.action == "migrate" for c in refused) else " (rerun with --force to accept data loss)"
         raise SeamqError(ErrorCode.DESTRUCTIVE_CHANGE, lines + hint)
+    try:
+        await _carry_out(js, topology, changes)
+    except APIError as exc:  # the server refused a change: said, never a traceback
+        placing = exc.err_code in PLACEMENT_REFUSED
+        raise SeamqError(ErrorCode.BROKER_UNAVAILABLE if placing else ErrorCode.INVALID_TOPOLOGY, (
+            f"JetStream refused a change: {exc.description} (err_code {exc.err_code})"
+            + ("; is every server of the cluster up and joined (its /healthz answers 200)? Run `seamq "
+               "provision` again then: what was done stays done" if placing else ""))) from None
+    return changes
+
+
+async def _carry_out(js: JetStreamContext, topology: Topology, changes: list[Change]) -> None:
     streams = {s.name: s for s in topology.streams()}
     consumers = topology.consumers
     for change in changes:
@@ -318,4 +334,3 @@ async def apply(js: JetStreamContext, topology: Topology, *, force: bool = False
                 await js.delete_consumer(spec.stream, spec.name)
             # add_consumer with an existing durable name updates it in place.
             await js.add_consumer(spec.stream, consumer_config(spec))
-    return changes
