@@ -79,8 +79,7 @@ class InboxConsumer:
         # Metrics wrap the lane and each handler (seamq.metered): the lane itself counts nothing.
         self._metered = MeteredLane(self._metrics, self._run_lane, handlers)
         self.handlers = self._metered.handlers
-        self._holds = Holds()  # ordered mode: aggregates waiting behind a failed message
-        self._connection_lost = source.connection_lost
+        self._holds = Holds(spec.ack_wait)  # ordered mode: aggregates waiting behind a failed message
         self.backoff = Backoff(self.config.nak_base, self.config.nak_max)
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -109,9 +108,6 @@ class InboxConsumer:
                 # max_ack_pending are out, and must keep showing what waits (SeamqConsumerStalled).
                 if messages:
                     self._metrics.pending.set(messages[-1].pending)
-                if self.config.ordered and self.source.connection_lost != self._connection_lost:
-                    self._connection_lost = self.source.connection_lost  # before a lane meets what came since
-                    self._holds.wait_out(self.spec.ack_wait)
                 for i, msg in enumerate(messages):
                     item = self._prepare(msg)
                     queues[self._lane_of(item, i) % len(queues)].put_nowait(item)

@@ -13,16 +13,18 @@ held ones, not only behind the failure.
 
 The state outlives a lane transaction, since redelivered messages arrive in
 later ones, and lives in one consumer process. A waiting message that does not
-come back within HOLD_GRACE of its due time (it went to another process)
-stops holding the others back: those fetched more than HOLD_GRACE after it
-was due. A send-back lost with a connection (a server cut off before the client
-noticed) brings its message back only after ack_wait: when the connection was
-lost, every waiting message is taken as due then (`wait_out`). Fetched, not
-handled: on a busy machine a lane may reach a message long after it was
-fetched, while the failed one, redelivered on time, waits behind it in the same
-lane; judged by the clock when the lane reaches it, the later message would
-overtake the failed one (seen: 4 of 200 aggregates out of order in the
-partitions soak on a machine slowed down several times).
+come back within the grace after its due time stops holding the others back:
+those fetched more than the grace after it was due. The grace is the consumer's
+ack_wait: a NAK can be lost (with a connection to a server cut off before the
+client noticed, or with a consumer leader that changed before it arrived), and
+its message then comes back only when ack_wait runs out, which JetStream
+promises whatever was lost. One that went to another process holds its
+aggregate here that long at most. Fetched, not handled: on a busy machine a
+lane may reach a message long after it was fetched, while the failed one,
+redelivered on time, waits behind it in the same lane; judged by the clock when
+the lane reaches it, the later message would overtake the failed one (seen: 4
+of 200 aggregates out of order in the partitions soak on a machine slowed down
+several times).
 
 A hold is not an attempt: it costs the held message none of its max_deliver
 (seamq.verdict), so a message may be held as often as its aggregate needs.
@@ -33,15 +35,18 @@ from __future__ import annotations
 import time
 
 HOLD_MARGIN = 0.05  # a held message comes back this long after the one before it
-HOLD_GRACE = 5.0  # a waiting message no longer holds back what is fetched this long after it was due
+HOLD_GRACE = 5.0  # the least grace: a consumer whose ack_wait is shorter still gets this long
+OVERDUE_AWAY = 1.0  # a message held behind one past its due comes back after this (not at once, again and again)
 FORGET = 600.0  # a waiting message is forgotten this long after it was due (for memory: it holds nothing by then)
 
 
 class Holds:
     """aggregate -> {stream seq: due (monotonic)} of its messages sent back and not yet handled."""
 
-    def __init__(self) -> None:
+    def __init__(self, ack_wait: float = 0.0) -> None:
         self._waiting: dict[str, dict[int, float]] = {}
+        self.grace = max(HOLD_GRACE, ack_wait + 1.0)  # a waiting message no longer holds back what is
+        # fetched this long after it was due (module docstring)
 
     def after(self, aggregate: str, seq: int, pending: "Pending", *, fetched: float | None = None) -> float | None:
         """How long this message must stay away to come back after its aggregate's earlier ones that
@@ -51,19 +56,11 @@ class Holds:
         mine = pending.get(aggregate) or {}
         earlier = [due for s, due in mine.items() if s < seq and due is not None]
         if fetched is not None and (held := self._waiting.get(aggregate)):
-            earlier += [due for s, due in held.items() if s < seq and s not in mine and fetched <= due + HOLD_GRACE]
+            earlier += [due for s, due in held.items() if s < seq and s not in mine and fetched <= due + self.grace]
         if not earlier:
             return None
-        return max(max(earlier) - time.monotonic(), 0.0) + HOLD_MARGIN
-
-    def wait_out(self, seconds: float) -> None:
-        """The connection their send-backs went through was lost, maybe with some of them: the server
-        then sends a message again only when ack_wait runs out. Every waiting message holds its
-        aggregate back as if due `seconds` from now (or later, if it was)."""
-        until = time.monotonic() + seconds
-        for waiting in self._waiting.values():
-            for seq, due in waiting.items():
-                waiting[seq] = max(due, until)
+        away = max(earlier) - time.monotonic()
+        return (away if away > 0 else OVERDUE_AWAY) + HOLD_MARGIN
 
     def record(self, pending: "Pending") -> None:
         """After a commit: what the lane sent back waits; what it handled or dead-lettered is done."""

@@ -196,7 +196,6 @@ class MemoryDeliveries:
         self.seq = 0
         self.fetched = 0
         self.max_ack_pending = 1_000_000
-        self.connection_lost = 0  # a test bumps it: what a lost connection would do
         self._stopping = False
 
     def publish(self, subject: str, headers: dict[str, str], data: bytes, delivered: int = 1) -> MemoryDelivery:

@@ -116,10 +116,6 @@ class DeliverySource(Protocol):
     """A durable consumer's deliveries; `stop_requesting()` then fetch until `drained` to stop cleanly."""
 
     drained: bool
-    # How many times the connection its deliveries are settled through was lost. An ACK or a NAK
-    # written just before may have gone with it: the server then sends its message again only when
-    # ack_wait runs out (seamq.holds.Holds.wait_out).
-    connection_lost: int
 
     async def fetch(self, batch: int, timeout: float) -> list[Delivery]: ...
 

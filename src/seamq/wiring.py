@@ -23,6 +23,7 @@ from seamq.model import ErrorCode, SeamqError
 from seamq.nats.connect import connect
 from seamq.nats.fast_batch import FastBatchPublisher, batched_streams
 from seamq.nats.publisher import PipelinedPublisher
+from seamq.nats.rehome import Rehoming
 from seamq.nats.messages import JsMessageStore
 from seamq.nats.pull import Deliveries, PullSource
 from seamq.nats import readiness
@@ -129,7 +130,8 @@ async def run_relay(settings: Settings, topology: Topology, stop: asyncio.Event,
     ping = _readiness(health, stop, nc, dsn, streams)
     pipelined = await PipelinedPublisher(nc, timeout=settings.relay.publish_timeout).start()
     batched = await batched_streams(nc, streams)
-    publisher = await FastBatchPublisher(nc, batched, pipelined, timeout=settings.relay.publish_timeout).start()
+    publisher = Rehoming(await FastBatchPublisher(nc, batched, pipelined, timeout=settings.relay.publish_timeout)
+                         .start(), nc)
     try:
         async with pg_pool(dsn, max_size=settings.relay.loops + 2, configure=relay_session) as pool:
             wakeup = PgWakeup(dsn)

@@ -195,7 +195,7 @@ class FastBatchPublisher:
         return last
 
     async def _progress(self, batch: _OpenBatch, ping: str, subject: str) -> bool:
-        """Wait for the next frame; after a third of the timeout ask again (a ping: lost acks are
+        """Wait for a frame that moves the batch on; after a third of the timeout ask again (a ping: lost acks are
         sent again). False when the whole timeout passed without one."""
         for _ in range(3):
             batch.progress.clear()
@@ -216,6 +216,7 @@ class FastBatchPublisher:
             return  # a batch already given up on
         seq = int(seq_token)
         data = msg.data
+        was = (batch.acked, batch.stored, batch.failed_at)
         if not data:
             status = (msg.headers or {}).get("Status", "")
             batch.fail(seq, "no stream accepts this subject (503 no responders)" if status == "503"
@@ -246,4 +247,7 @@ class FastBatchPublisher:
             else:
                 batch.stored = int(frame.get("count", 0))
                 batch.last_seq = frame.get("seq") or None
-        batch.progress.set()
+        # Progress is a frame that moves the batch on. A server that answers our pings but stores
+        # nothing (a stream leader split from its peers) kept a batch waiting until the split healed.
+        if (batch.acked, batch.stored, batch.failed_at) != was:
+            batch.progress.set()

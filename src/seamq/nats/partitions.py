@@ -345,10 +345,6 @@ class PartitionedDeliveries:
             partition.pull.stop_requesting()
 
     @property
-    def connection_lost(self) -> int:
-        return self.nc.stats["reconnects"]
-
-    @property
     def drained(self) -> bool:
         return all(p.pull.drained and not p.ready for p in self.partitions)
 

@@ -222,9 +222,5 @@ class Deliveries:
     def drained(self) -> bool:
         return self.pull.drained
 
-    @property
-    def connection_lost(self) -> int:
-        return self.pull.nc.stats["reconnects"]
-
     async def close(self) -> None:
         await self.pull.close()
