@@ -26,7 +26,7 @@ from seamq.model import Event
 from seamq.pg import migrate
 
 from conftest import SEAMQ
-from helpers import FAILOVER_TOPOLOGY, scalar, wait_for
+from helpers import FAILOVER_TOPOLOGY, longest_pause, scalar, wait_for
 from helpers.lab import Lab, LabNats, need_namespaces
 from helpers.relay import unpublished
 
@@ -36,17 +36,6 @@ CUT = 15  # seconds each fault lasts
 # an idle machine shows 5-9 s (docs/operations.md, "A NATS cluster"); the bound the test holds is
 # looser, so that a busy machine cannot fail it, and still catches the 28 s stop it replaced.
 PAUSE_BOUND = 20.0
-GAPS = ("SELECT extract(epoch FROM prev), extract(epoch FROM t) FROM (SELECT t, lag(t) OVER (ORDER BY t) AS prev "
-        "FROM (SELECT {column} AS t FROM {table} WHERE {column} IS NOT NULL) w) g WHERE t - prev > interval '1 second'")
-
-
-def longest_pause(dsn: str, column: str, table: str, began: float, healed: float) -> float:
-    """The longest time nothing was published (or handled) that overlaps the fault's span."""
-    with psycopg.connect(dsn) as conn:
-        gaps = conn.execute(GAPS.format(column=column, table=table)).fetchall()
-    return max((float(t - prev) for prev, t in gaps if prev < healed and t > began), default=0.0)
-
-
 def events(aggregates: int, per_aggregate: int) -> list[Event]:
     """Event n of every aggregate, then n+1; one in a thousand poison."""
     return [Event(context="vibespro", aggregate_type="order", aggregate_id=f"o-{a}", event_type="order_updated",

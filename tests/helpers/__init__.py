@@ -86,3 +86,15 @@ def fetch_one(dsn: str, sql: str, params=None):
 def fetch_all(dsn: str, sql: str, params=None) -> list:
     with psycopg.connect(dsn) as conn:
         return conn.execute(sql, params).fetchall()
+
+
+GAPS = ("SELECT extract(epoch FROM prev), extract(epoch FROM t) FROM (SELECT t, lag(t) OVER (ORDER BY t) AS prev "
+        "FROM (SELECT {column} AS t FROM {table} WHERE {column} IS NOT NULL) w) g WHERE t - prev > interval '1 second'")
+
+
+def longest_pause(dsn: str, column: str, table: str, began: float = float("-inf"), ended: float = float("inf")) -> float:
+    """The longest time (over a second) nothing was published or handled (`column` of `table`, a
+    timestamp) that overlaps the span from `began` to `ended` (epoch seconds): a fault's."""
+    with psycopg.connect(dsn) as conn:
+        gaps = conn.execute(GAPS.format(column=column, table=table)).fetchall()
+    return max((float(t - prev) for prev, t in gaps if prev < ended and t > began), default=0.0)

@@ -195,8 +195,8 @@ class FastBatchPublisher:
         return last
 
     async def _progress(self, batch: _OpenBatch, ping: str, subject: str) -> bool:
-        """Wait for a frame that moves the batch on; after a third of the timeout ask again (a ping: lost acks are
-        sent again). False when the whole timeout passed without one."""
+        """Wait for a frame that moves the batch on; after a third of the timeout ask again (a ping:
+        lost acks are sent again). False when the whole timeout passed without one."""
         for _ in range(3):
             batch.progress.clear()
             try:
