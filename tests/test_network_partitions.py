@@ -36,6 +36,7 @@ CUT = 15  # seconds each fault lasts
 # an idle machine shows 5-9 s (docs/operations.md, "A NATS cluster"); the bound the test holds is
 # looser, so that a busy machine cannot fail it, and still catches the 28 s stop it replaced.
 PAUSE_BOUND = 20.0
+HANDLED = "SELECT count(*) FROM handled_order"
 def events(aggregates: int, per_aggregate: int) -> list[Event]:
     """Event n of every aggregate, then n+1; one in a thousand poison."""
     return [Event(context="vibespro", aggregate_type="order", aggregate_id=f"o-{a}", event_type="order_updated",
@@ -130,14 +131,16 @@ async def test_the_relays_node_cut_off_or_flapping_pauses_publishing_briefly_and
             healed = time.time()
             await wait_for(lambda: all(nats.healthy(h) for h in nats.hosts), timeout=180, interval=1,
                            what=f"every node current after {name}")
-            await asyncio.sleep(8)  # events flow through the healed cluster before the next fault
+            handled = scalar(dsn, HANDLED)  # events flow through the healed cluster before the next fault
+            await wait_for(lambda: scalar(dsn, HANDLED) >= min(handled + 1000, len(todo) - len(poison)), timeout=180,
+                           interval=0.5, what=f"events handled after {name}")
             return {"fault": name, "node": host, "began": began, "healed": healed}
 
         done = asyncio.Event()
         producer = asyncio.create_task(produce())
         faults = []
         try:
-            await wait_for(lambda: scalar(dsn, "SELECT count(*) FROM handled_order") >= 1000, timeout=120,
+            await wait_for(lambda: scalar(dsn, HANDLED) >= 1000, timeout=120,
                            what="the first events handled")
             await wait_for(lambda: nats.holding("seamq-relay") == relay_node, timeout=60, interval=1,
                            what="the relay on its node")
