@@ -48,3 +48,10 @@ async def record_order_or_poison(envelope, tx) -> None:
 
 
 ORDER_POISON_REGISTRY = Registry(default="inprocess_handlers:record_order_or_poison")
+
+
+async def nothing(envelope, tx) -> None:
+    """Handles by doing nothing: what is measured is seamq's own work (and the audit's)."""
+
+
+NOTHING_REGISTRY = Registry(default="inprocess_handlers:nothing")

@@ -102,7 +102,8 @@ NEEDS = {
     "jobs cancel --all --yes --url http://127.0.0.1:{port}": ["jobs"],  # the job server's admin API
     "pipeline kpis": ["db"], "pipeline reconcile": ["db", "nats"], "pipeline lake --stream SEA_EVENTS": ["nats"],
     "pipeline replay --since 2026-01-01 --until 2026-01-02 --lake lake": ["nats"],
-    "provision": ["nats"], "relay": ["db", "nats"], "replay": ["db", "nats"], "console --port {port}": ["db"],  # it starts without NATS: test_console
+    "provision": ["nats"], "relay": ["db", "nats"], "replay": ["db", "nats"], "audit": ["db", "nats"],
+    "audit --once": ["db", "nats"], "console --port {port}": ["db"],  # it starts without NATS: test_console
 }
 SERVICE_FREE = {"asyncapi", "dev", "monitoring dashboard", "monitoring rules", "registry check", "registry generate"}
 

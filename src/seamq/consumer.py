@@ -51,7 +51,7 @@ from seamq.model import Header, describe
 from seamq.observability import ConsumerMetrics, continue_trace, log
 from seamq.ports import (
     Admission, DeadLettered, Delivery, DeliverySource, HandlerLookup, InboxOutcome, InboxRepository,
-    JetStreamPublisher, LaneWork,
+    JetStreamPublisher, LaneWork, StoredMessage,
 )
 from seamq.settings import ConsumerSettings
 from seamq.stopping import sleep_unless_stopped
@@ -108,6 +108,8 @@ class InboxConsumer:
                 # max_ack_pending are out, and must keep showing what waits (SeamqConsumerStalled).
                 if messages:
                     self._metrics.pending.set(messages[-1].pending)
+                if self.config.ordered:  # before what came after them reaches a lane
+                    self._expect(self.source.missed())
                 for i, msg in enumerate(messages):
                     item = self._prepare(msg)
                     queues[self._lane_of(item, i) % len(queues)].put_nowait(item)
@@ -147,6 +149,13 @@ class InboxConsumer:
             work.rejected = Rejected(
                 Reason.NO_HANDLER, f"no handler for {parsed.event_type}.v{parsed.event_version}", parsed.message_id)
         return work
+
+    def _expect(self, missed: list[StoredMessage]) -> None:
+        """Messages sent to us and lost on the way: their aggregates wait for them (seamq.holds)."""
+        for stored in missed:
+            parsed = parse_message(stored.subject, stored.headers, stored.data, 1)
+            if not isinstance(parsed, Rejected) and stored.headers.get(Header.REPLAY_CONSUMER) in (None, self.spec.name):
+                self._holds.expect(parsed.aggregate, stored.seq)
 
     def _lane_of(self, item: Handling, i: int) -> int:
         # Ordered: an aggregate always lands in one lane, handled in stream order.

@@ -66,6 +66,11 @@ class Envelope(Generic[P]):
     def context(self) -> str:
         return self.subject.split(".", 1)[0]
 
+    @property
+    def aggregate(self) -> str:
+        """What the consumer keeps in order: one aggregate's messages run in stream order."""
+        return f"{self.aggregate_type}/{self.aggregate_id}"
+
     def body(self) -> bytes:
         """The SDS-047 §12 request body as JSON bytes, the payload spliced in as its producer encoded it."""
         fields = self.to_json()

@@ -62,7 +62,7 @@ class Handling:
     @property
     def aggregate(self) -> str:
         if self.envelope:
-            return f"{self.envelope.aggregate_type}/{self.envelope.aggregate_id}"
+            return self.envelope.aggregate
         return str(self.message_id)
 
     def dead_letter(self, spec: ConsumerSpec, verdict: DeadLetter, max_payload: int) -> OutMessage:

@@ -26,6 +26,10 @@ the lane reaches it, the later message would overtake the failed one (seen: 4
 of 200 aggregates out of order in the partitions soak on a machine slowed down
 several times).
 
+A message the server sent and the consumer never received (lost in flight with
+a connection or a route cut) comes back after ack_wait too; the source names
+those (seamq.nats.gaps) and they wait here as if sent back (`expect`).
+
 A hold is not an attempt: it costs the held message none of its max_deliver
 (seamq.verdict), so a message may be held as often as its aggregate needs.
 """
@@ -45,6 +49,7 @@ class Holds:
 
     def __init__(self, ack_wait: float = 0.0) -> None:
         self._waiting: dict[str, dict[int, float]] = {}
+        self.ack_wait = ack_wait
         self.grace = max(HOLD_GRACE, ack_wait + 1.0)  # a waiting message no longer holds back what is
         # fetched this long after it was due (module docstring)
 
@@ -61,6 +66,11 @@ class Holds:
             return None
         away = max(earlier) - time.monotonic()
         return (away if away > 0 else OVERDUE_AWAY) + HOLD_MARGIN
+
+    def expect(self, aggregate: str, seq: int) -> None:
+        """A message sent to us and lost on the way (seamq.nats.gaps): JetStream sends it again within
+        ack_wait, and its aggregate's later messages wait for it as for one sent back."""
+        self._waiting.setdefault(aggregate, {})[seq] = time.monotonic() + self.ack_wait
 
     def record(self, pending: "Pending") -> None:
         """After a commit: what the lane sent back waits; what it handled or dead-lettered is done."""

@@ -19,7 +19,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from seamq.ports import Admission, InboxItem, InboxOutcome, OutMessage, PubResult
+from seamq.ports import Admission, InboxItem, InboxOutcome, OutMessage, PubResult, StoredMessage
 
 
 @dataclass
@@ -196,6 +196,7 @@ class MemoryDeliveries:
         self.seq = 0
         self.fetched = 0
         self.max_ack_pending = 1_000_000
+        self.lost: list[StoredMessage] = []
         self._stopping = False
 
     def publish(self, subject: str, headers: dict[str, str], data: bytes, delivered: int = 1) -> MemoryDelivery:
@@ -204,6 +205,15 @@ class MemoryDeliveries:
         delivery = MemoryDelivery(subject, headers, data, self.seq, self, delivered)
         self.ready.append(delivery)
         return delivery
+
+    def lose(self, delivery: MemoryDelivery, back_after: float) -> None:
+        """It was sent and never arrived (a connection cut): noticed as missed, and sent again after
+        `back_after` (JetStream's ack_wait)."""
+        self.ready.remove(delivery)
+        self.lost.append(StoredMessage(delivery.subject, delivery.headers, delivery.data, delivery.seq))
+        again = MemoryDelivery(delivery.subject, delivery.headers, delivery.data, delivery.seq, self,
+                               delivery.delivered + 1)
+        asyncio.get_running_loop().call_later(back_after, lambda: self.ready.append(again))
 
     async def fetch(self, batch: int, timeout: float) -> list[MemoryDelivery]:
         room = self.max_ack_pending - (self.fetched - len(self.acked) - len(self.naks))
@@ -215,6 +225,11 @@ class MemoryDeliveries:
         for delivery in out:
             delivery.pending = len(self.ready)
         return out
+
+    def missed(self) -> list[StoredMessage]:
+        """What `lose()` took away on the way since last asked."""
+        found, self.lost = self.lost, []
+        return found
 
     def stop_requesting(self) -> None:
         self._stopping = True

@@ -119,6 +119,10 @@ class DeliverySource(Protocol):
 
     async def fetch(self, batch: int, timeout: float) -> list[Delivery]: ...
 
+    def missed(self) -> list[StoredMessage]:
+        """Messages sent to this process that never arrived (seamq.nats.gaps), found since last asked:
+        JetStream sends them again after ack_wait, and their aggregates wait for them."""
+
     def stop_requesting(self) -> None: ...
 
 
@@ -225,6 +229,82 @@ class StoredMessage:
     subject: str
     headers: dict[str, str]
     data: bytes
+    seq: int = 0  # its stream sequence, where the reader needs it
+
+
+class Indexed(NamedTuple):
+    """A stream message as the audit reads it: where it is and whose it is (seamq.nats.stream_index)."""
+
+    seq: int
+    subject: str
+    message_id: uuid.UUID | None  # the event's id (a copy's original); None: not one of seamq's
+    copy: bool  # published again (seamq.republish), not by the relay from its row
+    for_consumer: str | None  # a replay or edited copy for this consumer alone
+
+
+class StreamIndex(Protocol):
+    """What a stream holds, by sequence, for the audit."""
+
+    async def bounds(self, stream: str) -> tuple[int, int]: ...
+
+    async def ack_floor(self, stream: str, durable: str) -> int | None: ...
+
+    async def filters(self, stream: str, durable: str) -> list[str]: ...
+
+    async def seq_at(self, stream: str, when: datetime) -> int | None: ...
+
+    async def read(self, stream: str, first: int, last: int, subjects: list[str] | None = None) -> list[Indexed]: ...
+
+
+class Walked(NamedTuple):
+    """Where one of the audit's walks has got to: a time and id (published rows), or a stream sequence."""
+
+    at: datetime | None = None
+    id: uuid.UUID | None = None
+    seq: int | None = None
+
+
+class PublishedRow(NamedTuple):
+    id: uuid.UUID
+    stream_seq: int | None
+    published_at: datetime
+
+
+class Finding(NamedTuple):
+    """Something the audit found missing (seamq.audit.Kind says what)."""
+
+    kind: str
+    scope: str  # the context, or the consumer
+    message_id: uuid.UUID
+    stream: str
+    stream_seq: int | None
+    detail: str
+
+
+class AuditStore(Protocol):
+    """The database side of the audit (seamq.audit): one named query per method (seamq.pg.audit_repo)."""
+
+    async def now(self) -> datetime: ...
+
+    async def cursor(self, walk: str) -> Walked | None: ...
+
+    async def save_cursor(self, walk: str, at: Walked) -> None: ...
+
+    async def published(self, context: str, after: Walked, settle: float, limit: int) -> list[PublishedRow]: ...
+
+    async def outbox_has(self, ids: list[uuid.UUID]) -> set[uuid.UUID]: ...
+
+    async def outbox_rows(self, ids: list[uuid.UUID]) -> list[OutboxRow]: ...
+
+    async def inbox_done(self, consumer: str, ids: list[uuid.UUID]) -> set[uuid.UUID]: ...
+
+    async def found(self, findings: list[Finding]) -> set[uuid.UUID]:
+        """Record findings; the ids not found before."""
+
+    async def unrepaired(self, context: str, limit: int) -> list[uuid.UUID]:
+        """Rows found missing from the context's stream and not yet published again."""
+
+    async def repaired(self, context: str, ids: list[uuid.UUID], seqs: list[int]) -> None: ...
 
 
 class MessageStore(Protocol):

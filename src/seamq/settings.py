@@ -120,6 +120,17 @@ class ReplaySettings(BaseModel):
                             max_attempts=self.max_attempts, jitter=self.jitter, reasons=tuple(self.reasons))
 
 
+class AuditSettings(BaseModel):
+    """`seamq audit` (docs/operations.md, "The audit")."""
+
+    interval: float = Field(10.0, gt=0, description="seconds between rounds once every walk has caught up")
+    lookback: float = Field(3600.0, gt=0, description="seconds back a walk starts the first time it runs")
+    settle: float = Field(150.0, ge=0, description="seconds a published row waits before it is audited: longer than "
+                          "JetStream's sync interval (2 min by default), so that a power loss is found")
+    page: int = Field(5000, ge=100, le=100_000, description="rows or messages one walk takes per round")
+    repair: bool = Field(True, description="publish again what is missing from a stream, from its outbox row")
+
+
 class PipelineSettings(BaseModel):
     """Where `seamq pipeline ...` runs its Spark jobs (docs/deploy.md, "Spark")."""
 
@@ -221,6 +232,7 @@ class Settings(BaseSettings):
     relay: RelaySettings = RelaySettings()
     consumer: ConsumerSettings = ConsumerSettings()
     replay: ReplaySettings = ReplaySettings()
+    audit: AuditSettings = AuditSettings()
     registry_manifests: Path = Field(Path("manifests"), description="the handler registry's manifests folder")
     registry_module: Path = Field(Path("registry_generated.py"), description="the module `seamq registry "
                                   "generate` writes")

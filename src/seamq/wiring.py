@@ -207,9 +207,9 @@ async def run_consumer(
         batch = spec.fetch_batch(cfg.batch_size)
         buffer = spec.fetch_batch(2 * batch)
         if spec.partitions:  # one process at a time per partition: order across processes
-            source = await PartitionedDeliveries(nc, spec, buffer=buffer).start()
+            source = await PartitionedDeliveries(nc, spec, buffer=buffer, gaps=cfg.ordered).start()
         else:
-            source = Deliveries(await PullSource(nc, spec.stream, spec.name, buffer=buffer).start())
+            source = Deliveries(await PullSource(nc, spec.stream, spec.name, buffer=buffer, gaps=cfg.ordered).start())
         async with _maybe_pool(settings, cfg) as pool:
             inbox = PgInbox(spec.name, pool) if pool is not None else NoInbox()
             largest = _largest_dead_letter(nc.max_payload, topology.contexts[spec.target].dlq.max_msg_size)
@@ -300,6 +300,39 @@ async def run_replay(settings: Settings, topology: Topology, stop: asyncio.Event
         log.info("replay_started", reasons=settings.replay.reasons, max_attempts=settings.replay.max_attempts)
         await replayer.run(stop)
         return replayer
+
+
+@asynccontextmanager
+async def auditor(settings: Settings, topology: Topology, *, health: Health | None = None,
+                  stop: asyncio.Event | None = None, persistent: bool = True) -> AsyncIterator:
+    """The audit (seamq.audit) with its connections: for the worker and for `seamq audit --once`."""
+    from seamq.audit import Auditor
+    from seamq.nats.stream_index import JsStreamIndex
+    from seamq.pg.audit_repo import PgAuditStore
+
+    await migrate.require_current(settings.database_dsn())
+    nc = await connect(settings.nats, name="seamq-audit", persistent=persistent)
+    publisher = await PipelinedPublisher(nc, timeout=settings.relay.publish_timeout).start()
+    streams = sorted(c.stream.name for c in topology.contexts.values())
+    ping = _readiness(health, stop, nc, settings.database_dsn(), streams) if health else None
+    cfg = settings.audit
+    try:
+        async with pg_pool(settings.database_dsn(), max_size=2, one_shot=not persistent) as pool:
+            yield Auditor(PgAuditStore(pool), JsStreamIndex(nc), publisher, topology, lookback=cfg.lookback,
+                          settle=cfg.settle, span=settings.relay.batch_size, page=cfg.page, interval=cfg.interval,
+                          repair=cfg.repair, health=health)
+    finally:
+        if ping:
+            await ping.close()
+        await publisher.close()
+        await _close(nc)
+
+
+async def run_audit(settings: Settings, topology: Topology, stop: asyncio.Event, health: Health | None = None) -> None:
+    async with auditor(settings, topology, health=health or Health(settings.health_stale_after), stop=stop) as audit:
+        log.info("audit_started", contexts=sorted(topology.contexts), consumers=sorted(topology.consumers),
+                 lookback=settings.audit.lookback, repair=settings.audit.repair)
+        await audit.run(stop)
 
 
 @asynccontextmanager

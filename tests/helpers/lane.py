@@ -8,7 +8,7 @@ import json
 from seamq.model import Event, message_headers
 from seamq.topology import ConsumerSpec
 
-from seamq.memory import MemoryDeliveries
+from seamq.memory import MemoryDeliveries, MemoryDelivery
 
 SPEC = ConsumerSpec(name="sea__from_vibespro", target="sea", source="vibespro", stream="VIBESPRO_EVENTS",
                     filter_subject="vibespro.event.>", ack_wait=120, max_deliver=3, max_ack_pending=50, partitions=0,
@@ -20,5 +20,5 @@ def event(aggregate: str, n: int) -> Event:
                  payload={"n": n})
 
 
-def publish(source: MemoryDeliveries, e: Event) -> None:
-    source.publish(str(e.subject), message_headers(e), json.dumps(e.payload).encode())
+def publish(source: MemoryDeliveries, e: Event) -> MemoryDelivery:
+    return source.publish(str(e.subject), message_headers(e), json.dumps(e.payload).encode())

@@ -42,7 +42,8 @@ def options(
     configure_logging(log_level or os.environ.get("SEAMQ_LOG_LEVEL", "info"))
 
 
-for command in (dev.dev, provision.provision, workers.relay, workers.consume, workers.replay, maintenance.backlog):
+for command in (dev.dev, provision.provision, workers.relay, workers.consume, workers.replay, workers.audit,
+                maintenance.backlog):
     app.command()(command)
 app.command()(registry.asyncapi)
 app.command()(console.console)

@@ -1,5 +1,5 @@
 """The console's pages for messages: the overview, dead letters (list, groups, one message, replay,
-purge, edit and replay) and the record of actions. What each action may do is seamq.dlq_desk's."""
+purge, edit and replay), the record of actions, and what the audit found. What each action may do is seamq.dlq_desk's."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from seamq.console.app import Console, Ctx, Refused
 from seamq.console.overview import Overview, sparkline
 from seamq.dlq_desk import DeadLetterDesk
 from seamq.model import ErrorCode, SeamqError
+from seamq.pg.audit_repo import PgAuditStore
 from seamq.pg.dlq_repo import DlqFilter
 
 SHOWN = 500  # dead letters a list shows (and a bulk action may take) at once; the count says how many match
@@ -121,6 +122,12 @@ def routes(console: Console, desk: DeadLetterDesk, overview: Overview) -> list[R
         new_id = await desk.edit_and_replay(rows[0], ctx.one("body").encode(), ctx.actor)
         return RedirectResponse(f"/dead-letters/{consumer}/{message_id}?edited={new_id}", 303)
 
+    async def audit(ctx: Ctx) -> Response:
+        store = PgAuditStore(desk.store.pool)
+        since = _time(ctx, "since") or datetime.fromtimestamp(0, timezone.utc)
+        return console.render("audit.html", ctx, summary=await store.summary(), walks=await store.walks(),
+                              findings=await store.latest(since, SHOWN), since=ctx.one("since"))
+
     async def actions(ctx: Ctx) -> Response:
         return console.render("actions.html", ctx, actions=await desk.actions(200), done=ctx.one("done"),
                               gone=ctx.one("gone"))
@@ -134,6 +141,7 @@ def routes(console: Console, desk: DeadLetterDesk, overview: Overview) -> list[R
         Route("/dead-letters/{consumer}/{message_id}", console.page(message)),
         Route("/dead-letters/{consumer}/{message_id}/edit", console.page(edit, action=True), methods=["POST"]),
         Route("/actions", console.page(actions)),
+        Route("/audit", console.page(audit)),
     ]
 
 

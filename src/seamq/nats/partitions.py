@@ -60,6 +60,7 @@ from nats.aio.client import Client
 from seamq.nats import jsapi
 from seamq.nats.pull import JsDelivery, PullSource
 from seamq.observability import log
+from seamq.ports import StoredMessage
 from seamq.stopping import wait_event
 from seamq.topology import ConsumerSpec
 
@@ -99,11 +100,11 @@ class Partition:
     """One partition consumer: its pinned pull, the handover gate, and what we have out."""
 
     def __init__(self, nc: Client, stream: str, durable: str, *, buffer: int, ack_wait: float, pinned_ttl: float,
-                 arrived: asyncio.Event, others_busy: Callable[[str], Awaitable[bool]]) -> None:
+                 arrived: asyncio.Event, others_busy: Callable[[str], Awaitable[bool]], gaps: bool = False) -> None:
         """`others_busy(durable)`: whether another process says it has messages of this partition out."""
         self.nc, self.stream, self.durable, self.others_busy = nc, stream, durable, others_busy
         self.ack_wait, self.pinned_ttl = ack_wait, pinned_ttl
-        self.pull = PullSource(nc, stream, durable, buffer=buffer, group=GROUP, arrived=arrived)
+        self.pull = PullSource(nc, stream, durable, buffer=buffer, group=GROUP, arrived=arrived, gaps=gaps)
         self.owner: str | None = None  # the pin we handle messages under
         self.open = False  # handover done: messages go straight on
         self.held: dict[int, JsDelivery] = {}  # stream seq -> latest delivery, while the handover waits
@@ -250,11 +251,13 @@ class Partition:
 class PartitionedDeliveries:
     """The consumer's DeliverySource over all partitions of one consumer, keeping this process's share."""
 
-    def __init__(self, nc: Client, spec: ConsumerSpec, *, buffer: int) -> None:
+    def __init__(self, nc: Client, spec: ConsumerSpec, *, buffer: int, gaps: bool = False) -> None:
+        """`gaps`: find deliveries lost on the way (seamq.nats.gaps), for an ordered consumer."""
         self.nc = nc
         self._arrived = asyncio.Event()
         self.partitions = [Partition(nc, spec.stream, durable, buffer=buffer, ack_wait=spec.ack_wait,
-                                     pinned_ttl=spec.pinned_ttl, arrived=self._arrived, others_busy=self._others_busy)
+                                     pinned_ttl=spec.pinned_ttl, arrived=self._arrived, others_busy=self._others_busy,
+                                     gaps=gaps)
                            for durable in spec.durables()]
         self._consumer = spec.name
         self._members_subject = f"_SEAMQ.MEMBERS.{spec.name}"
@@ -339,6 +342,9 @@ class PartitionedDeliveries:
                 return []
             busy = any((p.owner and not p.open) or p.releasing for p in self.partitions)
             await wait_event(self._arrived, min(remaining, CHECK_EVERY if busy else 1.0))
+
+    def missed(self) -> list[StoredMessage]:
+        return [m for partition in self.partitions for m in partition.pull.missed()]
 
     def stop_requesting(self) -> None:
         for partition in self.partitions:

@@ -21,6 +21,8 @@ from collections import deque
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from seamq.nats.gaps import Gaps
+from seamq.ports import StoredMessage
 from seamq.stopping import wait_event
 
 EXPIRES = 2.0  # seconds a pull request stands; bounds how long a clean stop can take
@@ -35,7 +37,8 @@ class PullSource:
     """
 
     def __init__(self, nc: Client, stream: str, durable: str, *, buffer: int = 1000, group: str | None = None,
-                 arrived: asyncio.Event | None = None) -> None:
+                 arrived: asyncio.Event | None = None, gaps: bool = False) -> None:
+        """`gaps`: find the deliveries lost on the way (seamq.nats.gaps; an ordered consumer needs them)."""
         self.nc, self.stream, self.durable = nc, stream, durable
         self.buffer = max(1, buffer)
         self.group = group
@@ -51,6 +54,7 @@ class PullSource:
         self._inbox = ""
         self._stopping = False
         self.paused = False  # a partition this process does not want now: no new requests
+        self.gaps = Gaps(nc, stream, durable) if gaps else None
 
     async def start(self) -> "PullSource":
         self._inbox = self.nc.new_inbox()
@@ -61,6 +65,9 @@ class PullSource:
         if msg.data or not msg.headers or "Status" not in msg.headers:
             if self.group and msg.headers:
                 self.pin = msg.headers.get("Nats-Pin-Id", self.pin)
+            if self.gaps:  # before it is handed on: the lost ones must hold their aggregates first
+                _, delivered, seq, consumer_seq, _ = ack_fields(msg)
+                await self.gaps.seen(delivered, seq, consumer_seq)
             self._ready.append(msg)
             self._requested -= 1
             self._arrived.set()
@@ -69,6 +76,8 @@ class PullSource:
         if status == "423":  # Nats-Wrong-Pin-Id: another process is pinned now; pull without a pin
             self.pin = None
             self.unpinned += 1
+            if self.gaps:
+                self.gaps.restart()
         if status in ("404", "408", "409", "423"):  # request expired, nothing left, the server ended it, unpinned
             left = msg.headers.get("Nats-Pending-Messages")
             self._requested = max(0, self._requested - int(left)) if left else 0
@@ -78,6 +87,8 @@ class PullSource:
             # not yet known on our route), so nothing will come for it. fetch() asks again within a second,
             # not after the request's expiry, and not at once, which would spin while there is no leader.
             self._requested = 0
+            if self.gaps:
+                self.gaps.suspect()
 
     def stop_requesting(self) -> None:
         self._stopping = True
@@ -102,6 +113,8 @@ class PullSource:
         reconnects = self.nc.stats["reconnects"]
         if reconnects != self._reconnects or time.monotonic() - self._requested_at > EXPIRES + 0.5:
             # Every request has expired by now, or went with the connection: ask again at once.
+            if self._requested > 0 and self.gaps:  # unanswered: the consumer leader, or the way to it, went
+                self.gaps.suspect()
             self._requested, self._reconnects = 0, reconnects
 
     async def top_up(self) -> None:
@@ -141,16 +154,26 @@ class PullSource:
         await self.top_up()
         return out
 
+    def missed(self) -> list[StoredMessage]:
+        """What `gaps` found since last asked."""
+        if not self.gaps:
+            return []
+        found, self.gaps.found = self.gaps.found, []
+        return found
+
     def take(self) -> list[Msg]:
         """Whatever has arrived, without waiting (the caller tops up and waits on `arrived`)."""
         out = list(self._ready)
         self._ready.clear()
         return out
 
-    async def close(self) -> None:
+    async def close(self, *, give_back: bool = True) -> None:
+        """`give_back`: NAK what arrived and was not taken (a consumer that needs no acks: drop it)."""
         if self._sub is not None:
             await self._sub.unsubscribe()
             self._sub = None
+        if not give_back:
+            self._ready.clear()
         while self._ready:  # only when closed without draining: give them back now
             try:
                 await self._ready.popleft().nak()
@@ -214,6 +237,9 @@ class Deliveries:
 
     async def fetch(self, batch: int, timeout: float) -> list[JsDelivery]:
         return [JsDelivery(msg) for msg in await self.pull.fetch(batch, timeout)]
+
+    def missed(self) -> list[StoredMessage]:
+        return self.pull.missed()
 
     def stop_requesting(self) -> None:
         self.pull.stop_requesting()

@@ -537,3 +537,69 @@ WHERE relkind = 'r' AND NOT relispartition AND relnamespace = CAST(current_schem
 SELECT pg_cancel_backend(pid) FROM pg_stat_progress_vacuum WHERE relid = ANY(CAST(%(names)s AS regclass[]))
 UNION ALL
 SELECT pg_cancel_backend(pid) FROM pg_stat_progress_analyze WHERE relid = ANY(CAST(%(names)s AS regclass[]))
+
+-- name: audit_cursor
+SELECT at, id, seq FROM audit_cursors WHERE walk = %(walk)s
+
+-- name: audit_cursor_save
+INSERT INTO audit_cursors (walk, at, id, seq) VALUES (%(walk)s, %(at)s, %(id)s, %(seq)s)
+ON CONFLICT (walk) DO UPDATE SET at = excluded.at, id = excluded.id, seq = excluded.seq, updated_at = clock_timestamp()
+
+-- name: audit_now
+SELECT clock_timestamp()
+
+-- name: audit_published
+-- A context's rows published after (at, id) and at least `settle` seconds ago (a relay's marks commit
+-- within that), oldest first.
+SELECT id, stream_seq, published_at FROM outbox_events
+WHERE context = %(context)s AND published_at IS NOT NULL AND published_at >= %(at)s AND (published_at, id) > (%(at)s, %(id)s)
+  AND published_at < clock_timestamp() - make_interval(secs => %(settle)s)
+ORDER BY published_at, id LIMIT %(limit)s
+
+-- name: audit_outbox_has
+-- Which of these ids have an outbox row (a legacy row's part is the epoch: migration 0013).
+SELECT o.id FROM unnest(CAST(%(ids)s AS uuid[])) AS u(id)
+JOIN outbox_events o ON o.id = u.id AND o.part IN (seamq_id_time(u.id), 'epoch')
+
+-- name: audit_outbox_rows
+-- Rows to publish again, as the relay reads them (ports.OutboxRow).
+SELECT o.id, o.context, o.aggregate_type, o.aggregate_id, o.event_type, o.event_version, o.payload::text,
+       o.occurred_at, o.correlation_id, o.causation_id, o.traceparent, o.publish_attempts, o.bucket, o.deliver_at
+FROM unnest(CAST(%(ids)s AS uuid[])) AS u(id)
+JOIN outbox_events o ON o.id = u.id AND o.part IN (seamq_id_time(u.id), 'epoch')
+
+-- name: audit_inbox_done
+-- Which of these messages the consumer has finished: processed, or dead-lettered (replays exhausted too).
+SELECT i.message_id FROM unnest(CAST(%(ids)s AS uuid[])) AS u(id)
+JOIN inbox_messages i ON i.consumer = %(consumer)s AND i.message_id = u.id AND i.part IN (seamq_id_time(u.id), 'epoch')
+WHERE i.status IN ('processed', 'dead_lettered', 'exhausted')
+
+-- name: audit_found
+-- Findings, each once: what was found before is not found again (RETURNING: the new ones).
+INSERT INTO audit_findings (kind, scope, message_id, stream, stream_seq, detail)
+SELECT f->>'kind', f->>'scope', (f->>'message_id')::uuid, f->>'stream', (f->>'stream_seq')::bigint, f->>'detail'
+FROM jsonb_array_elements(CAST(%(findings)s AS jsonb)) AS f
+ON CONFLICT (kind, scope, message_id) DO NOTHING
+RETURNING message_id
+
+-- name: audit_unrepaired
+SELECT message_id FROM audit_findings
+WHERE kind = 'not_in_stream' AND scope = %(context)s AND repaired_at IS NULL ORDER BY stream_seq LIMIT %(limit)s
+
+-- name: audit_repaired
+-- Published again: the finding says where the copy went, and so does the row, which later walks check.
+WITH u AS (SELECT * FROM unnest(CAST(%(ids)s AS uuid[]), CAST(%(seqs)s AS bigint[])) AS u(id, seq)),
+     f AS (UPDATE audit_findings a SET repaired_at = clock_timestamp(), repair_seq = u.seq FROM u
+           WHERE a.kind = 'not_in_stream' AND a.scope = %(context)s AND a.message_id = u.id)
+UPDATE outbox_events o SET stream_seq = u.seq FROM u
+WHERE o.id = u.id AND o.part IN (seamq_id_time(u.id), 'epoch')
+
+-- name: audit_findings
+SELECT kind, scope, message_id, stream, stream_seq, found_at, repaired_at, repair_seq, detail FROM audit_findings
+WHERE found_at >= %(since)s ORDER BY found_at DESC, message_id LIMIT %(limit)s
+
+-- name: audit_findings_count
+SELECT kind, scope, count(*), count(repaired_at) FROM audit_findings GROUP BY kind, scope ORDER BY kind, scope
+
+-- name: audit_walks
+SELECT walk, at, seq, updated_at FROM audit_cursors ORDER BY walk

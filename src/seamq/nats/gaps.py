@@ -1,0 +1,122 @@
+"""Deliveries lost on the way: which stream messages the server sent us that never arrived.
+
+A pull delivery travels once. When the connection drops, or the route to the
+consumer leader is cut, what was in flight is gone, and JetStream sends it
+again only when ack_wait runs out. Meanwhile later messages of the same
+aggregates arrive and would be handled first (seen in the partitions lab: a
+consumer cut off handled an order's 192nd event before its 191st). The
+consumer holds an aggregate behind a message it knows is away (seamq.holds);
+this module tells it which ones are.
+
+Each delivery carries the consumer's delivery sequence, one higher for every
+message the server sends on this consumer. After something that can lose
+messages in flight (a reconnect, a pull request the server never answered, no
+responders) the next delivery shows whether any was lost: a gap in that
+sequence. The lost fresh ones lie between the highest stream sequence we had
+and the first fresh delivery after the gap, so they are read back from the
+stream there, under the consumer's filter. Redeliveries lost the same way are
+of messages we had already: they hold their aggregates from before
+(seamq.holds' grace). Only after such a fault: processes sharing one durable
+consumer see gaps all the time (the others' deliveries), and a lookup then
+names their messages too, which costs those aggregates a wait of up to ack_wait
+once per fault, not their order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from nats.aio.client import Client
+from nats.js.errors import NotFoundError
+
+from seamq.model import describe
+from seamq.observability import log
+from seamq.ports import StoredMessage
+
+LOOKUP_FOR = 10.0  # seconds to keep trying to read the lost ones back (deliveries wait meanwhile)
+MOST = 2000  # messages read back after one fault at most: a wider range is not one process's in-flight pull
+
+
+class Gaps:
+    """Watches one pull's deliveries; `found` collects the stream messages lost on the way."""
+
+    def __init__(self, nc: Client, stream: str, durable: str) -> None:
+        self.nc, self.stream, self.durable = nc, stream, durable
+        self.found: list[StoredMessage] = []
+        self.lookups = 0
+        self._suspect = False
+        self._reconnects = nc.stats["reconnects"]
+        self._last = 0  # delivery sequence of the last delivery
+        self._highest = 0  # highest stream sequence delivered to us
+        self._open: int | None = None  # a gap seen: the highest stream sequence we had before it
+        self._filters: list[str] | None = None
+
+    def suspect(self) -> None:
+        """Something happened that can lose deliveries in flight: check the next one."""
+        self._suspect = True
+
+    def restart(self) -> None:
+        """The pull changed hands (a partition's pin): what others were sent is no gap of ours."""
+        self._last, self._open, self._suspect = 0, None, False
+
+    async def seen(self, delivered: int, seq: int, consumer_seq: int) -> None:
+        """Called for each delivery as it arrives, before it is handed on."""
+        reconnects = self.nc.stats["reconnects"]
+        if reconnects != self._reconnects:
+            self._reconnects, self._suspect = reconnects, True
+        if self._suspect:
+            self._suspect = False
+            if self._last and consumer_seq > self._last + 1 and self._open is None:
+                self._open = self._highest
+        self._last = max(self._last, consumer_seq)
+        if self._open is not None and delivered == 1:
+            low, self._open = self._open, None
+            if seq > low + 1:
+                await self._read_back(low, seq)
+        self._highest = max(self._highest, seq)
+
+    async def _read_back(self, low: int, high: int) -> None:
+        """The stream's messages under our filter with `low` < seq < `high`."""
+        self.lookups += 1
+        deadline = time.monotonic() + LOOKUP_FOR
+        while True:
+            try:
+                found = await self._between(low, high)
+                break
+            except Exception as exc:  # the stream leader is away too: try again, for a while
+                if time.monotonic() > deadline:
+                    log.error("consumer_missed_unknown", stream=self.stream, consumer=self.durable,
+                              between=f"{low + 1}-{high - 1}", error=describe(exc),
+                              effect="their aggregates are not held: they come back after ack_wait, "
+                                     "and may be handled after later messages")
+                    return
+                await asyncio.sleep(0.5)
+        if found:
+            log.warning("consumer_deliveries_missed", stream=self.stream, consumer=self.durable, count=len(found),
+                        seqs=[m.seq for m in found[:20]], then="their aggregates wait for them (up to ack_wait)")
+        self.found += found
+
+    async def _between(self, low: int, high: int) -> list[StoredMessage]:
+        js = self.nc.jetstream()
+        if self._filters is None:
+            config = (await js.consumer_info(self.stream, self.durable)).config
+            self._filters = list(config.filter_subjects or []) or [config.filter_subject or ">"]
+        found: dict[int, StoredMessage] = {}
+        for subject in self._filters:
+            seq = low + 1
+            while seq < high and len(found) < MOST:
+                try:
+                    raw = await js.get_msg(self.stream, seq, subject=subject, next=True)
+                except NotFoundError:
+                    break
+                if not raw.seq or raw.seq >= high:
+                    break
+                found[raw.seq] = StoredMessage(raw.subject or "", dict(raw.headers or {}), raw.data or b"", raw.seq)
+                seq = raw.seq + 1
+        if len(found) >= MOST:
+            log.error("consumer_missed_too_many", stream=self.stream, consumer=self.durable,
+                      between=f"{low + 1}-{high - 1}", held=MOST,
+                      effect="only the first ones hold their aggregates")
+        return [found[s] for s in sorted(found)]
+
