@@ -79,5 +79,8 @@ bench: bench-peers
 bench-quick: $(STAMP) redis
 	$(BIN)/python -m bench.run --quick
 
+# Faults on one machine (workers, nats-server and PostgreSQL killed), then the network partitions of
+# tests/test_network_partitions.py three times over (root only: it refuses to pass without namespaces).
 soak: $(STAMP)
 	$(BIN)/python -m bench.soak
+	SEAMQ_LAB_ROUNDS=3 $(BIN)/pytest -p no:cacheprovider -s tests/test_network_partitions.py

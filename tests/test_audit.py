@@ -10,7 +10,6 @@ import random
 import shutil
 import signal
 import time
-import uuid
 
 import psycopg
 import pytest
@@ -23,43 +22,13 @@ from seamq.settings import AuditSettings, NatsSettings, Settings
 from seamq.wiring import auditor
 
 from helpers import scalar, wait_for
+from helpers.audit import audit_once, by_kind
 from helpers.consumer import CONSUMER, consuming
 from helpers.relay import events_for, relay_running, unpublished, write
 
 N = 100_000
 STREAM = "VIBESPRO_EVENTS"
 SETTLE = 15.0  # longer than the rollback: a row is audited after its broker would have synced it
-
-
-async def audit(dsn: str, nats_url: str, topology, *, fresh: bool) -> dict:
-    """Every walk caught up once: what was checked, found (new), and repaired; `fresh`: from the start."""
-    if fresh:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute("DELETE FROM audit_cursors")
-    settings = Settings(database_url=dsn, nats=NatsSettings(url=nats_url), audit=AuditSettings(settle=0))
-    checked: dict[str, int] = {}
-    found, repaired, missing, rounds = [], 0, 0, 0
-    cpu = time.process_time()
-    async with auditor(settings, topology, persistent=False) as auditing:
-        while True:
-            done = await auditing.run_once()
-            rounds += 1
-            for walk, count in done.checked.items():
-                checked[walk] = checked.get(walk, 0) + count
-            found += done.found
-            repaired += done.repaired
-            missing += done.missing
-            if done.done:
-                break
-    return {"checked": checked, "found": found, "repaired": repaired, "missing": missing, "rounds": rounds,
-            "cpu": time.process_time() - cpu}
-
-
-def by_kind(found) -> dict[str, set[uuid.UUID]]:
-    out: dict[str, set[uuid.UUID]] = {}
-    for f in found:
-        out.setdefault(f.kind, set()).add(f.message_id)
-    return out
 
 
 @pytest.mark.timeout(1200)
@@ -78,7 +47,7 @@ async def test_the_audit_finds_every_planted_loss_and_nothing_else(dsn, nats_ser
 
     queries = []
     monkeypatch.setattr(seamq.pg.audit_repo, "query", lambda name: queries.append(name) or query(name))
-    clean = await audit(dsn, nats_server.url, topo, fresh=True)
+    clean = await audit_once(dsn, nats_server.url, topo, fresh=True)
     print(f"\nclean audit of {N}: {clean['checked']}, {clean['rounds']} rounds, {clean['cpu']:.1f} s CPU "
           f"({clean['cpu'] / (3 * N) * 1e6:.0f} us per row or message checked), {len(queries)} queries")
     assert clean["found"] == [] and clean["missing"] == 0
@@ -99,7 +68,7 @@ async def test_the_audit_finds_every_planted_loss_and_nothing_else(dsn, nats_ser
                      (CONSUMER, [ids[i] for i in from_inbox]))
         conn.execute("DELETE FROM outbox_events WHERE id = ANY(%s)", ([ids[i] for i in from_outbox],))
 
-    planted_audit = await audit(dsn, nats_server.url, topo, fresh=True)
+    planted_audit = await audit_once(dsn, nats_server.url, topo, fresh=True)
     found = by_kind(planted_audit["found"])
     print(f"audit after planting: {planted_audit['checked']}, {planted_audit['cpu']:.1f} s CPU")
     assert found.get(Kind.NOT_IN_STREAM.value) == {ids[i] for i in from_stream}
@@ -112,7 +81,7 @@ async def test_the_audit_finds_every_planted_loss_and_nothing_else(dsn, nats_ser
     async with consuming(dsn, nats_server.url, topo, registry):
         await wait_for(lambda: _is(_ack_floor(nc), N + 1000), timeout=120, interval=0.5, what="the copies acked")
     assert scalar(dsn, processed) == N - 1000
-    again = await audit(dsn, nats_server.url, topo, fresh=True)
+    again = await audit_once(dsn, nats_server.url, topo, fresh=True)
     assert again["found"] == [] and again["repaired"] == 0, "nothing new, nothing published twice"
     assert again["missing"] == 1000 + 100, "still missing: the inbox rows and outbox rows removed (not repairable)"
 

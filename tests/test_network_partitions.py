@@ -33,6 +33,7 @@ from helpers.relay import unpublished
 
 STREAM, CONSUMER = "VIBESPRO_EVENTS", "sea__from_vibespro"
 CUT = 15  # seconds each fault lasts
+ROUNDS = int(os.environ.get("SEAMQ_LAB_ROUNDS", "1"))  # `make soak`: the sequence again and again, more events
 # Seconds a single node cut off may stop publishing or handling here. Issue 47's target is 10 s, and
 # an idle machine shows 5-9 s (docs/operations.md, "A NATS cluster"); the bound the test holds is
 # looser, so that a busy machine cannot fail it, and still catches the 28 s stop it replaced.
@@ -84,7 +85,7 @@ async def test_one_partition_after_another_loses_nothing_doubles_nothing_and_kee
     (tmp_path / "lab").mkdir()
     topology = tmp_path / "topology.yaml"
     topology.write_text(FAILOVER_TOPOLOGY)
-    written, todo = 0, events(200, 100)
+    written, todo = 0, events(200, 100 * ROUNDS)
     poison = {e.id for e in todo if e.payload.get("poison")}
     with Lab(["n1", "n2", "n3", "relay", "consumer"], tmp_path / "lab", servers=["n1", "n2", "n3"]) as lab:
         nats = LabNats(lab, ["n1", "n2", "n3"])
@@ -146,17 +147,20 @@ async def test_one_partition_after_another_loses_nothing_doubles_nothing_and_kee
                            what="the first events handled")
             await wait_for(lambda: nats.holding("seamq-relay") == relay_node, timeout=60, interval=1,
                            what="the relay on its node")
-            faults.append(await fault("the relay's node cut off", relay_node, "isolate"))
-            faults.append(await fault("the consumer's node cut off", await holding(f"seamq-consumer-{CONSUMER}"),
-                                      "isolate"))
-            faults.append(await fault("the stream leader cut off", (await asyncio.to_thread(leaders))[0], "isolate"))
-            faults.append(await fault("the consumer leader cut off", (await asyncio.to_thread(leaders))[1], "isolate"))
-            faults.append(await fault("the stream leader split from its peers, its clients still with it",
-                                      (await asyncio.to_thread(leaders))[0], "split"))
-            faults.append(await fault("the consumer's host cut off from every node, holding unacked messages",
-                                      "consumer", "isolate"))
-            faults.append(await fault("the relay's node flapping (1 s off, 1 s on)", await holding("seamq-relay"),
-                                      "flap"))
+            for _ in range(ROUNDS):
+                faults.append(await fault("the relay's node cut off", await holding("seamq-relay"), "isolate"))
+                faults.append(await fault("the consumer's node cut off", await holding(
+                    f"seamq-consumer-{CONSUMER}"), "isolate"))
+                faults.append(await fault("the stream leader cut off", (await asyncio.to_thread(leaders))[0],
+                                          "isolate"))
+                faults.append(await fault("the consumer leader cut off", (await asyncio.to_thread(leaders))[1],
+                                          "isolate"))
+                faults.append(await fault("the stream leader split from its peers, its clients still with it",
+                                          (await asyncio.to_thread(leaders))[0], "split"))
+                faults.append(await fault("the consumer's host cut off from every node, holding unacked messages",
+                                          "consumer", "isolate"))
+                faults.append(await fault("the relay's node flapping (1 s off, 1 s on)", await holding("seamq-relay"),
+                                          "flap"))
             done.set()
             await producer
             await wait_for(lambda: unpublished(dsn) == 0, timeout=300, what="everything published")

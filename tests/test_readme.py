@@ -66,7 +66,10 @@ def test_every_command_of_run_the_parts_yourself_parses():
 def test_the_other_docs_commands_parse_and_their_manifest_is_valid(tmp_path):
     """docs/jobs.md's commands as the CLI parses them; docs/operations.md's manifest as the registry
     reads it (deploy.md and first-app.md have tests of their own)."""
+    from psycopg.conninfo import conninfo_to_dict
+
     from seamq.registry import read_manifests
+    from seamq.settings import Settings
 
     jobs = (ROOT / "docs" / "jobs.md").read_text()
     commands = [line.split("  #")[0].strip() for block in re.findall(r"```sh\n(.*?)```", jobs, re.S)
@@ -75,6 +78,9 @@ def test_the_other_docs_commands_parse_and_their_manifest_is_valid(tmp_path):
     for command in commands:
         parse_command(command.split())
     operations = (ROOT / "docs" / "operations.md").read_text()
+    [failover] = re.findall(r"```sh\nSEAMQ_DATABASE_URL='(.*?)'\n```", operations)  # as libpq reads it
+    parsed = conninfo_to_dict(Settings(database_url=failover).database_dsn())
+    assert (parsed["host"], parsed["port"], parsed["target_session_attrs"]) == ("db1,db2", "5432,5432", "read-write")
     [manifest] = re.findall(r"```yaml\n(.*?)```", operations, re.S)
     (tmp_path / "sea.yaml").write_text(manifest)
     routes = read_manifests(tmp_path)

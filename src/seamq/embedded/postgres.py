@@ -167,10 +167,14 @@ class PostgresServer(_Process):
             os.chown(self.data_dir, entry.pw_uid, entry.pw_gid)
         os.chmod(self.data_dir, 0o700)
         if not (self.data_dir / "PG_VERSION").exists():
-            self._run([
-                str(self.bin / "initdb"), "-D", str(self.data_dir), "-U", "postgres",
-                "--auth=trust", "--encoding=UTF8", "--locale=C", "--no-sync",
-            ])
+            self._create()
+
+    def _create(self) -> None:
+        """The cluster's files, made anew (a standby copies its primary's instead: tests/helpers/failover.py)."""
+        self._run([
+            str(self.bin / "initdb"), "-D", str(self.data_dir), "-U", "postgres",
+            "--auth=trust", "--encoding=UTF8", "--locale=C", "--no-sync",
+        ])
 
     def _stop_leftover(self) -> None:
         """A postmaster left from an earlier run on this data dir is stopped first."""
