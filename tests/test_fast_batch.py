@@ -94,3 +94,29 @@ async def test_a_server_that_goes_away_mid_batch_is_the_brokers_fault(publisher,
     assert first.transport, first.error
     nats_server.start()
     await wait_for(lambda: nc.is_connected, what="the client back")
+
+
+async def test_flow_acks_without_a_final_answer_count_for_nothing(publisher, nats_server):
+    """A stream leader cut off from its peers flow-acks what it cannot replicate, then says nothing
+    more: the partitions lab lost 294 events that way, marked published on those acks. Here the
+    server stops answering (SIGSTOP) after acking part of a batch: no result says stored, and
+    publishing them again stores each once (their Msg-Ids)."""
+    import asyncio
+    import signal
+
+    publisher, nc = publisher
+    messages = [_msg("fb.a", f"s{i}") for i in range(200)]
+    sending = asyncio.create_task(publisher.publish_many(messages))
+    await wait_for(lambda: any(b.acked for b in publisher._open.values()), timeout=10, interval=0.001,
+                   what="a flow ack")
+    nats_server.proc.send_signal(signal.SIGSTOP)
+    try:
+        results = await sending
+    finally:
+        nats_server.proc.send_signal(signal.SIGCONT)
+    assert not any(r.ok for r in results) and results[0].transport, results[0]
+    await wait_for(lambda: nc.is_connected, timeout=30, what="the client back")
+    again = await publisher.publish_many(messages)
+    assert all(r.ok for r in again)
+    stored = [m.headers["Nats-Msg-Id"] for m in await read_stream(nc.jetstream(), "FB")]
+    assert sorted(stored) == sorted(m.headers["Nats-Msg-Id"] for m in messages)

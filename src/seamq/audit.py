@@ -9,7 +9,9 @@ kept in the database, a page per round:
 
 - `published:<context>`: every row marked published is in its stream. A row
   of a fast batch holds the batch's last sequence, so its message is looked
-  for among the `span` messages up to it. What is missing is a finding
+  for among the `span` messages up to it (a row sent again after a failed
+  batch can be stored further back: a row not there is looked for `WIDER`
+  spans around before it is reported). What is missing is a finding
   `not_in_stream`, and is published again from its row (`repair:{id}`:
   consumers skip what they have handled, by their inbox), its row then
   saying where the copy went.
@@ -52,6 +54,9 @@ AUDIT_BEHIND = Gauge("seamq_audit_behind", "How far a walk is behind what it wal
                      "messages for streams)", ["walk"])
 
 
+WIDER = 20  # relay batches around a page a row missing from it is looked for in, before it is reported
+
+
 class Kind(str, Enum):
     NOT_IN_STREAM = "not_in_stream"
     OUTBOX_ROW_GONE = "outbox_row_gone"
@@ -67,6 +72,7 @@ class Round:
     missing: int = 0  # found missing now, whether found before or not
     repaired: int = 0
     behind: dict[str, float] = field(default_factory=dict)
+    rounds: int = 1
 
     @property
     def done(self) -> bool:
@@ -98,6 +104,20 @@ class Auditor:
             if done:
                 await sleep_unless_stopped(stop, self.interval)
 
+    async def catch_up(self) -> Round:
+        """Rounds until every walk has caught up, summed: `seamq audit --once`."""
+        total = Round()
+        while True:
+            done = await self.run_once()
+            total.rounds += 1
+            for walk, count in done.checked.items():
+                total.checked[walk] = total.checked.get(walk, 0) + count
+            total.found += done.found
+            total.missing += done.missing
+            total.repaired += done.repaired
+            if done.done:
+                return total
+
     async def run_once(self) -> Round:
         """A page of every walk."""
         out = Round()
@@ -119,21 +139,29 @@ class Auditor:
             out.behind[walk] = 0
             AUDIT_BEHIND.labels(walk).set(0)
             return
-        first, _ = await self.index.bounds(stream)
-        judged = [r for r in rows if r.stream_seq is not None and r.stream_seq >= first]
-        if judged:
-            low, high = min(r.stream_seq for r in judged), max(r.stream_seq for r in judged)
-            present = {m.message_id for m in await self.index.read(stream, max(first, low - self.span + 1), high)}
-            missing = [r for r in judged if r.id not in present]
-            findings = [Finding(Kind.NOT_IN_STREAM.value, context, r.id, stream, r.stream_seq,
-                                f"published at {r.published_at.isoformat()}, not in {stream}") for r in missing]
-            await self._found(findings, out)
+        first, head = await self.index.bounds(stream)
+        # A row without a sequence (marked by an older relay) is looked for where its neighbours are.
+        judged = [r for r in rows if r.stream_seq is None or r.stream_seq >= first]
+        seqs = [r.stream_seq for r in judged if r.stream_seq is not None] or [head]
+        low, high = max(first, min(seqs) - self.span + 1), max(seqs)
+        missing = await self._absent(stream, judged, low, high)
+        if missing:  # before saying so, look wider: a row sent again may sit far from its neighbours
+            missing = await self._absent(stream, missing, max(first, low - WIDER * self.span),
+                                         min(head, high + WIDER * self.span))
+        await self._found([Finding(Kind.NOT_IN_STREAM.value, context, r.id, stream, r.stream_seq,
+                                   f"published at {r.published_at.isoformat()}, not in {stream}") for r in missing],
+                          out)
         last = rows[-1]
         await self.store.save_cursor(walk, Walked(at=last.published_at, id=last.id))
         self._checked(out, walk, len(rows))
         behind = (await self.store.now() - last.published_at).total_seconds() if len(rows) == self.page else 0
         out.behind[walk] = behind
         AUDIT_BEHIND.labels(walk).set(behind)
+
+    async def _absent(self, stream: str, rows: list, low: int, high: int) -> list:
+        """The rows whose message is not among the stream's `low`..`high`."""
+        present = {m.message_id for m in await self.index.read(stream, low, high)}
+        return [r for r in rows if r.id not in present]
 
     async def _stream(self, context: str, stream: str, out: Round) -> None:
         async def judge(messages: list[Indexed]) -> list[Finding]:

@@ -17,22 +17,11 @@ async def audit_once(dsn: str, nats_url: str, topology, *, fresh: bool) -> dict:
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute("DELETE FROM audit_cursors")
     settings = Settings(database_url=dsn, nats=NatsSettings(url=nats_url), audit=AuditSettings(settle=0))
-    checked: dict[str, int] = {}
-    found, repaired, missing, rounds = [], 0, 0, 0
     cpu = time.process_time()
     async with auditor(settings, topology, persistent=False) as auditing:
-        while True:
-            done = await auditing.run_once()
-            rounds += 1
-            for walk, count in done.checked.items():
-                checked[walk] = checked.get(walk, 0) + count
-            found += done.found
-            repaired += done.repaired
-            missing += done.missing
-            if done.done:
-                break
-    return {"checked": checked, "found": found, "repaired": repaired, "missing": missing, "rounds": rounds,
-            "cpu": time.process_time() - cpu}
+        done = await auditing.catch_up()
+    return {"checked": done.checked, "found": done.found, "repaired": done.repaired, "missing": done.missing,
+            "rounds": done.rounds, "cpu": time.process_time() - cpu}
 
 
 def by_kind(found) -> dict[str, set[uuid.UUID]]:

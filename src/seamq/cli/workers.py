@@ -107,29 +107,19 @@ def audit(
         return
 
     async def catch_up():
-        checked: dict[str, int] = {}
-        found, repaired, missing = [], 0, 0
         async with auditor(current, topo, persistent=False) as audit:
-            while True:
-                done = await audit.run_once()
-                for walk, count in done.checked.items():
-                    checked[walk] = checked.get(walk, 0) + count
-                found += done.found
-                repaired += done.repaired
-                missing += done.missing
-                if done.done:
-                    return checked, found, repaired, missing
+            return await audit.catch_up()
 
-    checked, found, repaired, missing = run(catch_up())
+    done = run(catch_up())
     from rich.console import Console
     from rich.table import Table
 
     table = Table("walk", "checked", title="audit")
-    for walk in sorted(checked):
-        table.add_row(walk, str(checked[walk]))
+    for walk in sorted(done.checked):
+        table.add_row(walk, str(done.checked[walk]))
     Console().print(table)
-    for f in found[:50]:
+    for f in done.found[:50]:
         Console().print(f"{f.kind} {f.scope} {f.message_id} {f.stream}:{f.stream_seq} {f.detail}", markup=False)
-    print(f"missing: {missing} ({len(found)} found for the first time); published again: {repaired}")
-    if missing:
+    print(f"missing: {done.missing} ({len(done.found)} found for the first time); published again: {done.repaired}")
+    if done.missing:
         raise typer.Exit(3)
