@@ -371,6 +371,20 @@ def test_the_console_starts_while_nats_is_away_and_joins_it_when_it_comes_back(t
         seamq_postgres.drop_database(name)
 
 
+def test_the_audit_page_shows_what_seamq_audit_found(stack, browser):
+    """Events published straight to the stream have no outbox row: `seamq audit --once` says so (exit 3),
+    and the console's audit page lists them."""
+    b, live = browser, stack.plant_live(3)
+    wait_until(lambda: all(stack.row(i).get("status") == "processed" for i in live), "live deliveries handled")
+    run = subprocess.run([*SEAMQ, "audit", "--once"], env=stack.env(), capture_output=True, text=True, timeout=120)
+    assert run.returncode == 3 and all(f"outbox_row_gone vibespro {i}" in run.stdout for i in live), run
+    sign_in(browser, stack.url, "vic", "vic-pass-9")
+    b.open(stack.url + "/audit", "Latest findings")
+    text = {part: b.driver.find_element(By.ID, f"audit-{part}").text for part in ("findings", "summary", "walks")}
+    assert all(i in text["findings"] for i in live) and "outbox_row_gone" in text["summary"], text
+    assert "stream:vibespro" in text["walks"] and not b.errors()
+
+
 def test_a_service_away_is_said_on_the_page_and_the_rest_still_shows(stack, browser):
     """Runs last: it stops the job server and NATS under the console."""
     b = browser
@@ -385,16 +399,3 @@ def test_a_service_away_is_said_on_the_page_and_the_rest_still_shows(stack, brow
     assert row[5:9] == ["unknown"] * 4, row  # pending, ack pending, redelivered, pulling: not zeros
     assert "Traceback" not in (stack.folder / "console.log").read_text()
 
-
-def test_the_audit_page_shows_what_seamq_audit_found(stack, browser):
-    """Events published straight to the stream have no outbox row: `seamq audit --once` says so (exit 3),
-    and the console's audit page lists them."""
-    b, live = browser, stack.plant_live(3)
-    wait_until(lambda: all(stack.row(i).get("status") == "processed" for i in live), "live deliveries handled")
-    run = subprocess.run([*SEAMQ, "audit", "--once"], env=stack.env(), capture_output=True, text=True, timeout=120)
-    assert run.returncode == 3 and all(f"outbox_row_gone vibespro {i}" in run.stdout for i in live), run
-    sign_in(browser, stack.url, "vic", "vic-pass-9")
-    b.open(stack.url + "/audit", "Latest findings")
-    text = {part: b.driver.find_element(By.ID, f"audit-{part}").text for part in ("findings", "summary", "walks")}
-    assert all(i in text["findings"] for i in live) and "outbox_row_gone" in text["summary"], text
-    assert "stream:vibespro" in text["walks"] and not b.errors()
