@@ -120,7 +120,8 @@ class Lab:
         result = subprocess.run(["ip", "netns", "exec", self.ns(host), *argv], env=env, capture_output=True,
                                 text=True, timeout=timeout)
         if result.returncode:
-            raise AssertionError(f"{argv} in {host} exited {result.returncode}: {result.stderr[-2000:]}")
+            raise AssertionError(f"{argv} in {host} exited {result.returncode}: {result.stdout[-2000:]}"
+                                 f"{result.stderr[-2000:]}")
         return result.stdout
 
     def get_json(self, host: str, url: str) -> dict | None:
