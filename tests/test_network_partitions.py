@@ -97,13 +97,21 @@ async def test_one_partition_after_another_loses_nothing_doubles_nothing_and_kee
                    SEAMQ_CONSUMER__REGISTRY="inprocess_handlers:ORDER_POISON_REGISTRY", SEAMQ_CONSUMER__NAK_BASE="0.2")
         await provision(lab, env)
         leaders = lambda: nats.leaders(STREAM, CONSUMER, "relay", env)  # noqa: E731
-        holding = lambda name: asyncio.to_thread(nats.holding, name)  # noqa: E731
+
+        async def holding(name: str) -> str:  # the node a client is connected to, once it is
+            return await wait_for(lambda: asyncio.to_thread(nats.holding, name), timeout=60, interval=1,
+                                  what=f"{name} connected")
+
+        async def leader(which: int) -> str:  # 0: the stream's, 1: the consumer's; once one is elected
+            async def now():
+                return (await asyncio.to_thread(leaders))[which]
+            return await wait_for(now, timeout=60, interval=1, what="a leader elected")
         # The consumer on its leader's node, the relay on another: the first fault cuts the relay's
         # node alone, the second the consumer's.
-        leader = (await asyncio.to_thread(leaders))[1]
-        relay_node = next(h for h in nats.hosts if h != leader)
+        consumer_leader = await leader(1)
+        relay_node = next(h for h in nats.hosts if h != consumer_leader)
         consumer = lab.popen("consumer", [*SEAMQ, "consume", "--consumer", CONSUMER], tmp_path / "consumer.log",
-                             {**env, "SEAMQ_NATS__URL": nats.url_of(leader)})
+                             {**env, "SEAMQ_NATS__URL": nats.url_of(consumer_leader)})
         relay = lab.popen("relay", [*SEAMQ, "relay"], tmp_path / "relay.log",
                           {**env, "SEAMQ_NATS__URL": nats.url_of(relay_node)})
 
@@ -152,12 +160,10 @@ async def test_one_partition_after_another_loses_nothing_doubles_nothing_and_kee
                 faults.append(await fault("the relay's node cut off", await holding("seamq-relay"), "isolate"))
                 faults.append(await fault("the consumer's node cut off", await holding(
                     f"seamq-consumer-{CONSUMER}"), "isolate"))
-                faults.append(await fault("the stream leader cut off", (await asyncio.to_thread(leaders))[0],
-                                          "isolate"))
-                faults.append(await fault("the consumer leader cut off", (await asyncio.to_thread(leaders))[1],
-                                          "isolate"))
+                faults.append(await fault("the stream leader cut off", await leader(0), "isolate"))
+                faults.append(await fault("the consumer leader cut off", await leader(1), "isolate"))
                 faults.append(await fault("the stream leader split from its peers, its clients still with it",
-                                          (await asyncio.to_thread(leaders))[0], "split"))
+                                          await leader(0), "split"))
                 faults.append(await fault("the consumer's host cut off from every node, holding unacked messages",
                                           "consumer", "isolate"))
                 faults.append(await fault("the relay's node flapping (1 s off, 1 s on)", await holding("seamq-relay"),

@@ -32,7 +32,8 @@ class NatsSettings(BaseModel):
     tls_ca: Path | None = Field(None, description="CA certificate to verify the servers with (tls://)")
     tls_cert: Path | None = Field(None, description="client certificate, for servers that ask for one")
     tls_key: Path | None = Field(None, description="the client certificate's key")
-    connect_timeout: float = Field(5.0, gt=0, description="seconds one connection attempt may take")
+    connect_timeout: float = Field(2.0, gt=0, description="seconds one connection attempt may take: a server cut "
+                                   "off costs a reconnect this long before the next one is tried")
     startup_wait: float = Field(5.0, gt=0, description="seconds a worker waits for NATS at start before it exits "
                                                        "with error[BROKER_UNAVAILABLE] (its supervisor restarts it)")
     # A server that stops answering without closing the connection (a frozen or partitioned host)
