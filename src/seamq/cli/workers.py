@@ -97,7 +97,7 @@ def audit(
     topology_file: Optional[Path] = TopologyOption,
 ) -> None:
     """Prove that nothing was lost: every published outbox row in its stream, every event in the stream
-    with its outbox row, every message below a consumer's ack floor finished in its inbox (issue 47)."""
+    with its outbox row, every message below a consumer's ack floor finished in its inbox."""
     from seamq.wiring import auditor, run_audit
 
     current = settings()
