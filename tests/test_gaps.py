@@ -92,3 +92,39 @@ async def test_processes_sharing_a_consumer_name_nothing_without_a_fault(nats_se
             await pull.close()
     finally:
         await nc.close()
+
+
+async def test_alone_on_its_consumer_every_gap_is_a_loss_with_no_fault_seen(nats_server):
+    """A route that stalls drops deliveries with no fault the client sees. A process alone on its
+    consumer (consumer.alone) names them at the next fresh delivery; one that may share it does not
+    (the gap could be another process's)."""
+    nc = await connect(NatsSettings(url=nats_server.url), name="gaps")
+    try:
+        await _stream(nc)
+        js = nc.jetstream()
+        seqs = [(await js.publish(f"gaps.a.{i}", b"x")).seq for i in range(20)]
+        pulls = {alone: await PullSource(nc, "GAPS", "c", buffer=1, gaps=True, alone=alone).start()
+                 for alone in (True, False)}
+        for alone, pull in pulls.items():
+            [got] = await pull.fetch(1, 5)
+            await got.ack()
+            await wait_for(lambda pull=pull: pull.buffered == 1, timeout=10, what="the next delivery")
+            await (await pull.fetch(1, 5))[0].ack()  # and the one after it is on its way to us
+            await wait_for(lambda pull=pull: pull.buffered == 1, timeout=10, what="the next delivery")
+            away = await connect(NatsSettings(url=nats_server.url), name="gaps-void")
+            await away.subscribe("_void.here", cb=_drop)
+            await away.publish("$JS.API.CONSUMER.MSG.NEXT.GAPS.c", json.dumps({"batch": 1}).encode(),
+                               reply="_void.here")
+            await asyncio.sleep(0.5)
+            await away.close()
+            await (await pull.fetch(1, 5))[0].ack()
+            [after] = await pull.fetch(1, 5)
+            await after.ack()
+            named = [m.seq for m in pull.missed()]
+            if alone:
+                assert named == [ack_fields(after)[2] - 1] and named[0] in seqs, named
+            else:
+                assert named == [], "a process that may share its consumer takes no gap for a loss"
+            await pull.close()
+    finally:
+        await nc.close()

@@ -39,6 +39,10 @@ ROUNDS = int(os.environ.get("SEAMQ_LAB_ROUNDS", "1"))  # `make soak`: the sequen
 # an idle machine shows 5-9 s (docs/operations.md, "A NATS cluster"); the bound the test holds is
 # looser, so that a busy machine cannot fail it, and still catches the 28 s stop it replaced.
 PAUSE_BOUND = 20.0
+# A split leader that also leads the consumer: nats-server took 16-23 s to settle the consumer's next
+# leader in two runs (its logs: leaders elected and stalled again while the meta leader was away), and
+# nothing can be handled before it has one. docs/benchmarks.md 1d.
+SPLIT_BOUND = 40.0
 HANDLED = "SELECT count(*) FROM handled_order"
 def events(aggregates: int, per_aggregate: int) -> list[Event]:
     """Event n of every aggregate, then n+1; one in a thousand poison."""
@@ -94,7 +98,8 @@ async def test_one_partition_after_another_loses_nothing_doubles_nothing_and_kee
         env = {k: v for k, v in os.environ.items() if not k.startswith("SEAMQ_")}
         env.update(SEAMQ_DATABASE_URL=dsn, SEAMQ_NATS__URL=nats.url, SEAMQ_TOPOLOGY_FILE=str(topology),
                    SEAMQ_REPLICAS="3", PYTHONPATH=str(Path(__file__).parent),
-                   SEAMQ_CONSUMER__REGISTRY="inprocess_handlers:ORDER_POISON_REGISTRY", SEAMQ_CONSUMER__NAK_BASE="0.2")
+                   SEAMQ_CONSUMER__REGISTRY="inprocess_handlers:ORDER_POISON_REGISTRY", SEAMQ_CONSUMER__NAK_BASE="0.2",
+                   SEAMQ_CONSUMER__ALONE="true")  # one consumer process: a route that drops deliveries shows
         await provision(lab, env)
         leaders = lambda: nats.leaders(STREAM, CONSUMER, "relay", env)  # noqa: E731
 
@@ -200,5 +205,6 @@ async def test_one_partition_after_another_loses_nothing_doubles_nothing_and_kee
         last[aggregate] = n
     # Each fault but the consumer's host cut off from every node: that one stops its handling for as
     # long as it lasts, by definition.
-    slow = [f for f in faults if f["node"] != "consumer" and max(f["publishing"], f["handling"]) > PAUSE_BOUND]
-    assert not slow, f"a single node cut off stopped the flow for more than {PAUSE_BOUND} s: {slow}"
+    slow = [f for f in faults if f["node"] != "consumer" and max(f["publishing"], f["handling"]) > (
+        SPLIT_BOUND if "split" in f["fault"] else PAUSE_BOUND)]
+    assert not slow, f"a single node cut off stopped the flow for longer than its bound: {slow}"

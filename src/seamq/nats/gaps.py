@@ -19,7 +19,11 @@ of messages we had already: they hold their aggregates from before
 (seamq.holds' grace). Only after such a fault: processes sharing one durable
 consumer see gaps all the time (the others' deliveries), and a lookup then
 names their messages too, which costs those aggregates a wait of up to ack_wait
-once per fault, not their order.
+once per fault, not their order. Deliveries can also be lost with no fault a
+client sees: a route between two servers that stalls for 10 s drops what it
+held (nats-server's "Slow Consumer Detected" on a route; seen in the partitions
+lab as an aggregate handled out of order). A process that knows it is alone on
+its durable consumer (`consumer.alone`) treats every gap as a loss.
 """
 
 from __future__ import annotations
@@ -41,8 +45,10 @@ MOST = 2000  # messages read back after one fault at most: a wider range is not 
 class Gaps:
     """Watches one pull's deliveries; `found` collects the stream messages lost on the way."""
 
-    def __init__(self, nc: Client, stream: str, durable: str) -> None:
-        self.nc, self.stream, self.durable = nc, stream, durable
+    def __init__(self, nc: Client, stream: str, durable: str, *, alone: bool = False) -> None:
+        """`alone`: no other process pulls from this durable consumer, so every gap is a loss, also
+        one no fault of ours shows (a route between servers that dropped what it held)."""
+        self.nc, self.stream, self.durable, self.alone = nc, stream, durable, alone
         self.found: list[StoredMessage] = []
         self.lookups = 0
         self._suspect = False
@@ -65,7 +71,7 @@ class Gaps:
         reconnects = self.nc.stats["reconnects"]
         if reconnects != self._reconnects:
             self._reconnects, self._suspect = reconnects, True
-        if self._suspect:
+        if self._suspect or self.alone:
             self._suspect = False
             if self._last and consumer_seq > self._last + 1 and self._open is None:
                 self._open = self._highest

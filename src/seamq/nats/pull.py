@@ -37,8 +37,9 @@ class PullSource:
     """
 
     def __init__(self, nc: Client, stream: str, durable: str, *, buffer: int = 1000, group: str | None = None,
-                 arrived: asyncio.Event | None = None, gaps: bool = False) -> None:
-        """`gaps`: find the deliveries lost on the way (seamq.nats.gaps; an ordered consumer needs them)."""
+                 arrived: asyncio.Event | None = None, gaps: bool = False, alone: bool = False) -> None:
+        """`gaps`: find the deliveries lost on the way (seamq.nats.gaps; an ordered consumer needs them);
+        `alone`: no other process pulls from this consumer."""
         self.nc, self.stream, self.durable = nc, stream, durable
         self.buffer = max(1, buffer)
         self.group = group
@@ -54,7 +55,7 @@ class PullSource:
         self._inbox = ""
         self._stopping = False
         self.paused = False  # a partition this process does not want now: no new requests
-        self.gaps = Gaps(nc, stream, durable) if gaps else None
+        self.gaps = Gaps(nc, stream, durable, alone=alone) if gaps else None
 
     async def start(self) -> "PullSource":
         self._inbox = self.nc.new_inbox()
