@@ -32,9 +32,9 @@ import asyncio
 import time
 
 from nats.aio.client import Client
-from nats.js.errors import NotFoundError
 
 from seamq.model import describe
+from seamq.nats import stream_read
 from seamq.observability import log
 from seamq.ports import StoredMessage
 
@@ -104,25 +104,11 @@ class Gaps:
         self.found += found
 
     async def _between(self, low: int, high: int) -> list[StoredMessage]:
-        js = self.nc.jetstream()
         if self._filters is None:
-            config = (await js.consumer_info(self.stream, self.durable)).config
-            self._filters = list(config.filter_subjects or []) or [config.filter_subject or ">"]
-        found: dict[int, StoredMessage] = {}
-        for subject in self._filters:
-            seq = low + 1
-            while seq < high and len(found) < MOST:
-                try:
-                    raw = await js.get_msg(self.stream, seq, subject=subject, next=True)
-                except NotFoundError:
-                    break
-                if not raw.seq or raw.seq >= high:
-                    break
-                found[raw.seq] = StoredMessage(raw.subject or "", dict(raw.headers or {}), raw.data or b"", raw.seq)
-                seq = raw.seq + 1
+            self._filters = await stream_read.filters(self.nc, self.stream, self.durable)
+        found = await stream_read.between(self.nc, self.stream, low, high, self._filters, MOST)
         if len(found) >= MOST:
             log.error("consumer_missed_too_many", stream=self.stream, consumer=self.durable,
                       between=f"{low + 1}-{high - 1}", held=MOST,
                       effect="only the first ones hold their aggregates")
-        return [found[s] for s in sorted(found)]
-
+        return found

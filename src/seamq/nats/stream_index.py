@@ -3,7 +3,8 @@
 The audit asks which messages a range of a stream holds and whose they are.
 An ephemeral consumer that starts at the range's first sequence, sends headers
 only and needs no acks reads a range at the pull's pace (no request per
-message), and the server drops it by itself if we go away.
+message), and the server drops it by itself if we go away. (A consumer that
+lost a few deliveries reads them back one by one: seamq.nats.stream_read.)
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from datetime import datetime
 from nats.aio.client import Client
 
 from seamq.model import Header
-from seamq.nats import jsapi
+from seamq.nats import jsapi, stream_read
 from seamq.nats.pull import PullSource, ack_fields
 from seamq.ports import Indexed
 
@@ -38,9 +39,7 @@ class JsStreamIndex:
         return None if info is None else int((info.get("ack_floor") or {}).get("stream_seq", 0))
 
     async def filters(self, stream: str, durable: str) -> list[str]:
-        info = await jsapi.call(self.nc, f"CONSUMER.INFO.{stream}.{durable}") or {}
-        config = info.get("config") or {}
-        return list(config.get("filter_subjects") or []) or [config.get("filter_subject") or ">"]
+        return await stream_read.filters(self.nc, stream, durable)
 
     async def seq_at(self, stream: str, when: datetime) -> int | None:
         """The first message's sequence at or after `when`; None when none is."""
