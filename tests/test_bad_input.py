@@ -108,7 +108,7 @@ async def test_a_bug_shown_by_one_message_costs_only_that_message(dsn, nats_serv
     await publish(js, good[:20] + [cursed, exploding] + good[20:])
     spec = topo.consumer(CONSUMER)
     dlq = await PipelinedPublisher(nc).start()
-    source = await PullSource(nc, spec.stream, spec.name, buffer=100).start()
+    source = await PullSource(nc, spec.stream, spec.name, buffer=100, deliveries=True).start()
     stop = asyncio.Event()
     async with pg_pool(dsn, configure=consumer_session) as pool:
         consumer = InboxConsumer(spec, Deliveries(source), PgInbox(spec.name, pool), dlq, lookup,

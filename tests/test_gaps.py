@@ -4,13 +4,12 @@ processes sharing a durable consumer, whose deliveries leave gaps in each other'
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 from nats.js.api import AckPolicy, ConsumerConfig
 
 from seamq.nats.connect import connect
-from seamq.nats.pull import PullSource, ack_fields
+from seamq.nats.pull import PullSource
 from seamq.settings import NatsSettings
 
 from helpers import wait_for
@@ -23,8 +22,10 @@ async def _stream(nc, *, filter_subject: str = "gaps.a.>") -> None:
                                                  filter_subject=filter_subject))
 
 
-async def _drop(msg) -> None:
-    pass
+def _into(taken: list):
+    async def take(msg) -> None:
+        taken.append(msg)
+    return take
 
 
 async def _pending(nc) -> int:
@@ -46,26 +47,23 @@ async def test_deliveries_lost_with_the_connection_are_named_after_the_reconnect
         await wait_for(lambda: pull.buffered == 1, timeout=10, what="the second delivery")
         # Two deliveries that never reach the pull: what was in flight when its connection was cut
         # (the server sends only where someone listens; this one listens and drops them).
-        away = await connect(NatsSettings(url=nats_server.url), name="gaps-void")
-        await away.subscribe("_void.here", cb=_drop)
+        away, dropped = await connect(NatsSettings(url=nats_server.url), name="gaps-void"), []
+        await away.subscribe("_void.here", cb=_into(dropped))
         await away.publish("$JS.API.CONSUMER.MSG.NEXT.GAPS.c", json.dumps({"batch": 2}).encode(), reply="_void.here")
-        for _ in range(200):
-            if await _pending(nc) == 4:
-                break
-            await asyncio.sleep(0.05)
+        await wait_for(lambda: len(dropped) == 2, timeout=10, what="two deliveries sent where nobody takes them")
         assert await _pending(nc) == 4
         await away.close()
         await nc.force_reconnect()
         await wait_for(lambda: nc.stats["reconnects"] == 1, timeout=10, what="a reconnect")
         got = [first] + await pull.fetch(1, 5) + await pull.fetch(1, 5)
-        assert [ack_fields(m)[2] for m in got] == [seqs[1], seqs[2], seqs[7]]
+        assert [m.seq for m in got] == [seqs[1], seqs[2], seqs[7]]
         assert [(m.seq, m.subject) for m in pull.missed()] == [(seqs[4], "gaps.a.4"), (seqs[5], "gaps.a.5")]
         assert pull.missed() == [], "each is named once"
 
         await nc.force_reconnect()  # this time nothing is in flight
         await wait_for(lambda: nc.stats["reconnects"] == 2, timeout=10, what="a reconnect")
         more = await pull.fetch(1, 5)
-        assert [ack_fields(m)[2] for m in more] == [seqs[8]] and pull.missed() == []
+        assert [m.seq for m in more] == [seqs[8]] and pull.missed() == []
         assert pull.gaps.lookups == 1
         await pull.close()
     finally:
@@ -111,18 +109,18 @@ async def test_alone_on_its_consumer_every_gap_is_a_loss_with_no_fault_seen(nats
             await wait_for(lambda pull=pull: pull.buffered == 1, timeout=10, what="the next delivery")
             await (await pull.fetch(1, 5))[0].ack()  # and the one after it is on its way to us
             await wait_for(lambda pull=pull: pull.buffered == 1, timeout=10, what="the next delivery")
-            away = await connect(NatsSettings(url=nats_server.url), name="gaps-void")
-            await away.subscribe("_void.here", cb=_drop)
+            away, dropped = await connect(NatsSettings(url=nats_server.url), name="gaps-void"), []
+            await away.subscribe("_void.here", cb=_into(dropped))
             await away.publish("$JS.API.CONSUMER.MSG.NEXT.GAPS.c", json.dumps({"batch": 1}).encode(),
                                reply="_void.here")
-            await asyncio.sleep(0.5)
+            await wait_for(lambda dropped=dropped: dropped, timeout=10, what="a delivery sent where nobody takes it")
             await away.close()
             await (await pull.fetch(1, 5))[0].ack()
             [after] = await pull.fetch(1, 5)
             await after.ack()
             named = [m.seq for m in pull.missed()]
             if alone:
-                assert named == [ack_fields(after)[2] - 1] and named[0] in seqs, named
+                assert named == [after.seq - 1] and named[0] in seqs, named
             else:
                 assert named == [], "a process that may share its consumer takes no gap for a loss"
             await pull.close()

@@ -104,7 +104,8 @@ class Partition:
         """`others_busy(durable)`: whether another process says it has messages of this partition out."""
         self.nc, self.stream, self.durable, self.others_busy = nc, stream, durable, others_busy
         self.ack_wait, self.pinned_ttl = ack_wait, pinned_ttl
-        self.pull = PullSource(nc, stream, durable, buffer=buffer, group=GROUP, arrived=arrived, gaps=gaps)
+        self.pull = PullSource(nc, stream, durable, buffer=buffer, group=GROUP, arrived=arrived, deliveries=True,
+                               gaps=gaps)
         self.owner: str | None = None  # the pin we handle messages under
         self.open = False  # handover done: messages go straight on
         self.held: dict[int, JsDelivery] = {}  # stream seq -> latest delivery, while the handover waits
@@ -128,8 +129,7 @@ class Partition:
         if self.pull.unpinned != self._lost:  # the server moved the pin away: give back what we hold
             self._lost = self.pull.unpinned
             await self._release("pin lost")
-        for msg in self.pull.take():
-            delivery = JsDelivery(msg)  # counted out (`_settled` on its ack or nak) once handed on, not while held
+        for delivery in self.pull.take():  # counted out (`_settled` on its ack or nak) once handed on, not held
             pin = delivery.headers.get("Nats-Pin-Id")
             if pin and pin != self.owner:
                 self.owner, self.open, self._verified = pin, False, False

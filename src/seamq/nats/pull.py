@@ -37,16 +37,19 @@ class PullSource:
     """
 
     def __init__(self, nc: Client, stream: str, durable: str, *, buffer: int = 1000, group: str | None = None,
-                 arrived: asyncio.Event | None = None, gaps: bool = False, alone: bool = False) -> None:
-        """`gaps`: find the deliveries lost on the way (seamq.nats.gaps; an ordered consumer needs them);
-        `alone`: no other process pulls from this consumer."""
+                 arrived: asyncio.Event | None = None, deliveries: bool = False, gaps: bool = False,
+                 alone: bool = False) -> None:
+        """`deliveries`: hand out JsDelivery, parsed once as it arrives, instead of nats-py's Msg; `gaps`:
+        find the deliveries lost on the way (seamq.nats.gaps; an ordered consumer needs them; implies
+        `deliveries`); `alone`: no other process pulls from this consumer."""
         self.nc, self.stream, self.durable = nc, stream, durable
         self.buffer = max(1, buffer)
         self.group = group
         self.pin: str | None = None
         self.unpinned = 0
         self._subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}"
-        self._ready: deque[Msg] = deque()
+        self.deliveries = deliveries or gaps
+        self._ready: deque = deque()  # JsDelivery or Msg
         self._arrived = arrived or asyncio.Event()  # shared by all partitions of a consumer
         self._requested = 0  # asked for, not yet arrived nor expired
         self._requested_at = 0.0
@@ -66,10 +69,10 @@ class PullSource:
         if msg.data or not msg.headers or "Status" not in msg.headers:
             if self.group and msg.headers:
                 self.pin = msg.headers.get("Nats-Pin-Id", self.pin)
+            item = JsDelivery(msg) if self.deliveries else msg
             if self.gaps:  # before it is handed on: the lost ones must hold their aggregates first
-                _, delivered, seq, consumer_seq, _ = ack_fields(msg)
-                await self.gaps.seen(delivered, seq, consumer_seq)
-            self._ready.append(msg)
+                await self.gaps.seen(item.delivered, item.seq, item.consumer_seq)
+            self._ready.append(item)
             self._requested -= 1
             self._arrived.set()
             return
@@ -134,7 +137,7 @@ class PullSource:
             self._requested += want
             self._requested_at = now
 
-    async def fetch(self, batch: int, timeout: float) -> list[Msg]:
+    async def fetch(self, batch: int, timeout: float) -> list:
         """Up to `batch` messages; an empty list when none came within `timeout`."""
         if self._sub is None:
             raise RuntimeError("PullSource.start() was not awaited")
@@ -162,7 +165,7 @@ class PullSource:
         found, self.gaps.found = self.gaps.found, []
         return found
 
-    def take(self) -> list[Msg]:
+    def take(self) -> list:
         """Whatever has arrived, without waiting (the caller tops up and waits on `arrived`)."""
         out = list(self._ready)
         self._ready.clear()
@@ -234,10 +237,12 @@ class Deliveries:
     """A PullSource for the consumer: what it fetches comes out as Deliveries."""
 
     def __init__(self, pull: PullSource) -> None:
+        if not pull.deliveries:
+            raise ValueError("Deliveries needs a PullSource(deliveries=True)")
         self.pull = pull
 
     async def fetch(self, batch: int, timeout: float) -> list[JsDelivery]:
-        return [JsDelivery(msg) for msg in await self.pull.fetch(batch, timeout)]
+        return await self.pull.fetch(batch, timeout)
 
     def missed(self) -> list[StoredMessage]:
         return self.pull.missed()
