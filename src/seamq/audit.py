@@ -40,10 +40,10 @@ from enum import Enum
 from prometheus_client import Counter, Gauge
 
 from seamq.health import Health
-from seamq.model import describe, message_headers
+from seamq.model import describe
 from seamq.observability import log
 from seamq.ports import AuditStore, Finding, Indexed, JetStreamPublisher, StreamIndex, Walked
-from seamq.republish import Copy, republish
+from seamq.republish import republish, repair_copy
 from seamq.stopping import sleep_unless_stopped
 from seamq.topology import Topology
 
@@ -232,9 +232,7 @@ class Auditor:
         rows = await self.store.outbox_rows(await self.store.unrepaired(context, self.page))
         if not rows:
             return
-        copies = [Copy(self.topology.event_subject(r.context, r.event_type, r.event_version, r.bucket),
-                       message_headers(r, r.traceparent), r.payload.encode(), str(r.id), msg_id=f"repair:{r.id}")
-                  for r in rows]
+        copies = [repair_copy(self.topology, r) for r in rows]
         sent, failed = [], []
         for r, result in zip(rows, await republish(self.publisher, copies)):
             (sent if result.ok and result.seq else failed).append((r.id, result.seq or result.error))

@@ -13,10 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterable, Mapping
 
-from seamq.model import Header, OutMessage, PubResult
+from seamq.model import Header, OutMessage, PubResult, message_headers
 
 if TYPE_CHECKING:  # a port as a type: the core calls the publisher it is handed, and knows no adapter
     from seamq.ports import JetStreamPublisher
+    from seamq.topology import Topology
 
 CHUNK = 1000  # copies per publish_many: bounded memory for any number of copies
 
@@ -42,6 +43,13 @@ class Copy:
         if self.consumer is not None:
             headers[Header.REPLAY_CONSUMER] = self.consumer
         return OutMessage(self.subject, self.data, headers)
+
+
+def repair_copy(topology: Topology, row) -> Copy:
+    """An outbox row missing from its stream, as the relay would have published it (`repair:{id}`):
+    the audit's repair and the reconcile's. `row` has an OutboxRow's fields."""
+    return Copy(topology.event_subject(row.context, row.event_type, row.event_version, row.bucket),
+                message_headers(row, row.traceparent), row.payload.encode(), str(row.id), msg_id=f"repair:{row.id}")
 
 
 async def republish(publisher: JetStreamPublisher, copies: Iterable[Copy], *,

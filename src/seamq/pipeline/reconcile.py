@@ -34,13 +34,13 @@ from datetime import datetime
 
 from pyspark.sql import SparkSession
 
-from seamq.model import Header, message_headers
+from seamq.model import Header
 from seamq.nats import jsapi
 from seamq.nats.connect import connect
 from seamq.nats.publisher import publish_copies
 from seamq.pipeline.source import source_options
 from seamq.pipeline import pg_source
-from seamq.republish import Copy
+from seamq.republish import repair_copy
 from seamq.settings import NatsSettings
 from seamq.topology import Topology
 
@@ -110,17 +110,18 @@ def reconcile(spark: SparkSession, *, dsn: str, nats: NatsSettings, topology: To
 
 async def _republish(nats: NatsSettings, topology: Topology, rows) -> int:
     """Outbox rows missing from their stream, published again as the relay would have (`repair:{id}`)."""
-    copies = (Copy(topology.event_subject(r.context, r.event_type, r.event_version, r.bucket),
-                   message_headers(_Published(r), r.traceparent), r.payload.encode(), r.message_id,
-                   msg_id=f"repair:{r.message_id}") for r in rows)
+    copies = (repair_copy(topology, _Published(r)) for r in rows)
     return await publish_copies(nats, copies, name="seamq-reconcile")
 
 
 class _Published:
-    """An outbox row as read by Spark, with the fields message_headers reads (ids as UUIDs)."""
+    """An outbox row as read by Spark, with an OutboxRow's fields (ids as UUIDs)."""
 
     def __init__(self, row) -> None:
         self.id = uuid.UUID(row.message_id)
+        self.context, self.event_type, self.event_version, self.bucket = (row.context, row.event_type,
+                                                                          row.event_version, row.bucket)
+        self.payload, self.traceparent = row.payload, row.traceparent
         self.aggregate_type, self.aggregate_id, self.occurred_at = row.aggregate_type, row.aggregate_id, row.occurred_at
         self.correlation_id = uuid.UUID(row.correlation_id) if row.correlation_id else None
         self.causation_id = uuid.UUID(row.causation_id) if row.causation_id else None
