@@ -228,6 +228,17 @@ async def test_three_servers_and_native_workers_on_an_r3_cluster_through_kill_9_
             await asyncio.sleep(3)
             node.start()
             await until(JOBS, 300)
+            # A job the killed worker ran to its end is counted done above, and its ack died with it: it
+            # completes once its lease has run out and another worker has run it again.
+            records, deadline = {}, time.monotonic() + LEASE_MS / 1000 + 120
+            while len(records) < JOBS:
+                for job_id in [i for i in ids if i not in records]:
+                    record = await workers._call(0, lambda c, job_id=job_id: c.info(job_id))
+                    if record["state"] == "completed":
+                        records[job_id] = record
+                if len(records) < JOBS:
+                    assert time.monotonic() < deadline, ("not completed", [(i, workers.trail[i]) for i in ids if i not in records][:5])
+                    await asyncio.sleep(1)
             ticks_due = int((datetime.now(timezone.utc).timestamp() // 60) - (registered.timestamp() // 60))
             deadline = time.monotonic() + 90
             while ticks_due < 1 and time.monotonic() < deadline:  # at least one minute boundary crossed
@@ -242,9 +253,6 @@ async def test_three_servers_and_native_workers_on_an_r3_cluster_through_kill_9_
             workers.done.set()
             await asyncio.gather(*loops)
             await native.stop()
-            records = {}
-            for job_id in ids:
-                records[job_id] = await workers._call(0, lambda c, job_id=job_id: c.info(job_id))
             ticks = [r for r in await workers._call(0, lambda c: c.jobs(queue="cron", limit=1000))]
     finally:
         await workers.close()
@@ -254,7 +262,6 @@ async def test_three_servers_and_native_workers_on_an_r3_cluster_through_kill_9_
         for server in servers:
             server.kill()
 
-    assert {records[i]["state"] for i in ids} == {"completed"}, "every job completed"
     survivors, killed = native.ends(killed=False), native.ends(killed=True)
     for job_id, count in workers.effects.items():
         survivors[job_id] += count
