@@ -8,7 +8,9 @@ import json
 
 from nats.js.api import AckPolicy, ConsumerConfig
 
+from seamq.nats import jsapi
 from seamq.nats.connect import connect
+from seamq.nats.partitions import GROUP
 from seamq.nats.pull import PullSource
 from seamq.settings import NatsSettings
 
@@ -125,4 +127,57 @@ async def test_alone_on_its_consumer_every_gap_is_a_loss_with_no_fault_seen(nats
                 assert named == [], "a process that may share its consumer takes no gap for a loss"
             await pull.close()
     finally:
+        await nc.close()
+
+
+async def test_a_pinned_pull_takes_every_gap_under_its_pin_for_a_loss_and_none_across_a_new_pin(nats_server):
+    """A partition's pull, while pinned, is the only one its messages go to: a delivery dropped on the
+    way with no fault seen is named at the next fresh one. When the pin moves to another process and
+    back, what that one was sent meanwhile is no gap of ours."""
+    nc = await connect(NatsSettings(url=nats_server.url), name="gaps")
+    away = await connect(NatsSettings(url=nats_server.url), name="gaps-void")
+    try:
+        await nc.jetstream().add_stream(name="GAPS", subjects=["gaps.>"])
+        await jsapi.call(nc, "CONSUMER.CREATE.GAPS.p", {"stream_name": "GAPS", "config": {
+            "durable_name": "p", "ack_policy": "explicit", "ack_wait": 30_000_000_000, "priority_groups": [GROUP],
+            "priority_policy": "pinned_client", "priority_timeout": 5_000_000_000}})
+        for i in range(30):
+            await nc.jetstream().publish(f"gaps.a.{i}", b"x")
+        pull = await PullSource(nc, "GAPS", "p", buffer=1, group=GROUP, gaps=True, alone=True).start()
+        for _ in range(2):
+            await (await pull.fetch(1, 5))[0].ack()
+            await wait_for(lambda: pull.buffered == 1, timeout=10, what="the next delivery")
+        dropped = []
+        await away.subscribe("_void.here", cb=_into(dropped))
+        await away.publish("$JS.API.CONSUMER.MSG.NEXT.GAPS.p", json.dumps(
+            {"batch": 1, "group": GROUP, "id": pull.pin}).encode(), reply="_void.here")  # under our pin
+        await wait_for(lambda: dropped, timeout=10, what="a delivery sent under our pin where nobody takes it")
+        await (await pull.fetch(1, 5))[0].ack()
+        [after] = await pull.fetch(1, 5)
+        await after.ack()
+        assert [m.seq for m in pull.missed()] == [after.seq - 1] and pull.gaps.lookups == 1
+
+        # The pin moves to another process, which takes three; ours is let go as a partition gives one
+        # back (seamq.nats.partitions: no stale pin on its next requests, so no 423 either).
+        first_pin, pull.paused, pull.pin = pull.pin, True, None
+        await wait_for(lambda: pull.buffered == 1, timeout=10, what="the next delivery")
+        await pull.take()[0].ack()
+        assert pull.idle
+        await jsapi.call(nc, "CONSUMER.UNPIN.GAPS.p", {"group": GROUP})
+        theirs = []
+        await away.subscribe("_theirs.here", cb=_into(theirs))
+        await away.publish("$JS.API.CONSUMER.MSG.NEXT.GAPS.p", json.dumps({"batch": 3, "group": GROUP}).encode(),
+                           reply="_theirs.here")
+        await wait_for(lambda: len(theirs) == 3, timeout=10, what="the other process's three")
+        for msg in theirs:
+            await msg.ack()
+        await away.flush()
+        await jsapi.call(nc, "CONSUMER.UNPIN.GAPS.p", {"group": GROUP})
+        pull.paused = False
+        for _ in range(3):
+            await (await pull.fetch(1, 5))[0].ack()
+        assert pull.pin != first_pin and pull.gaps.lookups == 1 and pull.missed() == []
+        await pull.close()
+    finally:
+        await away.close()
         await nc.close()

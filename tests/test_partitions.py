@@ -17,7 +17,8 @@ import pytest
 from seamq import outbox
 from seamq.model import Event, message_headers, traceparent_for
 from seamq.nats import jsapi
-from seamq.nats.partitions import GROUP, Partition, counted, members
+from seamq.nats.members import members
+from seamq.nats.partitions import GROUP, Partition, counted
 from seamq.nats.pull import PullSource
 from seamq.nats.provision import apply
 from seamq.wiring import run_relay
@@ -310,7 +311,7 @@ async def test_a_clean_stop_hands_its_partitions_over_at_once(dsn, nats_server, 
     stop = asyncio.Event()
     first = asyncio.create_task(run_consumer(settings, topology, CONSUMER, stop, registry))
     await wait_for(lambda: scalar(dsn, "SELECT count(*) FROM handled_order") == 60, timeout=30, what="first 60")
-    from seamq.nats.partitions import members
+
     [alone] = await members(nc, CONSUMER, wait=1.0)  # the one process holds every partition, and says so
     assert sorted(alone["holds"]) == sorted(topology.consumer(CONSUMER).durables()) and alone["process"].endswith(
         f"pid {os.getpid()}")

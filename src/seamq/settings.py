@@ -93,8 +93,9 @@ class ConsumerSettings(BaseModel):
     fetch_timeout: float = Field(1.0, gt=0, description="seconds one pull waits for messages")
     concurrency: int = Field(4, ge=1, le=256, description="lanes: transactions in flight at once (HTTP handlers: more)")
     ordered: bool = Field(True, description="one aggregate's messages one after another")
-    alone: bool = Field(False, description="this is the only process of its (unpartitioned) consumer: a gap in "
-                        "its deliveries is a loss, held for (docs/operations.md, A NATS cluster)")
+    alone: bool | None = Field(None, description="the only process of its (unpartitioned) consumer, so a gap in "
+                               "its deliveries is a loss, held for; unset: the processes count each other "
+                               "(docs/operations.md, A NATS cluster)")
     handler_timeout: float = Field(10.0, gt=0, description="seconds a handler call may take; then it is a retry")
     handler_url: str | None = Field(None, description="HTTP handler for every event without a route")
     handler_secret: SecretStr | None = Field(None, description="HMAC secret shared with handler services")

@@ -25,7 +25,7 @@ from seamq.nats.fast_batch import FastBatchPublisher, batched_streams
 from seamq.nats.publisher import PipelinedPublisher
 from seamq.nats.rehome import Rehoming
 from seamq.nats.messages import JsMessageStore
-from seamq.nats.pull import Deliveries, PullSource
+from seamq.nats.pull import Deliveries
 from seamq.nats import readiness
 from seamq.nats.partitions import PartitionedDeliveries
 from seamq.observability import log
@@ -209,8 +209,8 @@ async def run_consumer(
         if spec.partitions:  # one process at a time per partition: order across processes
             source = await PartitionedDeliveries(nc, spec, buffer=buffer, gaps=cfg.ordered).start()
         else:
-            source = Deliveries(await PullSource(nc, spec.stream, spec.name, buffer=buffer, deliveries=True,
-                                                 gaps=cfg.ordered, alone=cfg.alone).start())
+            source = await Deliveries.open(nc, spec.stream, spec.name, buffer=buffer, ordered=cfg.ordered,
+                                           alone=cfg.alone)
         async with _maybe_pool(settings, cfg) as pool:
             inbox = PgInbox(spec.name, pool) if pool is not None else NoInbox()
             largest = _largest_dead_letter(nc.max_payload, topology.contexts[spec.target].dlq.max_msg_size)

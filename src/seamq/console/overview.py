@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from psycopg.rows import dict_row
 
 from seamq.model import describe
-from seamq.nats import partitions
+from seamq.nats.members import members
 from seamq.observability import log
 from seamq.pg.sql import query
 from seamq.stopping import sleep_unless_stopped
@@ -112,7 +112,7 @@ class Overview:
         held = {}
         for name, spec in self.topology.consumers.items():
             if spec.partitions:
-                held.update({d: m["process"] for m in await partitions.members(self.nc, name) for d in m["holds"]})
+                held.update({d: m["process"] for m in await members(self.nc, name) for d in m.get("holds") or []})
         self.holders = held
 
     async def sample(self, stop: asyncio.Event) -> None:

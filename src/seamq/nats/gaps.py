@@ -22,8 +22,9 @@ names their messages too, which costs those aggregates a wait of up to ack_wait
 once per fault, not their order. Deliveries can also be lost with no fault a
 client sees: a route between two servers that stalls for 10 s drops what it
 held (nats-server's "Slow Consumer Detected" on a route; seen in the partitions
-lab as an aggregate handled out of order). A process that knows it is alone on
-its durable consumer (`consumer.alone`) treats every gap as a loss.
+lab as an aggregate handled out of order). A process alone on its durable
+consumer (counted, seamq.nats.members), or a partition's pull while pinned,
+treats every gap as a loss.
 """
 
 from __future__ import annotations
@@ -65,6 +66,15 @@ class Gaps:
     def restart(self) -> None:
         """The pull changed hands (a partition's pin): what others were sent is no gap of ours."""
         self._last, self._open, self._suspect = 0, None, False
+
+    def set_alone(self, alone: bool) -> None:
+        """The consumer's processes were counted (seamq.nats.members)."""
+        if alone and not self.alone:  # the others' deliveries until now are no gap of ours
+            self.restart()
+        if alone != self.alone:
+            log.info("consumer_alone" if alone else "consumer_shared", stream=self.stream, consumer=self.durable,
+                     gaps="every one a loss" if alone else "looked at after a fault only")
+        self.alone = alone
 
     async def seen(self, delivered: int, seq: int, consumer_seq: int) -> None:
         """Called for each delivery as it arrives, before it is handed on."""

@@ -35,29 +35,30 @@ proves the same and is met the same way.
 
 The server pins whichever process asks first, so the first process to start
 would take every partition. The processes of one consumer count each other
-(a request on `_SEAMQ.MEMBERS.{consumer}` that each answers, naming itself and the partitions it
-holds, which the console shows), and each keeps
-its share, ceil(N / processes): it asks for a partition it does not have only
-while it has fewer, and one with more than its share gives one back the clean
-way (stops asking, lets its lanes ack what they have, unpins). When a process
-dies the others' share grows and they ask again.
+(seamq.nats.members), and each keeps its share, ceil(N / processes): it asks
+for a partition it does not have only while it has fewer, and one with more
+than its share gives one back the clean way (stops asking, lets its lanes ack
+what they have, unpins). When a process dies the others' share grows and they
+ask again.
+
+While pinned, a partition's pull is the only one the server sends that
+partition's messages to, so every gap in its delivery sequence under one pin
+is a loss (seamq.nats.gaps, as for a process alone on its consumer); a new
+pin starts the count again.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import math
-import os
-import socket
 import time
-import uuid
 from collections import deque
 from typing import Awaitable, Callable, Iterable
 
 from nats.aio.client import Client
 
 from seamq.nats import jsapi
+from seamq.nats.members import Roll, members
 from seamq.nats.pull import JsDelivery, PullSource
 from seamq.observability import log
 from seamq.ports import StoredMessage
@@ -66,28 +67,6 @@ from seamq.topology import ConsumerSpec
 
 GROUP = "seamq"  # the one priority group of every partition consumer
 CHECK_EVERY = 0.2  # seconds between two looks at the consumer state while a handover waits
-COUNT_EVERY = 2.0  # seconds between two counts of the consumer's processes
-COUNT_WAIT = 0.2  # seconds the count waits for answers
-PROCESS = f"{socket.gethostname()} pid {os.getpid()}"  # how a process names itself to the others
-
-
-async def members(nc: Client, consumer: str, wait: float = COUNT_WAIT) -> list[dict]:
-    """The processes of a partitioned consumer that answer now, each with the partitions it holds."""
-    inbox, found = nc.new_inbox(), []
-
-    async def answered(msg) -> None:
-        try:
-            found.append(json.loads(msg.data))
-        except ValueError:  # a process of an older seamq answers with nothing
-            found.append({"process": "?", "holds": []})
-
-    sub = await nc.subscribe(inbox, cb=answered)
-    try:
-        await nc.publish(f"_SEAMQ.MEMBERS.{consumer}", b"", reply=inbox)
-        await asyncio.sleep(wait)
-    finally:
-        await sub.unsubscribe()
-    return sorted(found, key=lambda m: str(m.get("process")))
 
 
 def counted(held: Iterable[JsDelivery], delivered: int) -> int:
@@ -105,7 +84,7 @@ class Partition:
         self.nc, self.stream, self.durable, self.others_busy = nc, stream, durable, others_busy
         self.ack_wait, self.pinned_ttl = ack_wait, pinned_ttl
         self.pull = PullSource(nc, stream, durable, buffer=buffer, group=GROUP, arrived=arrived, deliveries=True,
-                               gaps=gaps)
+                               gaps=gaps, alone=True)  # alone while pinned
         self.owner: str | None = None  # the pin we handle messages under
         self.open = False  # handover done: messages go straight on
         self.held: dict[int, JsDelivery] = {}  # stream seq -> latest delivery, while the handover waits
@@ -259,24 +238,13 @@ class PartitionedDeliveries:
                                      pinned_ttl=spec.pinned_ttl, arrived=self._arrived, others_busy=self._others_busy,
                                      gaps=gaps)
                            for durable in spec.durables()]
-        self._consumer = spec.name
-        self._members_subject = f"_SEAMQ.MEMBERS.{spec.name}"
-        self._me = uuid.uuid4().hex  # how our own answer is told from the others
-        self.members = 1
+        self.roll = Roll(nc, spec.name, says=lambda: {"holds": self.holding(), "busy": self.busy()})
         self._next = 0
-        self._subs: list = []
-        self._counter: asyncio.Task | None = None
 
     async def start(self) -> "PartitionedDeliveries":
         for partition in self.partitions:
             await partition.start()
-
-        async def here(msg) -> None:  # counted by the others; read by the console (who holds what)
-            await msg.respond(json.dumps({"process": PROCESS, "id": self._me, "holds": self.holding(),
-                                          "busy": self.busy()}).encode())
-
-        self._subs.append(await self.nc.subscribe(self._members_subject, cb=here))
-        self._counter = asyncio.create_task(self._count_members())
+        await self.roll.start()
         return self
 
     def holding(self) -> list[str]:
@@ -287,31 +255,11 @@ class PartitionedDeliveries:
         return [p.durable for p in self.partitions if p.out or p.ready or p.pull.buffered]
 
     async def _others_busy(self, durable: str) -> bool:
-        return any(m.get("id") != self._me and durable in (m.get("busy") or [])
-                   for m in await members(self.nc, self._consumer))
-
-    async def _count_members(self) -> None:
-        inbox = self.nc.new_inbox()
-        answers = 0
-
-        async def answered(_msg) -> None:
-            nonlocal answers
-            answers += 1
-
-        self._subs.append(await self.nc.subscribe(inbox, cb=answered))
-        while True:
-            answers = 0
-            try:
-                await self.nc.publish(self._members_subject, b"", reply=inbox)
-                await asyncio.sleep(COUNT_WAIT)
-                if answers:  # none, not even our own: we are cut off from the broker; keep the last count
-                    self.members = answers
-            except Exception:  # the broker is away: keep the last count
-                pass
-            await asyncio.sleep(COUNT_EVERY)
+        return any(m.get("id") != self.roll.me and durable in (m.get("busy") or [])
+                   for m in await members(self.nc, self.roll.consumer))
 
     def _balance(self) -> None:
-        share = math.ceil(len(self.partitions) / self.members)
+        share = math.ceil(len(self.partitions) / self.roll.count)
         owned = [p for p in self.partitions if p.owner is not None and not p.releasing]
         if len(owned) > share:  # give one back per look, the one with the least in hand
             min(owned, key=lambda p: p.out + len(p.ready)).want(False)
@@ -356,13 +304,7 @@ class PartitionedDeliveries:
 
     async def close(self) -> None:
         """After the consumer's lanes are done (all acked): unpin what we own, when cleanly stopped."""
-        if self._counter:
-            self._counter.cancel()
-        for sub in self._subs:
-            try:
-                await sub.unsubscribe()
-            except Exception:
-                pass
+        await self.roll.close()
         drained = self.drained
         for partition in self.partitions:
             await partition.close(unpin=drained)

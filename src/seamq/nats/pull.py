@@ -22,6 +22,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from seamq.nats.gaps import Gaps
+from seamq.nats.members import Roll
 from seamq.ports import StoredMessage
 from seamq.stopping import wait_event
 
@@ -67,8 +68,11 @@ class PullSource:
 
     async def _on_message(self, msg: Msg) -> None:
         if msg.data or not msg.headers or "Status" not in msg.headers:
-            if self.group and msg.headers:
-                self.pin = msg.headers.get("Nats-Pin-Id", self.pin)
+            pin = self.group and msg.headers and msg.headers.get("Nats-Pin-Id")
+            if pin and pin != self.pin:
+                self.pin = pin
+                if self.gaps:  # what the server sent others before this pin is no gap of ours
+                    self.gaps.restart()
             item = JsDelivery(msg) if self.deliveries else msg
             if self.gaps:  # before it is handed on: the lost ones must hold their aggregates first
                 await self.gaps.seen(item.delivered, item.seq, item.consumer_seq)
@@ -236,10 +240,22 @@ class JsDelivery:
 class Deliveries:
     """A PullSource for the consumer: what it fetches comes out as Deliveries."""
 
-    def __init__(self, pull: PullSource) -> None:
+    def __init__(self, pull: PullSource, roll: Roll | None = None) -> None:
         if not pull.deliveries:
             raise ValueError("Deliveries needs a PullSource(deliveries=True)")
-        self.pull = pull
+        self.pull, self.roll = pull, roll
+
+    @classmethod
+    async def open(cls, nc: Client, stream: str, durable: str, *, buffer: int, ordered: bool,
+                   alone: bool | None = None) -> "Deliveries":
+        """An unpartitioned consumer's deliveries. `ordered`: lost ones are looked for (seamq.nats.gaps),
+        after a fault, or at every gap while this process is `alone` on its consumer: None to count
+        the processes (seamq.nats.members), which it then does before its first pull."""
+        pull = PullSource(nc, stream, durable, buffer=buffer, deliveries=True, gaps=ordered, alone=bool(alone))
+        roll = None
+        if pull.gaps:
+            roll = await Roll(nc, durable, changed=pull.gaps.set_alone if alone is None else _told).start()
+        return cls(await pull.start(), roll)
 
     async def fetch(self, batch: int, timeout: float) -> list[JsDelivery]:
         return await self.pull.fetch(batch, timeout)
@@ -255,4 +271,10 @@ class Deliveries:
         return self.pull.drained
 
     async def close(self) -> None:
+        if self.roll:
+            await self.roll.close()
         await self.pull.close()
+
+
+def _told(alone: bool) -> None:
+    """`consumer.alone` set: the count is not asked."""
