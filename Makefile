@@ -33,9 +33,11 @@ TEST_WORKERS ?= 4
 test: lint browser bench-peers
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup
 
-# Mistakes ruff finds without running anything (pyproject.toml, [tool.ruff]: which rules, and why those).
+# Mistakes ruff and mypy find without running anything (pyproject.toml, [tool.ruff] and [tool.mypy]:
+# which rules and which modules, and why those).
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench
+	$(BIN)/mypy
 
 # The unit tier only: pure logic on in-memory fakes, in seconds (tests/conftest.py, UNIT_MODULES).
 test-unit: $(STAMP)

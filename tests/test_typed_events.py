@@ -44,6 +44,10 @@ def test_the_class_says_which_event_it_is():
         class BadName(EventModel, context="sea", name="Bad-Name", version=1):
             a: int
     assert exc.value.code == ErrorCode.INVALID_SUBJECT
+    with pytest.raises(SeamqError) as exc:
+        class Versionless(EventModel, context="sea", name="x"):
+            a: int
+    assert exc.value.code == ErrorCode.INVALID_CONFIG and "version=" in exc.value.message
 
 
 def rows(dsn):

@@ -18,5 +18,5 @@ class Backoff:
     def delay(self, attempt: int, rng: random.Random | None = None) -> float:
         """Seconds to wait after failed attempt number `attempt` (1 on the first): between half and all
         of min(cap, base * 2^(attempt - 1)), so many failing at once do not come back at once."""
-        full = min(self.cap, self.base * 2 ** (max(1, attempt) - 1))
-        return full / 2 + (rng or random).uniform(0, full / 2)
+        full = min(self.cap, self.base * 2.0 ** (max(1, attempt) - 1))
+        return full / 2 + (rng.uniform(0, full / 2) if rng else random.uniform(0, full / 2))

@@ -25,7 +25,7 @@ def breaking_changes(old: Any, new: Any) -> list[str]:
     return problems
 
 
-def _resolve(schema: Any, root: Any, seen: frozenset = frozenset()) -> Any:
+def _resolve(schema: Any, root: Any, seen: frozenset[str] = frozenset()) -> Any:
     """Follow local `$ref`s (`#/$defs/Name`, as pydantic writes them)."""
     while isinstance(schema, dict) and isinstance(schema.get("$ref"), str) and schema["$ref"].startswith("#/"):
         ref = schema["$ref"]
@@ -43,7 +43,7 @@ def _resolve(schema: Any, root: Any, seen: frozenset = frozenset()) -> Any:
 
 
 def _compare(old: Any, new: Any, where: str, old_root: Any, new_root: Any, problems: list[str],
-             visiting: set) -> None:
+             visiting: set[tuple[int, int]]) -> None:
     old, new = _resolve(old, old_root), _resolve(new, new_root)
     key = (id(old), id(new))
     if key in visiting:  # a recursive schema: this pair is being compared further up
@@ -81,7 +81,7 @@ def _compare(old: Any, new: Any, where: str, old_root: Any, new_root: Any, probl
             problems.append(f"{where}: {rule} changed from {_short(a)} to {_short(b)}")
 
 
-def _plain(value: Any, root: Any, seen: frozenset = frozenset()) -> Any:
+def _plain(value: Any, root: Any, seen: frozenset[str] = frozenset()) -> Any:
     """A rule's value with `$ref`s resolved (once per chain) and words left out, compared by equality."""
     if isinstance(value, dict) and isinstance(value.get("$ref"), str):
         if value["$ref"] in seen:

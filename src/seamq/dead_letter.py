@@ -161,7 +161,7 @@ class State:
     def of(cls, stored: Mapping[str, Any] | None) -> "State":
         """The state as stored (a JSON object; None or unknown keys are nothing); a value of the
         wrong type is left out rather than trusted."""
-        values = {}
+        values: dict[str, Any] = {}
         for field in fields(cls):
             value = (stored or {}).get(field.name)
             if value is None:

@@ -97,7 +97,7 @@ class Envelope(Generic[P]):
         }
 
     @classmethod
-    def from_json(cls, body: Mapping[str, Any]) -> "Envelope":
+    def from_json(cls, body: Mapping[str, Any]) -> "Envelope[dict[str, Any]]":
         """Parse a §12 body; raises ValueError naming the bad field."""
         missing = [f for f in _REQUIRED if body.get(f) in (None, "")]
         if missing:
@@ -107,12 +107,12 @@ class Envelope(Generic[P]):
             raise ValueError("event_type/event_version disagree with subject")
         if not isinstance(body["payload"], dict):
             raise ValueError("payload must be a JSON object")
-        return cls(
+        return Envelope(
             message_id=_uuid(body["message_id"], "message_id"),
             subject=str(subject), event_type=subject.name, event_version=subject.version,
             occurred_at=_time(body["occurred_at"]),
-            correlation_id=_uuid(body.get("correlation_id"), "correlation_id", optional=True),
-            causation_id=_uuid(body.get("causation_id"), "causation_id", optional=True),
+            correlation_id=_optional_uuid(body.get("correlation_id"), "correlation_id"),
+            causation_id=_optional_uuid(body.get("causation_id"), "causation_id"),
             aggregate_type=str(body["aggregate_type"]), aggregate_id=str(body["aggregate_id"]),
             payload=body["payload"],
             delivery_attempt=_int(body.get("delivery_attempt", 1), "delivery_attempt"),
@@ -133,13 +133,15 @@ class Rejected:
     message_id: uuid.UUID | None = None  # known when the id itself was fine
 
 
-def _uuid(value: Any, name: str, optional: bool = False) -> uuid.UUID | None:
-    if value in (None, "") and optional:
-        return None
+def _uuid(value: Any, name: str) -> uuid.UUID:
     try:
         return uuid.UUID(str(value))
     except ValueError:
         raise ValueError(f"{name} {value!r} is not a UUID") from None
+
+
+def _optional_uuid(value: Any, name: str) -> uuid.UUID | None:
+    return None if value in (None, "") else _uuid(value, name)
 
 
 def _int(value: Any, name: str) -> int:
@@ -157,7 +159,7 @@ def _time(value: Any, name: str = "occurred_at") -> datetime:
 
 
 def parse_message(subject: str, headers: Mapping[str, str] | None, data: bytes,
-                  delivery_attempt: int = 1) -> Envelope | Rejected:
+                  delivery_attempt: int = 1) -> Envelope[dict[str, Any]] | Rejected:
     """Envelope from a JetStream message (subject, headers, JSON payload).
 
     Whatever the bytes, this returns: hostile input is a Rejected, never an exception.
@@ -194,8 +196,8 @@ def parse_message(subject: str, headers: Mapping[str, str] | None, data: bytes,
         return Envelope(
             message_id=message_id, subject=str(parsed), event_type=parsed.name, event_version=parsed.version,
             occurred_at=_time(headers[Header.OCCURRED_AT]),
-            correlation_id=_uuid(headers.get(Header.CORRELATION_ID), "correlation_id", optional=True),
-            causation_id=_uuid(headers.get(Header.CAUSATION_ID), "causation_id", optional=True),
+            correlation_id=_optional_uuid(headers.get(Header.CORRELATION_ID), "correlation_id"),
+            causation_id=_optional_uuid(headers.get(Header.CAUSATION_ID), "causation_id"),
             aggregate_type=headers[Header.AGGREGATE_TYPE], aggregate_id=headers[Header.AGGREGATE_ID],
             payload=payload, replay_attempt=int(headers.get(Header.REPLAY_ATTEMPT, "0") or 0),
             delivery_attempt=delivery_attempt,

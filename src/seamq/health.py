@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -44,7 +45,7 @@ class Beat:
         self.turn()
         return self
 
-    def __exit__(self, *_) -> None:
+    def __exit__(self, *_: object) -> None:
         self.rest()
 
 
@@ -53,7 +54,7 @@ class Answer:
     ok: bool
     checks: dict[str, str]  # name -> "ok" or the reason it failed
 
-    def body(self) -> dict:
+    def body(self) -> dict[str, Any]:
         return {"status": "ok" if self.ok else "failing", "checks": self.checks}
 
 

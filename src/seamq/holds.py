@@ -91,7 +91,7 @@ class Holds:
             self._waiting = {a: w for a, w in self._waiting.items() if max(w.values()) + FORGET >= now}
 
 
-class Pending(dict):
+class Pending(dict[str, dict[int, float | None]]):
     """One lane transaction's decisions: aggregate -> {seq: due back, or None once done}."""
 
     def note(self, aggregate: str, seq: int, away: float | None) -> None:

@@ -14,9 +14,12 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from enum import Enum
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from seamq.ids import uuid7
+
+if TYPE_CHECKING:  # a typed payload (seamq.typed.EventModel) is a pydantic model
+    from pydantic import BaseModel
 
 # A subject token: lowercase snake case, starting with a letter. No dots,
 # wildcards or whitespace can pass this, which is what keeps subjects routable.
@@ -187,7 +190,7 @@ class Event:
     aggregate_type: str
     aggregate_id: str
     event_type: str
-    payload: Mapping[str, Any]
+    payload: Mapping[str, Any] | BaseModel  # a dict, or a typed EventModel (seamq.typed)
     event_version: int = 1
     id: uuid.UUID = field(default_factory=uuid7)  # time-ordered: the outbox's indexes append (seamq.ids)
     occurred_at: datetime = field(default_factory=lambda: datetime.now(timezone.utc))

@@ -11,7 +11,7 @@ inbox row, and Seamq-Replay-Consumer, the one consumer it is for.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 from seamq.model import Header, OutMessage, PubResult, message_headers
 
@@ -45,7 +45,7 @@ class Copy:
         return OutMessage(self.subject, self.data, headers)
 
 
-def repair_copy(topology: Topology, row) -> Copy:
+def repair_copy(topology: Topology, row: Any) -> Copy:
     """An outbox row missing from its stream, as the relay would have published it (`repair:{id}`):
     the audit's repair and the reconcile's. `row` has an OutboxRow's fields."""
     return Copy(topology.event_subject(row.context, row.event_type, row.event_version, row.bucket),

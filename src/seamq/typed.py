@@ -48,6 +48,9 @@ class EventModel(BaseModel):
                 return
             raise SeamqError(ErrorCode.INVALID_CONFIG, f"{cls.__name__}: declare the event it is with "
                              "class keywords context=, name= and version=")
+        if context is None or name is None or version is None:
+            raise SeamqError(ErrorCode.INVALID_CONFIG, f"{cls.__name__}: declare all three of context=, name= "
+                             f"and version= (got {context!r}, {name!r}, {version!r})")
         cls.seamq_subject = EventSubject(context, name, version)  # validates all three
         cls.seamq_aggregate_type = validate_token(aggregate_type, "aggregate_type") if aggregate_type else None
         cls.seamq_aggregate_key = aggregate_key
@@ -73,10 +76,14 @@ class EventModel(BaseModel):
             raise SeamqError(ErrorCode.INVALID_OUTBOX, f"{cls.__name__}: the aggregate is unknown; declare "
                              "aggregate_type= and aggregate_key= on the class, or pass them to .event()")
         subject = cls.seamq_subject
-        extra = {k: v for k, v in (("id", id), ("occurred_at", occurred_at)) if v is not None}
-        return Event(context=subject.context, aggregate_type=aggregate_type, aggregate_id=aggregate_id,
-                     event_type=subject.name, event_version=subject.version, payload=self,
-                     correlation_id=correlation_id, causation_id=causation_id, deliver_at=deliver_at, **extra)
+        event = Event(context=subject.context, aggregate_type=aggregate_type, aggregate_id=aggregate_id,
+                      event_type=subject.name, event_version=subject.version, payload=self,
+                      correlation_id=correlation_id, causation_id=causation_id, deliver_at=deliver_at)
+        if id is not None:
+            event = dataclasses.replace(event, id=id)
+        if occurred_at is not None:
+            event = dataclasses.replace(event, occurred_at=occurred_at)
+        return event
 
     @classmethod
     def json_schema(cls) -> dict[str, Any]:

@@ -13,11 +13,13 @@ from seamq.jobs.model import MAX_BATCH, invalid, iso
 RAISED = re.compile(r"^([A-Za-z_][\w.]*)(?::|$)")  # `ValueError: bad`, `mod.Error`, JS `TypeError: x`
 
 
-def error_type(error: dict) -> str:
+def error_type(error: dict[str, Any]) -> str:
     """`errors[].type`: the client's, else `details.error_class`, else the class the SDKs' workers
     name only in the trace they send (Python: its last line; JS: the stack's first), else from the
     message (L1-RTR-014)."""
-    details = error.get("details") if isinstance(error.get("details"), dict) else {}
+    details = error.get("details")
+    if not isinstance(details, dict):
+        details = {}
     for candidate in (error.get("type"), details.get("error_class")):
         if isinstance(candidate, str) and candidate:
             return candidate
@@ -37,7 +39,7 @@ def error_type(error: dict) -> str:
     return "InternalServerError"
 
 
-def error_entry(error: Any, attempt: int, now: datetime) -> dict:
+def error_entry(error: Any, attempt: int, now: datetime) -> dict[str, Any]:
     """One `errors[]` entry (and the job's `error`) from a nack's error object."""
     if not isinstance(error, dict):
         error = {"message": str(error) if error is not None else "failed"}

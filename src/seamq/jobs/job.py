@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from seamq.jobs.attempts import error_entry
-from seamq.jobs.model import FINISHED, WAITING, RetryPolicy, State, conflict, iso, parse_time
+from seamq.jobs.model import FINISHED, WAITING, Record, RetryPolicy, State, conflict, iso, parse_time
 from seamq.jobs.model import public as model_public
 
 RECORD_TTL = timedelta(days=7)  # a finished job is kept this long (the store's per-message TTL)
@@ -33,7 +33,7 @@ class Job:
     id: str
     type: str
     queue: str
-    args: list
+    args: list[Any]
     state: State
     created_at: datetime
     priority: int = 0
@@ -49,25 +49,25 @@ class Job:
     lease_until: datetime | None = None
     expires_at: str | None = None  # as the client sent it (echoed exactly); `expires` reads it
     timeout_ms: int | None = None
-    tags: list | None = None
-    retry: dict | None = None
-    unique: dict | None = None
-    options: dict | None = None
-    meta: dict | None = None
+    tags: list[str] | None = None
+    retry: dict[str, Any] | None = None
+    unique: dict[str, Any] | None = None
+    options: dict[str, Any] | None = None
+    meta: dict[str, Any] | None = None
     worker_id: str | None = None
     result: Any = None
-    error: dict | None = None
-    errors: tuple[dict, ...] = ()
+    error: dict[str, Any] | None = None
+    errors: tuple[dict[str, Any], ...] = ()
     retry_delay_ms: int | None = None
     dead_letter: bool = False
     workflow_id: str | None = None
     workflow_index: int | None = None
     entry: str | None = None  # the ready entry (and its hold) that this attempt runs under
     hold: str | None = None
-    parent_results: list | None = None
-    extra: dict = field(default_factory=dict)  # what else the client sent (specversion, schema, ...)
+    parent_results: list[Any] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)  # what else the client sent (specversion, schema, ...)
     # Its fields and its record as read from the store: to_record writes only what changed since.
-    as_read: tuple[dict, dict] | None = field(default=None, compare=False, repr=False)
+    as_read: tuple[Record, Record] | None = field(default=None, compare=False, repr=False)
 
     @property
     def expires(self) -> datetime | None:
@@ -103,7 +103,7 @@ def replace(job: Job, **changes: Any) -> Job:
     return new
 
 
-def from_record(record: dict) -> Job:
+def from_record(record: Record) -> Job:
     """The stored dict (ISO strings, `_lease_until`, `_dlq`) as a Job, made without the frozen
     dataclass's __init__, which sets each of its fields through object.__setattr__."""
     known, extra = dict(_DEFAULTS), {}
@@ -139,7 +139,7 @@ def _iso(moment: datetime) -> str:
     return text
 
 
-def counted(job: Job) -> dict:
+def counted(job: Job) -> Record:
     """Where the job's record counts, and no more of it (seamq.jobs.tally.place): what a write names
     as the record it replaces."""
     state = job.state.value
@@ -150,7 +150,7 @@ def counted(job: Job) -> dict:
 _NOTHING: Any = {}  # no fields as read: a value is never this very object, so every field is written
 
 
-def to_record(job: Job) -> dict:
+def to_record(job: Job) -> Record:
     """The dict to store: the client's other fields, then every field (ISO strings for times). A job
     read from the store starts from the record it was read as, and writes only the fields that changed."""
     values = job.__dict__
@@ -174,7 +174,7 @@ def to_record(job: Job) -> dict:
     return record
 
 
-def public(job: Job) -> dict:
+def public(job: Job) -> Record:
     """What a client sees (seamq.jobs.model.public says what is left out)."""
     return model_public(to_record(job))
 
@@ -257,7 +257,7 @@ def retried(job: Job, now: datetime) -> Job:
                    completed_at=None, discarded_at=None, cancelled_at=None)
 
 
-def _last(entry: dict) -> dict:
+def _last(entry: dict[str, Any]) -> dict[str, Any]:
     return {k: entry[k] for k in ("code", "type", "message", "retryable", "details") if k in entry}
 
 
@@ -282,8 +282,8 @@ def timers(job: Job) -> list[Timer]:
         out.append(Timer("run", job.scheduled_at, job.attempt))
     if job.state == State.RETRYABLE and job.next_attempt_at:
         out.append(Timer("run", job.next_attempt_at, job.attempt))
-    if job.state in WAITING and job.expires_at:
-        out.append(Timer("expire", job.expires, job.attempt))
+    if job.state in WAITING and (expires := job.expires):
+        out.append(Timer("expire", expires, job.attempt))
     if job.state == State.ACTIVE:
         if job.lease_until:
             out.append(Timer("lease", job.lease_until, job.attempt))

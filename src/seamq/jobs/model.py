@@ -2,8 +2,7 @@
 
 One job is one record: the public envelope (what `GET /ojs/v1/jobs/{id}` shows)
 plus internal fields whose names start with `_` (lease, entry, dead letter).
-What a state change does is seamq.jobs.job's; what a failed attempt reports,
-seamq.jobs.attempts'.
+What a state change does is seamq.jobs.job's; a failed attempt's report, seamq.jobs.attempts'.
 
 Quirks of the conformance suite v0.4.0 absorbed here (shared/ojs/DESIGN-BRIEF.md
 §1.8): job types may contain `-`; ids are lowercase UUIDv7 only; `options` are
@@ -22,6 +21,8 @@ from enum import StrEnum
 from typing import Any
 
 from seamq import codec, ids
+
+Record = dict[str, Any]  # a job, a count or a workflow as stored: JSON
 
 
 class State(StrEnum):
@@ -54,24 +55,23 @@ MAX_ARGS_BYTES = 512 * 1024  # a job's args; the record must fit one KV message 
 
 # Fields the server owns: a client cannot set them in a push.
 SYSTEM_FIELDS = frozenset({
-    "state", "attempt", "created_at", "enqueued_at", "started_at", "completed_at", "cancelled_at",
-    "discarded_at", "error", "errors", "result", "retry_delay_ms", "next_attempt_at", "worker_id",
-    "workflow_id", "workflow_index", "parent_results",
-})
+    "state", "attempt", "created_at", "enqueued_at", "started_at", "completed_at", "cancelled_at", "discarded_at",
+    "error", "errors", "result", "retry_delay_ms", "next_attempt_at", "worker_id", "workflow_id", "workflow_index",
+    "parent_results"})
 
 
 class OjsError(Exception):
     """An error with the OJS error body: {"error": {code, message, retryable, type, ...}}."""
 
     def __init__(self, status: int, code: str, message: str, *, type: str | None = None,
-                 details: dict | None = None) -> None:
+                 details: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.status, self.code, self.message = status, code, message
         self.type = type or {400: "validation_error", 404: "not_found", 409: "conflict",
                              422: "validation_error"}.get(status, "server_error")
         self.details = details
 
-    def body(self, request_id: str | None = None) -> dict:
+    def body(self, request_id: str | None = None) -> dict[str, Any]:
         retryable = self.status >= 500 and self.status != 501  # 501: asking again changes nothing
         error = {"code": self.code, "message": self.message, "retryable": retryable, "type": self.type}
         if self.details:
@@ -249,7 +249,7 @@ def check_fetch(queues: Any, count: Any) -> None:
         check_queue(queue)
 
 
-def encode(record: dict) -> bytes:
+def encode(record: Record) -> bytes:
     """A record as stored in KV: compact JSON without a job's
     usual nulls; decode() gives back exactly the record."""
     if "_kind" not in record:
@@ -257,20 +257,20 @@ def encode(record: dict) -> bytes:
     return codec.dumps(record)
 
 
-def decode(data: bytes) -> dict:
-    record = codec.loads(data)
+def decode(data: bytes) -> Record:
+    record: Record = codec.loads(data)
     if "_kind" not in record:
         for key in NULLABLE:
             record.setdefault(key, None)
     return record
 
 
-def public(record: dict) -> dict:
+def public(record: Record) -> Record:
     """The envelope a client sees: internal fields (`_…`) and nulls dropped."""
     return {k: v for k, v in record.items() if not k.startswith("_") and v is not None}
 
 
-def new_record(body: Any, now: datetime) -> dict:
+def new_record(body: Any, now: datetime) -> Record:
     """A validated job record from a push body, state `available` or `scheduled`.
 
     Raises OjsError: 400 for the envelope, 422 for the retry policy.
@@ -349,7 +349,7 @@ def new_record(body: Any, now: datetime) -> dict:
     return record
 
 
-def new_records(body: Any, now: datetime) -> list[dict]:
+def new_records(body: Any, now: datetime) -> list[Record]:
     """A bulk enqueue (`{"jobs": [...]}`): every item valid, or an error naming the first wrong one."""
     jobs = body.get("jobs") if isinstance(body, dict) else None
     if not isinstance(jobs, list) or not jobs:
@@ -388,11 +388,11 @@ def validate_unique(unique: Any) -> None:
         parse_duration(unique["period"], "options.unique.period")
 
 
-def unique_keys(unique: dict) -> Any:
+def unique_keys(unique: dict[str, Any]) -> Any:
     return unique.get("keys", unique.get("key", ["type", "args"]))
 
 
-def visibility_ms(record: dict, requested: Any = None) -> int:
+def visibility_ms(record: Record, requested: Any = None) -> int:
     if isinstance(requested, int) and not isinstance(requested, bool) and requested > 0:
         return requested
     options = record.get("options") or {}

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import AsyncIterator, NamedTuple, Protocol
 
+from seamq.jobs.model import Record
+
 
 # How long an entry taken is held before it comes again, unless held anew: long enough for a server
 # to claim its job, short enough that one killed meanwhile delays the job by no more (kill -9
@@ -31,7 +33,7 @@ CAS_TRIES = 8
 class Stored(NamedTuple):
     """A record as last stored, and the revision a compare-and-set over it names."""
 
-    record: dict
+    record: Record
     revision: int
 
 
@@ -49,10 +51,10 @@ class Write:
     share its batch (a worker's ack, which nobody waits on, rides with the next fetch's claims)."""
 
     key: str
-    record: dict | None
+    record: Record | None
     revision: int | None = 0
     finished: bool = False
-    before: dict | None = None
+    before: Record | None = None
     may_wait: float = 0.0
 
 
@@ -71,7 +73,7 @@ class Taken:
 class Fired:
     kind: str
     key: str
-    token: dict
+    token: Record
     handle: object
     deliveries: int = 1  # how many times it was handed out
 
@@ -94,7 +96,7 @@ class JobStore(Protocol):
         """Every record whose key starts with `prefix` (a dotted one such as `cron.`; "" for the jobs,
         whose keys have no dot): a pass over the store, for listings, never kept."""
 
-    def follow(self, prefixes: list[str]) -> "AsyncIterator[tuple[str, dict | None]]":
+    def follow(self, prefixes: list[str]) -> "AsyncIterator[tuple[str, Record | None]]":
         """Every record under `prefixes` as it is now, then ("", None), then each change as it happens
         (None: deleted). For the few records every server needs at hand: queue flags, limits, schemas,
         crons."""
@@ -125,7 +127,7 @@ class JobStore(Protocol):
     async def ready_counts(self, queue: str) -> tuple[int, int]:
         """(entries waiting to be taken, entries held) of `queue`."""
 
-    async def arm(self, kind: str, key: str, at: datetime, token: dict) -> None: ...
+    async def arm(self, kind: str, key: str, at: datetime, token: Record) -> None: ...
 
     async def disarm(self, kind: str, key: str) -> None: ...
 
@@ -175,7 +177,7 @@ class WorkflowMoves(Protocol):
     """What a job's end asks of its workflow: seamq.jobs.flows, which the engine gives the operations
     (named here so that neither imports the other)."""
 
-    async def ending(self, record: dict) -> tuple[list[Write], list[dict], dict | None]:
+    async def ending(self, record: Record) -> tuple[list[Write], list[Record], Record | None]:
         """The writes to commit with the job's end, the jobs they create, the workflow's new record."""
 
-    async def ended(self, moved: dict | None) -> None: ...
+    async def ended(self, moved: Record | None) -> None: ...

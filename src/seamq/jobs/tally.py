@@ -18,7 +18,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 from functools import lru_cache
 
-from seamq.jobs.model import FINISHED, STATES, parse_time
+from seamq.jobs.model import FINISHED, STATES, Record, parse_time
 
 RETENTION = timedelta(days=7)
 SLOTS = 16  # tally records per queue, whatever the number of servers and however often they restart
@@ -42,7 +42,7 @@ def keys(queue: str) -> list[str]:
     return [key(queue, slot) for slot in range(SLOTS)]
 
 
-def place(record: dict | None) -> Place | None:
+def place(record: Record | None) -> Place | None:
     """Where a job record counts; None for no record (not yet created, or deleted)."""
     if record is None:
         return None
@@ -50,7 +50,7 @@ def place(record: dict | None) -> Place | None:
     return record["queue"], state, (_hour(at) if state in FINISHED and at else "")
 
 
-def moves(before: dict | None, after: dict | None) -> list[Move]:
+def moves(before: Record | None, after: Record | None) -> list[Move]:
     """What a write of `after` over `before` does to the counts."""
     old, new = place(before), place(after)
     if old == new:
@@ -58,7 +58,7 @@ def moves(before: dict | None, after: dict | None) -> list[Move]:
     return [*([(*old, -1)] if old else []), *([(*new, 1)] if new else [])]
 
 
-def applied(record: dict | None, queue: str, lane_moves: list[Move], now: datetime) -> dict:
+def applied(record: Record | None, queue: str, lane_moves: list[Move], now: datetime) -> Record:
     """A lane's tally of `queue` with `lane_moves` added; hours past retention dropped (their jobs'
     records are gone), and zeros."""
     live = dict((record or {}).get("live", {}))
@@ -71,9 +71,9 @@ def applied(record: dict | None, queue: str, lane_moves: list[Move], now: dateti
             "done": {hour: states for hour, states in done.items() if states}}
 
 
-def summed(records: list[dict], now: datetime) -> dict[str, int]:
+def summed(records: list[Record], now: datetime) -> dict[str, int]:
     """A queue's count of each state, from every lane's tally."""
-    out = dict.fromkeys(STATES, 0)
+    out: dict[str, int] = dict.fromkeys(STATES, 0)
     for record in records:
         for state, n in record.get("live", {}).items():
             out[state] += n
@@ -84,7 +84,7 @@ def summed(records: list[dict], now: datetime) -> dict[str, int]:
     return out
 
 
-def record_ttl(record: dict, now: datetime) -> int:
+def record_ttl(record: Record, now: datetime) -> int:
     """Seconds a finished job's record is kept: until its hour leaves the retention period."""
     found = place(record)
     if found is None or not found[2]:
