@@ -69,12 +69,51 @@ def test_workers_see_ports_never_a_driver():
     assert not {m: i for m, i in drivers.items() if i}
 
 
+# Every module of src/ in one layer of docs/architecture.md, lowest first; a new module must be placed.
+SHARED = {"topology", "settings", "observability", "registry"}  # read by every layer: configuration, logs
+PORTS = {"ports", "jobs.ports"}
+ADAPTERS = ("nats.", "pg.", "http.", "embedded.", "pipeline.", "jobs.nats_")
+ADAPTER_MODULES = {"memory", "inprocess", "outbox", "jobs.memory_store", "jobs.transactional", "jobs.client"}
+MORE_WORKERS = {"audit", "jobs.worker", "jobs.handlers"}
+FACES = ("cli.", "console.", "dev.")
+FACE_MODULES = {"__main__", "wiring", "testing", "asyncapi", "jobs.native", "jobs.app", "jobs.api", "jobs.auth",
+                "jobs.routes", "jobs.admin_routes", "jobs.console_routes", "jobs.ext_routes", "jobs.serve"}
+LAYERS = ("core", "ports", "adapters", "workers", "faces")
+
+
+def _layer(module: str) -> str | None:
+    if module in CORE | JOBS_CORE | SHARED:
+        return "core"
+    if module in PORTS:
+        return "ports"
+    if module.startswith(ADAPTERS) or module in ADAPTER_MODULES:
+        return "adapters"
+    if module in WORKERS | MORE_WORKERS:
+        return "workers"
+    if module.startswith(FACES) or module in FACE_MODULES:
+        return "faces"
+    return None
+
+
+def _modules() -> list[str]:
+    return sorted(p.relative_to(SRC).with_suffix("").as_posix().replace("/", ".")
+                  for p in SRC.rglob("*.py") if p.stem != "__init__")
+
+
+def test_every_module_imports_only_its_layer_and_those_below():
+    modules = _modules()
+    assert not [m for m in modules if _layer(m) is None], "place each module in a layer (tests/test_house.py)"
+    rank = {m: LAYERS.index(_layer(m)) for m in modules}
+    upward = sorted(f"{m} ({_layer(m)}) imports {t} ({_layer(t)})" for m in modules for i in _imports(m)
+                    if (t := i.removeprefix("seamq.")) in rank and rank[t] > rank[m])
+    assert not upward, upward
+
+
 def test_no_import_cycle_anywhere():
     """A module that needs another's methods names them (a Protocol) rather than importing a module
     that imports it back, even for types: such a pair can only change together. (Packages'
     __init__ files, which gather their modules' names, are left out.)"""
-    modules = sorted(p.relative_to(SRC).with_suffix("").as_posix().replace("/", ".")
-                     for p in SRC.rglob("*.py") if p.stem != "__init__")
+    modules = _modules()
     needs = {m: {i.removeprefix("seamq.") for i in _imports(m, types=True)} & set(modules) for m in modules}
 
     def reaches(start: str, goal: str, seen: set[str]) -> bool:
