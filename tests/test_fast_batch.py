@@ -120,3 +120,55 @@ async def test_flow_acks_without_a_final_answer_count_for_nothing(publisher, nat
     assert all(r.ok for r in again)
     stored = [m.headers["Nats-Msg-Id"] for m in await read_stream(nc.jetstream(), "FB")]
     assert sorted(stored) == sorted(m.headers["Nats-Msg-Id"] for m in messages)
+
+
+async def test_a_batch_sent_again_to_a_leader_that_cannot_replicate_is_not_said_stored(nats_cluster):
+    """A stream leader cut off from its peers proposes what it is sent and cannot commit it. A batch
+    sent again after the timeout is all duplicates of those proposals, which nats-server counts as
+    stored and answers with a final ack: the partitions lab lost 15 events that way (marked published,
+    gone once a new leader took over). No result may say stored until a new leader has the messages."""
+    import os
+    import signal
+
+    probe = await nats.connect(servers=nats_cluster.url.split(","))
+    await probe.jetstream().add_stream(name="FB3", subjects=["fb3.>"], allow_batched=True, num_replicas=3)
+    leader = (await probe.jetstream().stream_info("FB3")).cluster.leader
+    await probe.close()
+    node = nats_cluster.node(leader)
+    followers = [n for n in nats_cluster.nodes if n is not node]
+    nc = await nats.connect(node.url, max_reconnect_attempts=0)
+    fallback = await PipelinedPublisher(nc, timeout=1).start()
+    publisher = await FastBatchPublisher(nc, {"FB3"}, fallback, timeout=1.5).start()
+    messages = [_msg("fb3.a", f"p{i}", stream="FB3") for i in range(15)]
+    for follower in followers:  # the leader alone: it proposes, and nothing commits
+        os.kill(follower.proc.pid, signal.SIGSTOP)
+    try:
+        first = await publisher.publish_many(messages)
+        again = await publisher.publish_many(messages)  # the relay's next claim, before the leader steps down
+    finally:
+        await publisher.close()
+        await fallback.close()
+        await nc.close()
+        node.kill()  # the leader goes; the others elect one without its proposals
+        for follower in followers:
+            os.kill(follower.proc.pid, signal.SIGCONT)
+    assert not any(r.ok for r in first), first[0]
+    assert not any(r.ok for r in again), [r for r in again if r.ok][:1]
+    other = await nats.connect(servers=[f.url for f in followers])
+    try:
+        await wait_for(lambda: _has_leader(other), timeout=60, what="a new stream leader")
+        ours = await PipelinedPublisher(other, timeout=5).start()
+        assert all(r.ok for r in await ours.publish_many(messages))  # stored once, by the new leader
+        await ours.close()
+        stored = [m.headers["Nats-Msg-Id"] for m in await read_stream(other.jetstream(), "FB3")]
+        assert sorted(stored) == sorted(m.headers["Nats-Msg-Id"] for m in messages)
+    finally:
+        await other.close()
+        node.start()
+
+
+async def _has_leader(nc) -> bool:
+    try:
+        return bool((await nc.jetstream().stream_info("FB3")).cluster.leader)
+    except Exception:
+        return False

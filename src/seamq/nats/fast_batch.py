@@ -19,7 +19,10 @@ So the rule for the relay is one number: results 1..C are stored; the first
 message after them gets the reason it failed; the rest are `held` and are
 claimed again (their Msg-Ids make that safe). A batch that ends without a
 final answer (a timeout, the connection) has C = 0, whatever flow acks came:
-a stream leader cut off from its peers acks what it cannot replicate. What a fast batch does not say
+a stream leader cut off from its peers acks what it cannot replicate. A batch said stored
+with no stream sequence (every message a duplicate, or flow acks before a refusal) is asked again
+one message at a time: a leader split from its peers counts a duplicate it has only proposed as
+stored (nats-server 2.15.1). What a fast batch does not say
 is each message's stream sequence, only S, the last one's: every stored
 result carries S, "stored at or before S" (exact for the last, and for a
 batch of one). Reconcile reads `stream_seq` that way.
@@ -173,7 +176,16 @@ class FastBatchPublisher:
             self.batched.discard(stream)
             log.warning("fast_batch_disabled", stream=stream, fallback="pipelined")
             return await self._fallback.publish_many(messages)
-        return batch.results()
+        results = batch.results()
+        if batch.last_seq is None and results and results[0].ok:
+            # Stored, the server said, with no stream sequence: no message of this batch was written by
+            # it (all duplicates), or only flow acks said so. A stream leader split from its peers says
+            # that of duplicates it has only proposed: the partitions lab lost 15 events of a batch
+            # sent again after a timeout. One publish each tells: a duplicate's ack names where it is,
+            # one not yet replicated gets an error.
+            unsure = sum(1 for r in results if r.ok)
+            results[:unsure] = await self._fallback.publish_many(messages[:unsure])
+        return results
 
     async def _send(self, batch: _OpenBatch, inbox: str, messages: list[OutMessage]) -> int:
         """Send until the last (which commits) or until the batch ends; returns how many went out."""
