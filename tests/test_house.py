@@ -109,6 +109,14 @@ def test_every_module_imports_only_its_layer_and_those_below():
     assert not upward, upward
 
 
+def test_the_cli_and_the_console_open_no_driver_and_write_no_sql():
+    """They go through one door: repositories and readers in pg/ and nats/ (issue 48)."""
+    driver = re.compile(r"^\s*(import|from) (psycopg|psycopg_pool|nats)\b|\b(SELECT|INSERT INTO|UPDATE|DELETE FROM) ")
+    found = [f"{p.relative_to(SRC)}:{n}" for p in sorted([*(SRC / "cli").rglob("*.py"), *(SRC / "console").rglob("*.py")])
+             for n, line in enumerate(p.read_text().splitlines(), 1) if driver.search(line)]
+    assert not found, found
+
+
 def test_no_import_cycle_anywhere():
     """A module that needs another's methods names them (a Protocol) rather than importing a module
     that imports it back, even for types: such a pair can only change together. (Packages'

@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from seamq.model import ErrorCode, SeamqError, describe
+from seamq.model import ErrorCode, SeamqError
 from seamq.redact import redact
 from seamq.settings import Settings, load_settings
 from seamq.topology import Topology, load_topology
@@ -81,19 +81,12 @@ def exit_with(error: SeamqError):
 
 def coded(exc: BaseException) -> SeamqError | None:
     """A failure a person can act on, as a SeamqError; None for anything else (a bug)."""
-    import psycopg
-    from nats.errors import NoServersError
-    from psycopg_pool import PoolTimeout
+    from seamq.nats import connect
+    from seamq.pg import errors
 
     if isinstance(exc, SeamqError):
         return exc
-    if isinstance(exc, (psycopg.OperationalError, PoolTimeout)):
-        return SeamqError(ErrorCode.DATABASE_UNAVAILABLE, f"{exc} (check SEAMQ_DATABASE_URL)".strip())
-    if isinstance(exc, psycopg.Error):
-        return SeamqError(ErrorCode.DATABASE_ERROR, describe(exc))
-    if isinstance(exc, (NoServersError, OSError)):
-        return SeamqError(ErrorCode.BROKER_UNAVAILABLE, f"cannot reach NATS: {exc} (check SEAMQ_NATS__URL)")
-    return None
+    return errors.coded(exc) or connect.coded(exc)
 
 
 def run(coro):

@@ -38,7 +38,7 @@ Purged = typer.Option(False, "--purged", help="Purged dead letters too (their DL
 
 
 def _filter(consumer, context, event_type, reason, older_than, limit, message_id=None, purged=False) -> DlqFilter:
-    from seamq.pg.dlq_repo import DlqFilter  # psycopg loads with the command that needs it
+    from seamq.pg.dlq_repo import DlqFilter  # the database driver loads with the command that needs it
 
     age = duration("--older-than", older_than) if older_than else None
     return DlqFilter(consumer=consumer, context=context, event_type=event_type, reason=reason,
@@ -52,12 +52,10 @@ def one_message(rows: list[dict], value: str, what: str) -> list[dict]:
 
 
 async def _select(dsn: str, selection: DlqFilter) -> list[dict]:
-    import psycopg
+    from seamq.pg import dlq_repo  # the database driver loads with the command that needs it
+    from seamq.pg.alone import alone
 
-    from seamq.pg import dlq_repo
-
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        return await dlq_repo.select(conn, selection)
+    return await alone(dsn, dlq_repo.select, selection)
 
 
 @app.command("list")

@@ -26,16 +26,11 @@ def inbox_show(message_id: str = typer.Argument(..., help="The message id, or it
     prefix = id_prefix(message_id, "message id")
     current = settings()
 
-    async def go():
-        import psycopg
+    from seamq.pg import dlq_repo
+    from seamq.pg.alone import alone
 
-        from seamq.pg import dlq_repo
-
-        async with await psycopg.AsyncConnection.connect(current.database_dsn(), autocommit=True) as conn:
-            return await dlq_repo.with_attempts(conn, one_message(await dlq_repo.inbox_rows(conn, prefix),
-                                                                  message_id, "inbox message"))
-
-    rows = run(go())
+    rows = one_message(run(alone(current.database_dsn(), dlq_repo.inbox_rows, prefix)), message_id, "inbox message")
+    rows = run(alone(current.database_dsn(), dlq_repo.with_attempts, rows))
     if as_json:
         return print_json(rows)
     for row in rows:
@@ -61,15 +56,11 @@ def inbox_purge(
             "(duplicate window + max_deliver x max(ack_wait, NAK delay) + DLQ replay window) after it was first "
             "seen; purging sooner could process it twice")))
 
-    async def go():
-        import psycopg
+    from seamq.pg.alone import alone
+    from seamq.pg.inbox_repo import purge_inbox
 
-        from seamq.pg.inbox_repo import purge_inbox
-
-        async with await psycopg.AsyncConnection.connect(current.database_dsn(), autocommit=True) as conn:
-            return await purge_inbox(conn, seconds, batch)
-
-    console.print(f"processed inbox rows older than {older_than}: {run(go()).rows}")
+    purged = run(alone(current.database_dsn(), purge_inbox, seconds, batch))
+    console.print(f"processed inbox rows older than {older_than}: {purged.rows}")
 
 
 def backlog(as_json: bool = JsonOption) -> None:

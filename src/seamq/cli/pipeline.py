@@ -149,21 +149,17 @@ def _reachable(current, *, database: bool = False, nats: bool = False, stream: s
 
     async def check() -> None:
         if database:
-            import psycopg
+            from seamq.pg.alone import alone, answers
 
-            async with await psycopg.AsyncConnection.connect(current.database_dsn(), connect_timeout=5) as conn:
-                await conn.execute("SELECT 1")
+            await alone(current.database_dsn(), answers, timeout=5)
         if nats or stream:
-            from nats.js.errors import NotFoundError
-
             from seamq.nats.connect import connect
+            from seamq.nats.readiness import has_stream
 
             nc = await connect(current.nats, name="seamq-pipeline-check", persistent=False)
             try:
-                if stream:
-                    await nc.jetstream().stream_info(stream)
-            except NotFoundError:
-                raise SeamqError(ErrorCode.NOT_FOUND, f"no stream {stream!r} on {current.nats.url}") from None
+                if stream and not await has_stream(nc, stream):
+                    raise SeamqError(ErrorCode.NOT_FOUND, f"no stream {stream!r} on {current.nats.url}")
             finally:
                 await nc.close()
 

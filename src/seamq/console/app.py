@@ -198,13 +198,14 @@ def _away(exc: Exception, path: str) -> str | None:
     """Which service the console reads is away or not answering, with the setting that points at
     it; None for an error that is no service's absence (a bug)."""
     import aiohttp
-    from nats.errors import Error as NatsError
+
+    from seamq.nats.connect import broker_away
 
     if database_away(exc):
         return "PostgreSQL (SEAMQ_DATABASE_URL)"
     if isinstance(exc, aiohttp.ClientError) or (path.startswith("/jobs") and isinstance(exc, (OSError, TimeoutError))):
         return "the job server (SEAMQ_JOBS__URL)"
-    if isinstance(exc, (NatsError, OSError, TimeoutError)):
+    if broker_away(exc):
         return "NATS (SEAMQ_NATS__URL)"
     return None
 

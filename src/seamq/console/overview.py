@@ -14,12 +14,11 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from psycopg.rows import dict_row
-
 from seamq.model import describe
 from seamq.nats.members import members
+from seamq.nats.readiness import durable_numbers
 from seamq.observability import log
-from seamq.pg.sql import query
+from seamq.pg import overview as pg_overview
 from seamq.stopping import sleep_unless_stopped
 from seamq.topology import Topology
 
@@ -47,7 +46,7 @@ class Overview:
         self.holders: dict[str, str] = {}  # partition (durable) -> the process holding it
 
     def attach(self, nc) -> None:
-        self.nc, self.js = nc, (nc.jetstream() if nc is not None else None)
+        self.nc = nc
 
     @property
     def nats_up(self) -> bool:
@@ -57,15 +56,8 @@ class Overview:
         errors: list[str] = []
         contexts, inbox, processes = [], {}, []
         try:
-            async with self.pool.connection() as conn, conn.cursor(row_factory=dict_row) as cur:
-                await cur.execute(query("outbox_backlog"))
-                contexts = await cur.fetchall()
-                await cur.execute(query("console_published"))
-                published = {r["context"]: r["published"] for r in await cur.fetchall()}
-                await cur.execute(query("console_inbox"))
-                inbox = {r["consumer"]: r for r in await cur.fetchall()}
-                await cur.execute(query("console_processes"))
-                processes = await cur.fetchall()
+            tables = await pg_overview.read(self.pool)
+            contexts, published, inbox, processes = tables.contexts, tables.published, tables.inbox, tables.processes
         except Exception as exc:  # the page says so; it does not fail
             errors.append(f"PostgreSQL: {describe(exc)}")
             published = {}
@@ -96,13 +88,11 @@ class Overview:
                 errors.append(NATS_DOWN)
             return None
         try:
-            info = await self.js.consumer_info(stream, durable, timeout=ASK_NATS)
+            numbers = await durable_numbers(self.nc, stream, durable, timeout=ASK_NATS)
         except Exception as exc:
             errors.append(f"JetStream: consumer {durable}: {describe(exc)}")
             return None
-        return {"name": durable, "pending": info.num_pending or 0, "ack_pending": info.num_ack_pending or 0,
-                "redelivered": info.num_redelivered or 0, "waiting": info.num_waiting or 0,
-                "held_by": self.holders.get(durable)}
+        return {"name": durable, **numbers, "held_by": self.holders.get(durable)}
 
     async def refresh_holders(self) -> None:
         """Which process holds each partition, as each process says (seamq.nats.partitions). Asked by the

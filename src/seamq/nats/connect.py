@@ -19,7 +19,7 @@ from nats.aio.transport import TcpTransport
 
 from seamq.observability import log
 from seamq.settings import NatsSettings
-from seamq.model import describe
+from seamq.model import ErrorCode, SeamqError, describe
 
 _CRLF = b"\r\n"
 _RECONNECT_WAIT = 0.5  # seconds between attempts at one server
@@ -148,6 +148,18 @@ class Rotation:
 # What a broker that is away looks like to nats-py: the socket's errors and its own.
 _AWAY = (OSError, asyncio.TimeoutError, nats.errors.NoServersError, nats.errors.StaleConnectionError,
          nats.errors.UnexpectedEOF, nats.errors.ConnectionClosedError)
+
+
+def broker_away(exc: BaseException) -> bool:
+    """An error of nats-py's, or of the socket under it: a page that read NATS says NATS is away."""
+    return isinstance(exc, (nats.errors.Error, OSError, TimeoutError))
+
+
+def coded(exc: BaseException) -> SeamqError | None:
+    """A command's failure to reach NATS as a person can act on it; None when it is none."""
+    if isinstance(exc, (nats.errors.NoServersError, OSError)):
+        return SeamqError(ErrorCode.BROKER_UNAVAILABLE, f"cannot reach NATS: {exc} (check SEAMQ_NATS__URL)")
+    return None
 
 
 async def connect(settings: NatsSettings, *, name: str = "seamq", persistent: bool = True, **callbacks) -> Client:

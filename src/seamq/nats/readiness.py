@@ -1,5 +1,6 @@
-"""Readiness checks on the broker side (seamq.health.Check): connected, and the
-streams and consumers a worker needs present, asked of the server when a probe asks."""
+"""What the broker holds, asked of the server: readiness checks (seamq.health.Check: connected,
+the streams and consumers a worker needs present), whether a stream is there for a command, and a
+durable consumer's numbers for the console."""
 
 from __future__ import annotations
 
@@ -14,6 +15,21 @@ def connected(nc: Client) -> Check:
         if not nc.is_connected:
             raise ConnectionError("not connected to NATS (reconnecting)")
     return check
+
+
+async def has_stream(nc: Client, stream: str) -> bool:
+    try:
+        await nc.jetstream().stream_info(stream)
+    except NotFoundError:
+        return False
+    return True
+
+
+async def durable_numbers(nc: Client, stream: str, durable: str, *, timeout: float) -> dict[str, int]:
+    """A durable consumer's numbers as JetStream has them now (the console's overview)."""
+    info = await nc.jetstream().consumer_info(stream, durable, timeout=timeout)
+    return {"pending": info.num_pending or 0, "ack_pending": info.num_ack_pending or 0,
+            "redelivered": info.num_redelivered or 0, "waiting": info.num_waiting or 0}
 
 
 def provisioned(nc: Client, streams: list[str], consumers: list[tuple[str, str]] = ()) -> Check:
