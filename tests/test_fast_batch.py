@@ -133,6 +133,7 @@ async def test_a_batch_sent_again_to_a_leader_that_cannot_replicate_is_not_said_
     probe = await nats.connect(servers=nats_cluster.url.split(","))
     await probe.jetstream().add_stream(name="FB3", subjects=["fb3.>"], allow_batched=True, num_replicas=3)
     leader = (await probe.jetstream().stream_info("FB3")).cluster.leader
+    assert await batched_streams(probe, ["FB3"]) == set(), "a replicated stream is published message by message"
     await probe.close()
     node = nats_cluster.node(leader)
     followers = [n for n in nats_cluster.nodes if n is not node]

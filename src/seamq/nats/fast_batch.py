@@ -57,16 +57,21 @@ def server_batches(nc: Client) -> bool:
 
 
 async def batched_streams(nc: Client, streams: list[str]) -> set[str]:
-    """The streams a relay can publish to in fast batches: the server has them and the stream allows
-    them (`seamq provision` turns that on). Chosen at connect time; a stream that turns it off later
-    answers "disabled", and the publisher goes back to pipelining for it."""
+    """The streams a relay can publish to in fast batches: the server has them, the stream allows them
+    (`seamq provision` turns that on), and it has one replica. A replicated stream's leader counts a
+    duplicate it has only proposed as stored in a fast batch (nats-server 2.15.1), so a batch sent
+    again after a timeout can be said stored and be lost with that leader (the partitions lab lost
+    15 events so, with a stream sequence in the ack); one publish each gets exact answers. Chosen at
+    connect time; a stream that turns batches off later answers "disabled", and the publisher goes
+    back to pipelining for it."""
     if not server_batches(nc):
         return set()
     js = nc.jetstream()
     out = set()
     for name in streams:
         try:
-            if (await js.stream_info(name)).config.allow_batched:
+            config = (await js.stream_info(name)).config
+            if config.allow_batched and (config.num_replicas or 1) == 1:
                 out.add(name)
         except Exception as exc:  # no such stream yet, or no answer: pipelined, which reports per message
             log.info("fast_batch_unknown", stream=name, error=describe(exc))
