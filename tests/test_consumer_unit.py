@@ -249,3 +249,47 @@ async def test_a_delivery_lost_on_the_way_holds_its_aggregate_until_it_comes_aga
     assert handler.calls[0] == ("b", 0), "another aggregate is not held"
     held = [s for s, _ in source.naks]
     assert len(source.acked) == 3 and held and set(held) == {2}, f"a1 held behind a0, nothing else: {held}"
+
+
+async def test_after_a_reconnect_an_aggregate_waits_for_its_failed_message_however_long_it_was_away(monkeypatch):
+    """The consumer's host was cut off just as a0 failed: its NAK, and JetStream's delivery of it
+    again, were lost with the connection; it comes back only ack_wait after the reconnect, after a1
+    came again. a1 waits for it. Before, the hold ran out ack_wait after a0's NAK, and the partitions
+    lab handled o-110's 70 after its 77."""
+    from seamq import holds
+
+    monkeypatch.setattr(holds, "HOLD_GRACE", 0.3)  # the grace is then ack_wait + 1 s: 1.1 s
+    source, inbox, dlq = MemoryDeliveries(redeliver=False), MemoryInbox(), MemoryPublisher()
+    handler = Script({("a", 0): [HandlerResult(Outcome.RETRY, "503")]})
+    a0, a1 = (publish(source, event("a", n)) for n in range(2))
+
+    def again(d: MemoryDelivery, delivered: int) -> None:
+        source.ready.append(MemoryDelivery(d.subject, d.headers, d.data, d.seq, source, delivered))
+
+    consumer = InboxConsumer(SPEC.model_copy(update={"ack_wait": 0.1}), source, inbox, dlq, lambda t, v: handler,
+                             ConsumerSettings(nak_base=0.01, nak_max=0.02, concurrency=2))
+    stop = asyncio.Event()
+    task = asyncio.create_task(consumer.run(stop))
+    try:
+        await wait_until(lambda: len(source.naks) == 2)  # a0 failed, a1 held behind it; both lost
+        await asyncio.sleep(1.3)  # away longer than the grace (ack_wait + 1 s)
+        source.reconnected()
+        again(a1, 2)  # a1 comes again first
+        await wait_until(lambda: len(source.naks) == 3, f"a1 held again (handled: {handler.calls})")
+        assert source.naks[-1][0] == a1.seq and handler.calls == [("a", 0)], "a1 waits for a0"
+        again(a0, 3)
+        await wait_until(lambda: handler.calls[-1:] == [("a", 0)] and len(handler.calls) == 2)
+        again(a1, 3)
+        await wait_until(lambda: len(source.acked) == 2)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 5)
+    assert handler.calls == [("a", 0), ("a", 0), ("a", 1)]
+
+
+async def wait_until(condition, what: str = "", seconds: float = 10.0) -> None:
+    for _ in range(int(seconds / 0.005)):
+        if condition():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError(f"not within {seconds:g} s: {what}")

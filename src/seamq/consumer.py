@@ -109,6 +109,8 @@ class InboxConsumer:
                 if messages:
                     self._metrics.pending.set(messages[-1].pending)
                 if self.config.ordered:  # before what came after them reaches a lane
+                    if (at := self.source.resumed()) is not None:
+                        self._holds.resumed(at)
                     self._expect(self.source.missed())
                 for i, msg in enumerate(messages):
                     item = self._prepare(msg)

@@ -72,6 +72,14 @@ class Holds:
         ack_wait, and its aggregate's later messages wait for it as for one sent back."""
         self._waiting.setdefault(aggregate, {})[seq] = time.monotonic() + self.ack_wait
 
+    def resumed(self, at: float) -> None:
+        """Deliveries came again at `at` after the connection was lost: a message sent back before was
+        sent again while we were away, and lost too; it comes back within ack_wait from now, so what
+        waits for it waits that long again."""
+        for waiting in self._waiting.values():
+            for seq, due in waiting.items():
+                waiting[seq] = max(due, at)
+
     def record(self, pending: "Pending") -> None:
         """After a commit: what the lane sent back waits; what it handled or dead-lettered is done."""
         for aggregate, seqs in pending.items():

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import time
 import uuid
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -197,6 +198,7 @@ class MemoryDeliveries:
         self.fetched = 0
         self.max_ack_pending = 1_000_000
         self.lost: list[StoredMessage] = []
+        self.resumed_at: float | None = None
         self._stopping = False
 
     def publish(self, subject: str, headers: dict[str, str], data: bytes, delivered: int = 1) -> MemoryDelivery:
@@ -230,6 +232,14 @@ class MemoryDeliveries:
         """What `lose()` took away on the way since last asked."""
         found, self.lost = self.lost, []
         return found
+
+    def reconnected(self) -> None:
+        """The connection came back: what the broker sent meanwhile was lost (`resumed()`)."""
+        self.resumed_at = time.monotonic()
+
+    def resumed(self) -> float | None:
+        at, self.resumed_at = self.resumed_at, None
+        return at
 
     def stop_requesting(self) -> None:
         self._stopping = True

@@ -123,6 +123,11 @@ class DeliverySource(Protocol):
         """Messages sent to this process that never arrived (seamq.nats.gaps), found since last asked:
         JetStream sends them again after ack_wait, and their aggregates wait for them."""
 
+    def resumed(self) -> float | None:
+        """When deliveries came again after this process lost its connection to the broker, since last
+        asked (time.monotonic()); None if it did not. What was sent back before then and sent again
+        while it was away was lost as well: it comes back within ack_wait from then (seamq.holds)."""
+
     def stop_requesting(self) -> None: ...
 
 

@@ -294,6 +294,9 @@ class PartitionedDeliveries:
     def missed(self) -> list[StoredMessage]:
         return [m for partition in self.partitions for m in partition.pull.missed()]
 
+    def resumed(self) -> float | None:
+        return max((at for at in [p.pull.resumed() for p in self.partitions] if at is not None), default=None)
+
     def stop_requesting(self) -> None:
         for partition in self.partitions:
             partition.pull.stop_requesting()

@@ -60,6 +60,8 @@ class PullSource:
         self._stopping = False
         self.paused = False  # a partition this process does not want now: no new requests
         self.gaps = Gaps(nc, stream, durable, alone=alone) if gaps else None
+        self._contact = nc.stats["reconnects"]
+        self.resumed_at: float | None = None  # deliveries came again after a reconnect (`resumed()`)
 
     async def start(self) -> "PullSource":
         self._inbox = self.nc.new_inbox()
@@ -67,6 +69,8 @@ class PullSource:
         return self
 
     async def _on_message(self, msg: Msg) -> None:
+        if (reconnects := self.nc.stats["reconnects"]) != self._contact:
+            self._contact, self.resumed_at = reconnects, time.monotonic()
         if msg.data or not msg.headers or "Status" not in msg.headers:
             pin = self.group and msg.headers and msg.headers.get("Nats-Pin-Id")
             if pin and pin != self.pin:
@@ -161,6 +165,11 @@ class PullSource:
         out = [self._ready.popleft() for _ in range(count)]
         await self.top_up()
         return out
+
+    def resumed(self) -> float | None:
+        """When deliveries came again after a reconnect, since last asked."""
+        at, self.resumed_at = self.resumed_at, None
+        return at
 
     def missed(self) -> list[StoredMessage]:
         """What `gaps` found since last asked."""
@@ -262,6 +271,9 @@ class Deliveries:
 
     def missed(self) -> list[StoredMessage]:
         return self.pull.missed()
+
+    def resumed(self) -> float | None:
+        return self.pull.resumed()
 
     def stop_requesting(self) -> None:
         self.pull.stop_requesting()
