@@ -6,7 +6,9 @@ leader's; the stream leader split from its peers while its clients still reach i
 host cut off from every node while it holds unacknowledged messages; the relay's node flapping. Each
 pause in publishing and in handling is measured, and at the end everything is counted: nothing lost,
 nothing handled twice, each aggregate handled in order, every poison event a dead letter and no other;
-and `seamq audit --once` finds nothing missing.
+and `seamq audit --once` finds nothing missing. `seamq audit` runs throughout: an event the broker
+acknowledged and then lost is published again from its row, and it alone may come after later events
+of its aggregate.
 """
 
 from __future__ import annotations
@@ -123,6 +125,11 @@ async def test_one_partition_after_another_loses_nothing_doubles_nothing_and_kee
                              {**env, "SEAMQ_NATS__URL": nats.url_of(consumer_leader)})
         relay = lab.popen("relay", [*SEAMQ, "relay"], tmp_path / "relay.log",
                           {**env, "SEAMQ_NATS__URL": nats.url_of(relay_node)})
+        # The audit runs throughout, as in a deployment: what the broker acknowledged and then lost
+        # (it happened: 15 events of one relay batch at a split, CI 2026-11-29) is found and published
+        # again from its row.
+        auditor = lab.popen("relay", [*SEAMQ, "audit"], tmp_path / "audit.log",
+                            {**env, "SEAMQ_AUDIT__SETTLE": "10", "SEAMQ_AUDIT__INTERVAL": "1"})
 
         async def produce():  # writers throughout: 100 events/s, 20/s for the last fifth, the rest once healed
             nonlocal written
@@ -185,9 +192,9 @@ async def test_one_partition_after_another_loses_nothing_doubles_nothing_and_kee
                            timeout=300, what="everything handled or dead-lettered")
         finally:
             producer.cancel()
-            for worker in (relay, consumer):
+            for worker in (relay, consumer, auditor):
                 worker.send_signal(signal.SIGTERM)
-            exits = [worker.wait(30) for worker in (relay, consumer)]
+            exits = [worker.wait(30) for worker in (relay, consumer, auditor)]
         # The audit, from nothing, finds nothing missing: every published row in the stream, every
         # event with its row, every acked message finished in the inbox (exit 3 and the list if not).
         print(lab.run("relay", [*SEAMQ, "audit", "--once"], {**env, "SEAMQ_AUDIT__SETTLE": "0"}, timeout=600))
@@ -196,17 +203,26 @@ async def test_one_partition_after_another_loses_nothing_doubles_nothing_and_kee
         f["handling"] = longest_pause(dsn, "processed_at", "inbox_messages", f["began"], f["healed"])
         print(f"\n{f['fault']} ({f['node']}, {time.strftime('%H:%M:%S', time.gmtime(f['began']))}, {CUT} s): "
               f"longest pause in publishing {f['publishing']:.1f} s, in handling {f['handling']:.1f} s")
-    assert exits == [0, 0]
+    assert exits == [0, 0, 0]
     with psycopg.connect(dsn) as conn:
-        rows = conn.execute("SELECT aggregate_id, n FROM handled_order ORDER BY id").fetchall()
+        rows = conn.execute("SELECT aggregate_id, n, message_id FROM handled_order ORDER BY id").fetchall()
+        lost = conn.execute("SELECT message_id, stream_seq, found_at, repaired_at, repair_seq FROM audit_findings "
+                            "WHERE kind = 'not_in_stream'").fetchall()
         dead = {r[0] for r in conn.execute("SELECT message_id FROM inbox_messages WHERE status = 'dead_lettered'")}
         states = dict(conn.execute("SELECT status, count(*) FROM inbox_messages GROUP BY status").fetchall())
     assert dead == poison and len(poison) == len(todo) // 1000, f"dead letters {len(dead)}, poison {len(poison)}"
-    assert len(rows) == len({(a, n) for a, n in rows}) == len(todo) - len(poison), states  # none lost, none twice
+    assert len(rows) == len({(a, n) for a, n, _ in rows}) == len(todo) - len(poison), states  # none lost, twice
+    # What the broker acknowledged and lost comes back from the audit after later events of its
+    # aggregate: those alone may be handled out of order, each one named by the audit.
+    for message_id, seq, found, repaired, copy in lost:
+        print(f"the broker lost {message_id}, acknowledged at stream sequence {seq}: found {found:%H:%M:%S.%f}, "
+              f"published again {repaired and f'{repaired:%H:%M:%S.%f}'} at {copy}")
+    repaired = {message_id for message_id, *_ in lost}
     last: dict[str, int] = {}
-    for aggregate, n in rows:
-        assert n > last.get(aggregate, -1), f"{aggregate} handled out of order: {n} after {last[aggregate]}"
-        last[aggregate] = n
+    for aggregate, n, message_id in rows:
+        assert n > last.get(aggregate, -1) or message_id in repaired, \
+            f"{aggregate} handled out of order: {n} after {last[aggregate]}"
+        last[aggregate] = max(n, last.get(aggregate, -1))
     # Each fault but the consumer's host cut off from every node: that one stops its handling for as
     # long as it lasts, by definition.
     slow = [f for f in faults if f["node"] != "consumer" and max(f["publishing"], f["handling"]) > (

@@ -197,14 +197,21 @@ class LabNats:
         return None
 
     def leaders(self, stream: str, consumer: str, via: str, env: dict) -> tuple[str | None, str | None]:
-        """The nodes leading `stream` and its `consumer` now, asked from host `via`."""
-        code = ("import asyncio, json, os, nats\n"
+        """The nodes leading `stream` and its `consumer` now, asked from host `via`; None for one that
+        JetStream cannot name now (an election, no meta leader: 503)."""
+        code = ("import asyncio, json, os, nats, nats.js.errors\n"
                 "async def main():\n"
                 "    nc = await nats.connect(os.environ['SEAMQ_NATS__URL'].split(','))\n"
                 "    js = nc.jetstream()\n"
-                "    s = await js.stream_info(%r)\n"
-                "    c = await js.consumer_info(%r, %r)\n"
-                "    print(json.dumps([s.cluster.leader, c.cluster.leader]))\n"
+                "    try:\n"
+                "        s = (await js.stream_info(%r)).cluster.leader\n"
+                "    except nats.js.errors.APIError:\n"
+                "        s = None\n"
+                "    try:\n"
+                "        c = (await js.consumer_info(%r, %r)).cluster.leader\n"
+                "    except nats.js.errors.APIError:\n"
+                "        c = None\n"
+                "    print(json.dumps([s, c]))\n"
                 "    await nc.close()\n"
                 "asyncio.run(main())\n") % (stream, stream, consumer)
         return tuple(json.loads(self.lab.run(via, [sys.executable, "-c", code], env, timeout=60)))
