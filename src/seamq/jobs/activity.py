@@ -8,6 +8,8 @@ than presenting a part as the whole.
 
 from __future__ import annotations
 
+from typing import Any, Iterable
+
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -36,7 +38,7 @@ class Worker:
             return self.asked
         return "stale" if now - self.last_seen_at > STALE_AFTER else "running"
 
-    def public(self, now: datetime) -> dict:
+    def public(self, now: datetime) -> dict[str, Any]:
         return {"id": self.id, "state": self.state(now), "queues": sorted(self.queues),
                 "active_jobs": self.active_jobs, "started_at": iso(self.started_at),
                 "last_heartbeat_at": iso(self.last_heartbeat_at or self.last_seen_at),
@@ -47,7 +49,7 @@ class Workers:
     def __init__(self) -> None:
         self.known: dict[str, Worker] = {}
 
-    def seen(self, worker_id: object, now: datetime, queues: list[str] = ()) -> Worker | None:
+    def seen(self, worker_id: object, now: datetime, queues: Iterable[str] = ()) -> Worker | None:
         if not isinstance(worker_id, str) or not worker_id:
             return None  # a fetch without a worker_id is allowed; there is no one to list
         worker = self.known.get(worker_id)
@@ -61,6 +63,8 @@ class Workers:
     def beat(self, worker_id: str, active_jobs: int, now: datetime) -> str | None:
         """A heartbeat: returns what the worker was asked to do, if anything."""
         worker = self.seen(worker_id, now)
+        if worker is None:  # no id: no one to list, nothing asked
+            return None
         worker.last_heartbeat_at, worker.active_jobs = now, active_jobs
         return worker.asked
 
@@ -70,7 +74,7 @@ class Workers:
             worker.asked = what
         return worker
 
-    def listing(self, now: datetime) -> tuple[list[dict], dict]:
+    def listing(self, now: datetime) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         rows = [w.public(now) for w in sorted(self.known.values(), key=lambda w: w.id)]
         states = Counter(r["state"] for r in rows)
         return rows, {"total": len(rows), "running": states["running"], "quiet": states["quiet"],
@@ -105,15 +109,16 @@ class Meter:
     def _in(self, kind: str, minute: int, queue: str | None) -> int:
         return sum(c.get(minute, 0) for (q, k), c in self.counts.items() if k == kind and queue in (None, q))
 
-    def per_minute(self, now: datetime, queue: str | None = None) -> dict:
+    def per_minute(self, now: datetime, queue: str | None = None) -> dict[str, Any]:
         """The last 60 seconds: this minute so far, and the part of the last one still inside them."""
         minute = _minute(now)
         inside = 1 - (now.timestamp() % 60) / 60
-        rate = lambda kind: round(self._in(kind, minute, queue) + inside * self._in(kind, minute - 1, queue), 2)  # noqa: E731
+        def rate(kind: str) -> float:
+            return round(self._in(kind, minute, queue) + inside * self._in(kind, minute - 1, queue), 2)
         return {"processed_per_minute": rate("processed"), "failed_per_minute": rate("failed")}
 
     def history(self, period: str, since: datetime | None, until: datetime | None, now: datetime,
-                queue: str | None = None) -> dict:
+                queue: str | None = None) -> dict[str, Any]:
         if period not in PERIODS:
             raise invalid(f"period must be one of {', '.join(PERIODS)}")
         step = PERIODS[period]
@@ -132,7 +137,7 @@ class Meter:
                         totals[(kind, minute // step * step)] += n
         data = []
         for start in range(first, last + 1, step):
-            point = {"timestamp": iso(datetime.fromtimestamp(start * 60, timezone.utc))}
+            point: dict[str, Any] = {"timestamp": iso(datetime.fromtimestamp(start * 60, timezone.utc))}
             point.update({kind: totals[(kind, start)] for kind in KINDS})
             data.append(point)
         return {"period": period, "data": data}

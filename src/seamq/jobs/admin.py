@@ -41,7 +41,7 @@ class Filter:
         unknown = sorted(set(given) - set(FILTER_FIELDS))
         if strict and unknown:
             raise invalid(f"filter: unknown field {unknown[0]!r}; known: {', '.join(FILTER_FIELDS)}")
-        values = {}
+        values: dict[str, Any] = {}
         for name in ("queue", "state", "type", "id"):
             value = given.get(name)
             if value is not None and (not isinstance(value, str) or not value):
@@ -60,7 +60,7 @@ class Filter:
                 raise invalid(f"filter: {name} must be an RFC 3339 time such as 2026-01-31T12:00:00Z") from None
         return cls(**values)
 
-    def matches(self, record: dict) -> bool:
+    def matches(self, record: dict[str, Any]) -> bool:
         if self.id is not None and not str(record.get("id", "")).startswith(self.id.lower()):
             return False
         if self.queue is not None and record.get("queue") != self.queue:
@@ -80,17 +80,17 @@ class Filter:
                 return False
         return True
 
-    def select(self, records: Iterable[dict]) -> list[dict]:
+    def select(self, records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
         return [r for r in records if self.matches(r)]
 
 
-def confirmed(body: dict) -> None:
+def confirmed(body: dict[str, Any]) -> None:
     """Destructive and bulk actions act only with `confirm: true` (admin API §4, §6.5, §8)."""
     if body.get("confirm") is not True:
         raise invalid("this action changes many jobs: send \"confirm\": true to carry it out")
 
 
-def sort(records: list[dict], by: str | None, order: str | None) -> list[dict]:
+def sort(records: list[dict[str, Any]], by: str | None, order: str | None) -> list[dict[str, Any]]:
     by, order = by or "created_at", order or "desc"
     if by not in SORTS:
         raise invalid(f"sort must be one of {', '.join(SORTS)}")
@@ -113,7 +113,7 @@ def _positive(text: str | None, name: str, default: int) -> int:
     return value
 
 
-def paged(items: list, params: Mapping[str, str]) -> dict:
+def paged(items: list[Any], params: Mapping[str, str]) -> dict[str, Any]:
     """`{items, pagination: {total, page, per_page}}`; `per_page` above the most is the most."""
     page = _positive(params.get("page"), "page", 1)
     per_page = min(_positive(params.get("per_page"), "per_page", PER_PAGE), MOST_PER_PAGE)
@@ -122,7 +122,7 @@ def paged(items: list, params: Mapping[str, str]) -> dict:
             "pagination": {"total": len(items), "page": page, "per_page": per_page}}
 
 
-def summary(record: dict) -> dict:
+def summary(record: dict[str, Any]) -> dict[str, Any]:
     """A job as one row of a list."""
     row = {k: record[k] for k in ("id", "type", "queue", "state", "priority", "attempt", "max_attempts")}
     row.update({k: record[k] for k in TIMES if record.get(k)})
@@ -131,7 +131,7 @@ def summary(record: dict) -> dict:
     return row
 
 
-def detail(record: dict) -> dict:
+def detail(record: dict[str, Any]) -> dict[str, Any]:
     """The whole envelope, with the admin API's extras: `errors` always a list (each trace as
     `backtrace` lines), `retry_policy`, `metadata` with the job's moments, and `dead_letter`: whether
     it waits in the dead letters (discarded with on_exhaustion: dead_letter)."""
@@ -144,15 +144,17 @@ def detail(record: dict) -> dict:
     return job
 
 
-def _with_backtrace(error: dict) -> dict:
-    details = error.get("details") if isinstance(error.get("details"), dict) else {}
+def _with_backtrace(error: dict[str, Any]) -> dict[str, Any]:
+    details = error.get("details")
+    if not isinstance(details, dict):
+        details = {}
     trace = details.get("traceback") or details.get("stack")
     if isinstance(trace, str) and trace.strip():
         return {**error, "backtrace": trace.rstrip().splitlines()}
     return error
 
 
-def dead_letter_stats(records: list[dict]) -> dict:
+def dead_letter_stats(records: list[dict[str, Any]]) -> dict[str, Any]:
     by_queue: dict[str, int] = {}
     by_type: dict[str, int] = {}
     for record in records:
@@ -166,6 +168,6 @@ def dead_letter_stats(records: list[dict]) -> dict:
     return stats
 
 
-def bulk_result(action: str, matched: int, errors: list[dict]) -> dict:
+def bulk_result(action: str, matched: int, errors: list[dict[str, Any]]) -> dict[str, Any]:
     return {"action": action, "matched": matched, "succeeded": matched - len(errors), "failed": len(errors),
             "errors": errors}

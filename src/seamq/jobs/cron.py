@@ -8,6 +8,8 @@ that it repeats fires once).
 
 from __future__ import annotations
 
+from typing import Any
+
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -21,7 +23,7 @@ SHORTHANDS = {
 }
 MONTHS = {m: i for i, m in enumerate("jan feb mar apr may jun jul aug sep oct nov dec".split(), 1)}
 DAYS = {d: i for i, d in enumerate("sun mon tue wed thu fri sat".split())}
-FIELDS = (("minute", 0, 59, {}), ("hour", 0, 23, {}), ("day of month", 1, 31, {}), ("month", 1, 12, MONTHS),
+FIELDS: tuple[tuple[str, int, int, dict[str, int]], ...] = (("minute", 0, 59, {}), ("hour", 0, 23, {}), ("day of month", 1, 31, {}), ("month", 1, 12, MONTHS),
           ("day of week", 0, 7, DAYS))
 SEARCH_DAYS = 366 * 5  # `0 0 29 2 1` runs on a Monday 29 February: a few years out at most
 
@@ -90,7 +92,8 @@ def parse(expression: object) -> Cron:
                       "(minute hour day-of-month month day-of-week) or a shorthand such as @daily")
     values = [_field(part, *spec) for part, spec in zip(parts, FIELDS)]
     weekdays = frozenset(d % 7 for d in values[4])  # 7 is Sunday too
-    return Cron(*map(frozenset, values[:4]), weekdays, any_day=parts[2] == "*", any_weekday=parts[4] == "*")
+    minutes, hours, days, months = (frozenset(v) for v in values[:4])
+    return Cron(minutes, hours, days, months, weekdays, any_day=parts[2] == "*", any_weekday=parts[4] == "*")
 
 
 def _field(text: str, name: str, low: int, high: int, names: dict[str, int]) -> set[int]:
@@ -125,7 +128,7 @@ def key(name: str) -> str:
     return f"cron.{name.encode().hex()}"
 
 
-def _one_of(body: dict, names: tuple[str, str], what: str) -> object:
+def _one_of(body: dict[str, Any], names: tuple[str, str], what: str) -> object:
     """The suite names it one way, the SDKs another: either, but not two that disagree."""
     given = [body[n] for n in names if body.get(n) is not None]
     if len(given) == 2 and given[0] != given[1]:
@@ -133,7 +136,7 @@ def _one_of(body: dict, names: tuple[str, str], what: str) -> object:
     return given[0] if given else None
 
 
-def new(body: object, now: datetime) -> dict:
+def new(body: object, now: datetime) -> dict[str, Any]:
     """A validated cron record from `POST /cron`: the suite's `{name, expression, job_template}` or
     the SDKs' `{name, cron, type, args, options, meta}`."""
     if not isinstance(body, dict):
@@ -165,7 +168,7 @@ def new(body: object, now: datetime) -> dict:
             "next_run_at": model.iso(schedule.next_after(now, zone)), "job_template": template}
 
 
-def public(record: dict) -> dict:
+def public(record: dict[str, Any]) -> dict[str, Any]:
     """The record as both shapes read it: the suite's fields and the SDKs' (`cron`, `type`, `args`,
     `options`, `status`)."""
     template = record.get("job_template") or {}

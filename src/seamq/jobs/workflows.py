@@ -39,7 +39,7 @@ def key(workflow_id: str) -> str:
     return f"wf.{workflow_id}"
 
 
-def from_steps(body: dict) -> tuple[dict, list[str]]:
+def from_steps(body: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """The Python SDK's form, `{name, steps: [{id, type, args, depends_on, options}]}` with no
     workflow `type`, as the chain, group or batch its dependencies describe, and the step ids.
     Any other graph is refused: seamq runs those three shapes and would rather say so than guess."""
@@ -56,7 +56,7 @@ def from_steps(body: dict) -> tuple[dict, list[str]]:
     jobs = [i for i, c in enumerate(callback) if c is None]
     job_ids = {ids[i] for i in jobs}
 
-    def item(index: int) -> dict:
+    def item(index: int) -> dict[str, Any]:
         step = steps[index]
         options = {k: v for k, v in (step.get("options") or {}).items() if k != "callback_type"}
         return {k: v for k, v in {"type": step.get("type"), "args": step.get("args", []),
@@ -81,7 +81,7 @@ def from_steps(body: dict) -> tuple[dict, list[str]]:
                   "nor a batch (callbacks on every job); seamq runs those three shapes")
 
 
-def new(body: Any, now: datetime) -> tuple[dict, list[dict]]:
+def new(body: Any, now: datetime) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """A validated workflow record and the jobs to enqueue with it (the first step, or all)."""
     if not isinstance(body, dict):
         raise invalid("the request body must be a JSON object")
@@ -126,7 +126,7 @@ def new(body: Any, now: datetime) -> tuple[dict, list[dict]]:
     return workflow, [_job(workflow, i, now) for i in first]
 
 
-def public(workflow: dict, states: dict[str, str]) -> dict:
+def public(workflow: dict[str, Any], states: dict[str, str]) -> dict[str, Any]:
     """What the suite reads (`steps_total`, `jobs_completed`, ...) with what the SDKs read: `steps`
     with each step's id, type, job and state (Python), and `metadata` with the counts (JS).
     `states` maps the workflow's job ids to their states, where known."""
@@ -144,7 +144,7 @@ def public(workflow: dict, states: dict[str, str]) -> dict:
     return {**model.public(workflow), "steps": steps, "metadata": {k: v for k, v in metadata.items() if v is not None}}
 
 
-def _job(workflow: dict, index: int, now: datetime, parent_results: list | None = None) -> dict:
+def _job(workflow: dict[str, Any], index: int, now: datetime, parent_results: list[Any] | None = None) -> dict[str, Any]:
     record = model.new_record({**workflow["_items"][index], "id": workflow["_ids"][index]}, now)
     record.update(workflow_id=workflow["id"], workflow_index=index)
     if parent_results is not None:
@@ -152,18 +152,18 @@ def _job(workflow: dict, index: int, now: datetime, parent_results: list | None 
     return record
 
 
-def _callback(workflow: dict, name: str, now: datetime) -> dict:
+def _callback(workflow: dict[str, Any], name: str, now: datetime) -> dict[str, Any]:
     body = {**workflow["_callbacks"][name], "id": workflow["_callback_ids"][name]}
     record = model.new_record(body, now)
     record.update(workflow_id=workflow["id"], parent_results=_results(workflow))
     return record
 
 
-def _results(workflow: dict) -> list:
+def _results(workflow: dict[str, Any]) -> list[Any]:
     return [workflow["_results"].get(str(i)) for i in range(len(workflow["_items"]))]
 
 
-def job_ended(workflow: dict, job: dict, now: datetime) -> tuple[dict | None, list[dict]]:
+def job_ended(workflow: dict[str, Any], job: dict[str, Any], now: datetime) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """A job of `workflow` reached a terminal state: the workflow's new record (None when this
     changes nothing, as for a job ended twice or a workflow already over) and the jobs to enqueue."""
     index = job.get("workflow_index")
@@ -191,11 +191,11 @@ def job_ended(workflow: dict, job: dict, now: datetime) -> tuple[dict | None, li
     return done, [_callback(done, name, now) for name in CALLBACKS if name in fire and name in done["_callbacks"]]
 
 
-def cancelled(workflow: dict, now: datetime) -> dict:
+def cancelled(workflow: dict[str, Any], now: datetime) -> dict[str, Any]:
     if workflow["state"] != RUNNING:
         raise model.conflict(f"workflow {workflow['id']} is {workflow['state']}: it can no longer be cancelled")
     return {**workflow, "state": CANCELLED, "cancelled_at": iso(now)}
 
 
-def job_ids_of(workflow: dict) -> list[str]:
+def job_ids_of(workflow: dict[str, Any]) -> list[str]:
     return [*workflow["_ids"], *workflow["_callback_ids"].values()]
