@@ -53,7 +53,6 @@ class Gaps:
         self.found: list[StoredMessage] = []
         self.lookups = 0
         self._suspect = False
-        self._reconnects = nc.stats["reconnects"]
         self._last = 0  # delivery sequence of the last delivery
         self._highest = 0  # highest stream sequence delivered to us
         self._open: int | None = None  # a gap seen: the highest stream sequence we had before it
@@ -78,9 +77,6 @@ class Gaps:
 
     async def seen(self, delivered: int, seq: int, consumer_seq: int) -> None:
         """Called for each delivery as it arrives, before it is handed on."""
-        reconnects = self.nc.stats["reconnects"]
-        if reconnects != self._reconnects:
-            self._reconnects, self._suspect = reconnects, True
         if self._suspect or self.alone:
             self._suspect = False
             if self._last and consumer_seq > self._last + 1 and self._open is None:

@@ -69,8 +69,10 @@ class PullSource:
         return self
 
     async def _on_message(self, msg: Msg) -> None:
-        if (reconnects := self.nc.stats["reconnects"]) != self._contact:
+        if (reconnects := self.nc.stats["reconnects"]) != self._contact:  # what was on its way is lost
             self._contact, self.resumed_at = reconnects, time.monotonic()
+            if self.gaps:
+                self.gaps.suspect()
         if msg.data or not msg.headers or "Status" not in msg.headers:
             pin = self.group and msg.headers and msg.headers.get("Nats-Pin-Id")
             if pin and pin != self.pin:
