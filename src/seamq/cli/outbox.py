@@ -9,7 +9,7 @@ lacked (`retry` once it has it), or an event to let go (`drop`).
 from __future__ import annotations
 
 import uuid
-from typing import Any, Awaitable, Callable, Optional, TypeVar
+from typing import Any, Optional
 
 import typer
 from rich.table import Table
@@ -20,7 +20,6 @@ from seamq.model import ErrorCode, SeamqError, validate_token
 app = typer.Typer(help="The outbox: purge published rows; list, move, retry or drop parked ones.",
                   no_args_is_help=True)
 
-T = TypeVar("T")
 Id = typer.Argument(None, help="One parked row's id; or use --context.")
 Context = typer.Option(None, "--context", help="Every parked row of this context.")
 
@@ -32,14 +31,22 @@ def outbox_purge(
 ) -> None:
     """Published outbox rows older than a window: whole partitions dropped, other rows deleted in batches."""
     seconds = duration("--older-than", older_than)
-    console.print(f"published rows older than {older_than}: {_with_outbox(lambda o: o.purge(seconds, batch)).rows}")
+
+    async def go():
+        from seamq.pg.outbox_repo import PgOutbox  # the database driver loads with the command that needs it
+        from seamq.wiring import pg_pool
+
+        async with pg_pool(settings().database_dsn(), one_shot=True) as pool:
+            return await PgOutbox(pool).purge(seconds, batch)
+
+    console.print(f"published rows older than {older_than}: {run(go()).rows}")
 
 
 @app.command()
 def parked(context: Optional[str] = Context, limit: int = typer.Option(1000, "--limit"),
            as_json: bool = JsonOption) -> None:
     """Rows the relay can never publish as they are, oldest first, with why."""
-    rows = _with_outbox(lambda o: o.parked(context, None, limit))
+    rows = _alone("parked", context, None, limit)
     if as_json:
         return print_json(rows)
     table = Table("id", "context", "event", "aggregate", "why", "parked at", title=f"{len(rows)} parked rows")
@@ -58,7 +65,7 @@ def move(context: str = typer.Option(..., "--context", help="The parked rows' co
         validate_token(to, "context")
     except SeamqError as exc:
         exit_with(exc)
-    moved = _with_outbox(lambda o: o.unpark(context, None, to))
+    moved = _alone("unpark", context, None, to)
     console.print(f"moved {moved} parked rows from {context} to {to}")
 
 
@@ -66,7 +73,7 @@ def move(context: str = typer.Option(..., "--context", help="The parked rows' co
 def retry(row_id: Optional[str] = Id, context: Optional[str] = Context) -> None:
     """Hand parked rows back to the relay as they are (after its topology gained their context)."""
     row = _id(row_id, context)
-    console.print(f"handed {_with_outbox(lambda o: o.unpark(context, row))} parked rows back to the relay")
+    console.print(f"handed {_alone('unpark', context, row)} parked rows back to the relay")
 
 
 @app.command()
@@ -75,9 +82,9 @@ def drop(row_id: Optional[str] = Id, context: Optional[str] = Context,
     """Delete parked rows: their events are never published."""
     row = _id(row_id, context)
     if not yes:
-        count = len(_with_outbox(lambda o: o.parked(context, row, 100_000)))
+        count = len(_alone("parked", context, row, 100_000))
         exit_with(SeamqError(ErrorCode.CONFIRMATION_NEEDED, f"{count} parked rows selected; add --yes to delete them"))
-    console.print(f"dropped {_with_outbox(lambda o: o.drop_parked(context, row))} parked rows")
+    console.print(f"dropped {_alone('drop_parked', context, row)} parked rows")
 
 
 def _id(row_id: str | None, context: str | None) -> uuid.UUID | None:
@@ -89,12 +96,9 @@ def _id(row_id: str | None, context: str | None) -> uuid.UUID | None:
         exit_with(SeamqError(ErrorCode.INVALID_CONFIG, f"{row_id!r} is not an outbox row id (UUID)"))
 
 
-def _with_outbox(call: Callable[[Any], Awaitable[T]]) -> T:
-    """`call` on the outbox repository, over a pool of one connection for this command."""
-    async def go() -> T:
-        from seamq.pg.outbox_repo import PgOutbox  # the database driver loads with the command that needs it
-        from seamq.wiring import pg_pool
+def _alone(name: str, *args: Any) -> Any:
+    """One of the outbox repository's functions for parked rows, on a connection of its own."""
+    from seamq.pg import outbox_repo  # the database driver loads with the command that needs it
+    from seamq.pg.alone import alone
 
-        async with pg_pool(settings().database_dsn(), one_shot=True) as pool:
-            return await call(PgOutbox(pool))
-    return run(go())
+    return run(alone(settings().database_dsn(), getattr(outbox_repo, name), *args))
