@@ -189,6 +189,19 @@ async def test_followers_see_what_is_there_then_each_change(store):
     await seen.aclose()
 
 
+async def test_a_follower_is_told_it_has_all_that_was_there_only_after_the_last_of_it(store):
+    """The start is told once every record there has come (a server waits for it before it serves a
+    queue its flags may pause), however many and across prefixes, and each time it follows again."""
+    await store.commit([Write(f"queue.q{i}", {"_key": f"queue.q{i}", "_kind": "queue"}, None) for i in range(150)])
+    await store.commit([Write(f"prio.q{i}", {"_key": f"prio.q{i}", "_kind": "prio"}, None) for i in range(50)])
+    for _ in range(20):
+        seen, keys = store.follow(["queue.", "prio.", "cron."]), set()
+        while (key := (await asyncio.wait_for(anext(seen), 10))[0]) != "":
+            keys.add(key)
+        assert len(keys) == 200
+        await seen.aclose()
+
+
 async def test_timers_fire_once_at_their_time_and_a_new_one_replaces_the_old(store):
     u, start = store.unit, now(store)
     await store.arm("run", "j1", start + timedelta(seconds=10 * u), {"attempt": 1})
