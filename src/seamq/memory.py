@@ -57,6 +57,8 @@ class MemoryInbox:
         out = {}
         for item in items:
             row = self.rows.get(item.message_id)
+            if item.message_id in out:  # copies of one message in one lane: one row, one admission
+                continue
             if row is None:
                 self.rows[item.message_id] = Row()
                 out[item.message_id] = (Admission.NEW, 0)
