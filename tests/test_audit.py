@@ -170,7 +170,13 @@ async def test_a_store_rolled_back_by_ten_seconds_is_found_repaired_and_nothing_
             stop_writing.set()
             stop_audit.set()
             await audit_task
+    # What was lost, exactly: marked published (only after the server's ack) yet no original in the
+    # stream. The set taken at the restart missed marks committed after it (CI: 7 of 2,075).
+    _, last = await index.bounds(STREAM)
+    originals = {m.message_id for m in await index.read(STREAM, 1, last) if not m.copy}
     with psycopg.connect(dsn) as conn:
+        lost = {r[0] for r in conn.execute(
+            "SELECT id FROM outbox_events WHERE published_at IS NOT NULL").fetchall()} - originals
         found = {r[0] for r in conn.execute("SELECT message_id FROM audit_findings WHERE kind = 'not_in_stream'")}
         other = conn.execute("SELECT kind, count(*) FROM audit_findings WHERE kind <> 'not_in_stream' "
                              "GROUP BY kind").fetchall()
