@@ -21,6 +21,7 @@ from dataclasses import dataclass, fields
 from datetime import datetime, timezone
 from typing import Any, Mapping, Protocol
 
+from seamq.backoff import Backoff
 from seamq.envelope import Reason
 from seamq.model import EventSubject, Header, OutMessage, SeamqError
 
@@ -190,17 +191,16 @@ class State:
 class ReplayPolicy:
     """REQ-059: when a dead letter is replayed, and how often (defaults: ReplaySettings, the one place)."""
 
-    base: float
-    factor: float
-    max_delay: float
+    backoff: Backoff  # replay number n (0-based) waits backoff.delay(n + 1)
     max_attempts: int
-    jitter: float  # delay x [1 - jitter, 1]
     reasons: tuple[str, ...]
 
-    def bounds(self, attempt: int) -> tuple[float, float]:
-        """Earliest and latest delay of replay number `attempt` (0-based)."""
-        delay = min(self.max_delay, self.base * self.factor ** attempt)
-        return delay * (1 - self.jitter), delay
+    def bounds(self, replays: int) -> tuple[float, float]:
+        """Earliest and latest delay of the replay after `replays` replays."""
+        return self.backoff.bounds(replays + 1)
+
+    def delay(self, replays: int) -> float:
+        return self.backoff.delay(replays + 1)
 
 
 def event_of(row: Mapping[str, Any]) -> str:

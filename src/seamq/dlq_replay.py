@@ -39,7 +39,7 @@ class Replayer:
         self.interval = interval
         # A replay that never comes back (lost, or its consumer is down) is
         # replayed again after the longest time its consumer could take with it.
-        self.watchdog = self.policy.max_delay + (redelivery_window(topology, nak_max) or 600)
+        self.watchdog = self.policy.backoff.cap + (redelivery_window(topology, nak_max) or 600)
 
     async def run(self, stop: asyncio.Event) -> None:
         beat = self.health.beat("replay")

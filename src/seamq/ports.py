@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Callable, NamedTuple, Protocol
 
+from seamq.dead_letter import ReplayPolicy
 from seamq.model import OutMessage, PubResult  # the publisher port's values live in the core
 
 
@@ -327,7 +328,7 @@ class DeadLetterRepository(Protocol):
 
     def transaction(self) -> AbstractAsyncContextManager[Any]: ...
 
-    async def schedule(self, tx: Any, policy: Any) -> None:
+    async def schedule(self, tx: Any, policy: ReplayPolicy) -> None:
         """Mark exhausted what is out of replays; give a replay time to what is not."""
 
     async def due(self, tx: Any, limit: int = 100) -> list[dict[str, Any]]:

@@ -28,7 +28,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from seamq.backoff import Backoff
+from seamq.backoff import NO_JITTER, Away, Backoff
 from seamq.health import Beat, Health
 from seamq.model import JOBS_CONTEXT, JOBS_STREAM, JOBS_SUBJECT, SeamqError, describe, message_headers
 from seamq.observability import (
@@ -132,28 +132,28 @@ class Relay:
                                for i in range(self.config.loops)))
 
     async def _loop(self, stop: asyncio.Event, beat: Beat, reports: bool) -> None:
-        backoff = 0.0
+        away = Away(Backoff(base=0.1, cap=self.config.max_backoff, spread=NO_JITTER))
         last_backlog = 0.0
         uncovered = _FIRST_POLL
         while not stop.is_set():
             beat.turn()  # until it waits: a claim, a publish, a mark that hangs shows in /healthz
             if not self._connected():  # nats-py is reconnecting: look again soon
-                backoff = await self._sleep(stop, beat, backoff, "nats_unavailable", NATS_AWAY_LOOK)
+                await self._sleep(stop, beat, away, "nats_unavailable", NATS_AWAY_LOOK)
                 continue
             try:
                 done = await self.run_once()
             except Exception as exc:  # keep the worker alive: back off and try again
                 if self.outbox.unavailable(exc):
                     log.warning("relay_database_error", error=str(exc))
-                    backoff = await self._sleep(stop, beat, backoff, "database_unavailable")
+                    await self._sleep(stop, beat, away, "database_unavailable")
                 else:
                     log.exception("relay_batch_failed", error=str(exc))
-                    backoff = await self._sleep(stop, beat, backoff, "unexpected_error")
+                    await self._sleep(stop, beat, away, "unexpected_error")
                 continue
             if done.transport_failed:
-                backoff = await self._sleep(stop, beat, backoff, "nats_publish_failed", NATS_AWAY_LOOK)
+                await self._sleep(stop, beat, away, "nats_publish_failed", NATS_AWAY_LOOK)
                 continue
-            backoff = 0.0
+            away.back()
             if reports and time.monotonic() - last_backlog > self.config.backlog_interval:
                 last_backlog = time.monotonic()
                 await self._report_backlog()
@@ -175,15 +175,14 @@ class Relay:
             else:
                 await self._wait_for_work(stop, beat, self.config.poll_interval)
 
-    async def _sleep(self, stop: asyncio.Event, beat: Beat, backoff: float, why: str,
-                     most: float | None = None) -> float:
+    async def _sleep(self, stop: asyncio.Event, beat: Beat, away: Away, why: str, most: float | None = None) -> None:
         """Wait, twice as long as the last time up to `most` (max_backoff), said while it grows."""
         beat.rest()
-        grown = min(most or self.config.max_backoff, max(0.1, backoff * 2))
-        if grown != backoff:
-            log.info("relay_backing_off", reason=why, seconds=grown)
-        await sleep_unless_stopped(stop, grown)
-        return grown
+        before = away.waited
+        wait = away.next(most)
+        if wait != before:
+            log.info("relay_backing_off", reason=why, seconds=wait)
+        await sleep_unless_stopped(stop, wait)
 
     async def _wait_for_work(self, stop: asyncio.Event, beat: Beat, timeout: float) -> None:
         """Until this loop takes a wake-up, the timeout, or stop.

@@ -17,6 +17,7 @@ from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validat
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 from pydantic_settings.exceptions import SettingsError
 
+from seamq.backoff import Backoff
 from seamq.dead_letter import ReplayPolicy
 from seamq.model import ErrorCode, SeamqError
 from seamq.redact import ShortSecret, conninfo_password, redact, register, url_password
@@ -120,8 +121,9 @@ class ReplaySettings(BaseModel):
     interval: float = Field(1.0, gt=0, description="seconds between replay rounds")
 
     def policy(self):
-        return ReplayPolicy(base=self.base_delay, factor=self.factor, max_delay=self.max_delay,
-                            max_attempts=self.max_attempts, jitter=self.jitter, reasons=tuple(self.reasons))
+        return ReplayPolicy(Backoff(base=self.base_delay, cap=self.max_delay, factor=self.factor,
+                                    spread=(1 - self.jitter, 1.0)),
+                            max_attempts=self.max_attempts, reasons=tuple(self.reasons))
 
 
 class AuditSettings(BaseModel):

@@ -18,10 +18,12 @@ from urllib.parse import quote, urlencode
 
 import aiohttp
 
+from seamq.backoff import Backoff
 from seamq.http import CLIENT_IDLE
 from seamq.model import ErrorCode, SeamqError
 
 MEDIA_TYPE = "application/openjobspec+json"
+RECONNECT = Backoff(base=0.4, cap=5.0)  # a request the server did not answer: many clients, not at once
 
 
 class JobsError(Exception):
@@ -172,7 +174,7 @@ class JobsClient:
             except (aiohttp.ClientConnectionError, asyncio.TimeoutError):
                 if attempt == attempts:
                     raise
-                await asyncio.sleep(0.2 * 2 ** attempt)
+                await asyncio.sleep(RECONNECT.delay(attempt))
         raise AssertionError("unreachable")
 
 

@@ -21,6 +21,7 @@ from enum import StrEnum
 from typing import Any
 
 from seamq import codec, ids
+from seamq.backoff import NO_JITTER, Backoff, Growth
 
 Record = dict[str, Any]  # a job, a count or a workflow as stored: JSON
 
@@ -200,22 +201,18 @@ class RetryPolicy:
             jitter=jitter, non_retryable_errors=tuple(errors), on_exhaustion=exhaustion, backoff_strategy=strategy,
         )
 
+    @property
+    def backoff(self) -> Backoff:
+        """OJS's strategies as the house's policy: `none` waits the initial interval each time, and
+        jitter draws from half to one and a half of the delay, within `max_interval`."""
+        return Backoff(base=self.initial_interval, cap=self.max_interval, factor=self.backoff_coefficient,
+                       growth=Growth.CONSTANT if self.backoff_strategy == "none"
+                       else Growth(self.backoff_strategy or Growth.EXPONENTIAL),
+                       spread=(0.5, 1.5) if self.jitter else NO_JITTER)
+
     def delay(self, attempt: int, rng: random.Random | None = None) -> float:
         """Seconds before retry after failed attempt `attempt` (1-based)."""
-        n = max(1, attempt)
-        strategy = self.backoff_strategy or "exponential"
-        if strategy == "linear":
-            delay = self.initial_interval * n
-        elif strategy == "polynomial":
-            delay = self.initial_interval * n ** self.backoff_coefficient
-        elif strategy == "none":
-            delay = self.initial_interval
-        else:
-            delay = self.initial_interval * self.backoff_coefficient ** (n - 1)
-        delay = min(delay, self.max_interval)
-        if self.jitter:
-            delay = min(delay * (rng or random).uniform(0.5, 1.5), self.max_interval)
-        return delay
+        return self.backoff.delay(attempt, rng)
 
     def matches_non_retryable(self, names: list[str]) -> bool:
         """Exact, or prefix for `X.*` (L1-RTR-004/005)."""

@@ -20,6 +20,7 @@ import random
 from datetime import datetime, timedelta
 from typing import Any, Callable
 
+from seamq.backoff import NO_JITTER, Backoff
 from seamq.jobs import job as J
 from seamq.jobs import attempts, model, unique
 from seamq.jobs.activity import Workers
@@ -33,6 +34,7 @@ from seamq.observability import log
 
 HANDED_OUT_KEPT = 25_000  # jobs handed out here, kept for their ack (bounded: most are acked within seconds,
 # and one pushed out costs its ack a read; docs/benchmarks.md 7k for its memory)
+EARLY_ENTRY = Backoff(base=0.1, cap=5.0, spread=NO_JITTER)  # by the entry's deliveries
 EARLY_ENTRY_TRIES = 12  # an entry taken before its record was stored comes again, for about 40 s
 
 
@@ -251,7 +253,7 @@ class Operations:
                     continue
                 # Entries are offered before the record that says so: the change may be on its way (it
                 # comes again shortly), or it never came or moved on long since (the entry is dropped).
-                await (self.store.hold(taken.hold, min(0.05 * 2 ** taken.deliveries, 5.0))
+                await (self.store.hold(taken.hold, EARLY_ENTRY.delay(taken.deliveries))
                        if taken.deliveries < EARLY_ENTRY_TRIES else self.store.settle(taken.hold))
                 return None
             if job.expires and job.expires <= now:

@@ -47,10 +47,13 @@ async def schedule(conn: AsyncConnection, policy: ReplayPolicy) -> None:
     """Mark exhausted what is out of replays; give a replay time to what is not."""
     reasons = list(policy.reasons)
     await conn.execute(query("replay_exhaust"), dict(reasons=reasons, max_attempts=policy.max_attempts))
-    await conn.execute(query("replay_schedule"), dict(
-        reasons=reasons, max_attempts=policy.max_attempts, max_delay=policy.max_delay,
-        base=policy.base, factor=policy.factor, jitter=policy.jitter,
-    ))
+    rows = await (await conn.execute(query("replay_unscheduled"),
+                                     dict(reasons=reasons, max_attempts=policy.max_attempts))).fetchall()
+    if rows:
+        consumers, ids, parts, attempts = zip(*rows)
+        await conn.execute(query("replay_schedule"), dict(
+            consumers=list(consumers), ids=list(ids), parts=list(parts),
+            delays=[policy.delay(n) for n in attempts]))
 
 
 async def due(conn: AsyncConnection, limit: int = 100) -> list[dict]:

@@ -16,6 +16,7 @@ import psycopg
 from seamq.observability import log
 from seamq.pg.sql import query
 from seamq.ports import Sleep
+from seamq.backoff import NO_JITTER, Away, Backoff
 from seamq.stopping import sleep_unless_stopped
 
 
@@ -32,12 +33,13 @@ class PgWakeup:
 
     async def listen(self, stop: asyncio.Event) -> None:
         """LISTEN on its own connection until `stop`; every NOTIFY sets `wake`. Reconnects forever."""
-        backoff = 0.1
+        away = Away(Backoff(base=0.1, cap=5.0, spread=NO_JITTER))
         while not stop.is_set():
             try:
                 async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
                     await conn.execute("LISTEN seamq_outbox")
-                    self._listening, backoff = True, 0.1
+                    self._listening = True
+                    away.back()
                     self.wake.set()  # rows may have arrived while we were away
                     while not stop.is_set():
                         async for _ in conn.notifies(timeout=1.0):
@@ -46,8 +48,7 @@ class PgWakeup:
                 log.info("relay_listen_reconnecting", error=str(exc))
                 self._listening = False
                 await self._forget()  # a server that went away took the registration too
-                await sleep_unless_stopped(stop, backoff)
-                backoff = min(5.0, backoff * 2)
+                await sleep_unless_stopped(stop, away.next())
             finally:
                 self._listening = False
 

@@ -333,21 +333,24 @@ SET status = 'exhausted', dlq_metadata = dlq_metadata || jsonb_build_object('exh
 WHERE status = 'dead_lettered' AND dlq_metadata->>'reason' = ANY(%(reasons)s)
   AND coalesce((dlq_metadata->>'replay_attempts')::int, 0) >= %(max_attempts)s
 
+-- name: replay_unscheduled
+-- Replayable dead letters without a schedule, with the replays they had: the
+-- replay worker draws each one's delay (seamq.backoff) and passes it to replay_schedule.
+SELECT consumer, message_id, part, coalesce((dlq_metadata->>'replay_attempts')::int, 0) AS attempts
+FROM inbox_messages
+WHERE status = 'dead_lettered' AND dlq_metadata->>'next_replay_at' IS NULL
+  AND dlq_metadata->>'reason' = ANY(%(reasons)s)
+  AND coalesce((dlq_metadata->>'replay_attempts')::int, 0) < %(max_attempts)s
+FOR UPDATE SKIP LOCKED
+
 -- name: replay_schedule
--- Each replayable dead letter without a schedule gets one: exponential in its
--- replay attempts, capped, times a jitter factor in [1 - jitter, 1]. The delay
--- drawn is kept (replay_delay), so a person can see why a replay waits.
+-- The delay drawn is kept (replay_delay), so a person can see why a replay waits.
 UPDATE inbox_messages i
 SET dlq_metadata = i.dlq_metadata || jsonb_build_object(
       'next_replay_at', clock_timestamp() + d.delay * interval '1 second',
       'replay_delay', d.delay, 'replay_scheduled_at', clock_timestamp())
-FROM (SELECT consumer, message_id, part,
-             least(%(max_delay)s, %(base)s * power(%(factor)s,
-               coalesce((dlq_metadata->>'replay_attempts')::int, 0))) * (1 - %(jitter)s * random()) AS delay
-      FROM inbox_messages
-      WHERE status = 'dead_lettered' AND dlq_metadata->>'next_replay_at' IS NULL
-        AND dlq_metadata->>'reason' = ANY(%(reasons)s)
-        AND coalesce((dlq_metadata->>'replay_attempts')::int, 0) < %(max_attempts)s) d
+FROM unnest(%(consumers)s::text[], %(ids)s::uuid[], %(parts)s::timestamptz[], %(delays)s::float8[])
+     AS d(consumer, message_id, part, delay)
 WHERE i.consumer = d.consumer AND i.message_id = d.message_id AND i.part = d.part
 
 -- name: replay_due

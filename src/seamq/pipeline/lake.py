@@ -18,11 +18,13 @@ from typing import Callable
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
+from seamq.backoff import NO_JITTER, Backoff
 from seamq.model import ErrorCode, SeamqError
 from seamq.observability import log
 from seamq.pipeline.source import source_options
 from seamq.settings import NatsSettings
 
+RESTART_WAIT = Backoff(base=2.0, cap=60.0, spread=NO_JITTER)  # by the failures in a row
 RESTARTS = 3  # failures in a row, with no batch committed between them, before the command gives up
 
 
@@ -86,4 +88,4 @@ def keep_following(start: Callable[[], object], report: Callable[[int, int], Non
                 raise SeamqError(ErrorCode.PIPELINE_FAILED, f"{reason} ({failures} failures in a row, none of "
                                  "them after a committed batch; the checkpoint is intact: run it again)") from exc
             log.warning("lake_query_restarting", reason=reason, failure=failures, of=restarts)
-            pause(2.0 ** failures)
+            pause(RESTART_WAIT.delay(failures))
