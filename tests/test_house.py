@@ -73,7 +73,7 @@ def test_workers_see_ports_never_a_driver():
 SHARED = {"topology", "settings", "observability", "registry"}  # read by every layer: configuration, logs
 PORTS = {"ports", "jobs.ports"}
 ADAPTERS = ("nats.", "pg.", "http.", "embedded.", "pipeline.", "jobs.nats_")
-ADAPTER_MODULES = {"memory", "inprocess", "outbox", "jobs.memory_store", "jobs.transactional", "jobs.client"}
+ADAPTER_MODULES = {"memory", "inprocess", "outbox", "jobs.memory_store", "jobs.transactional", "jobs.route", "jobs.client"}
 MORE_WORKERS = {"audit", "jobs.worker", "jobs.handlers"}
 FACES = ("cli.", "console.", "dev.")
 FACE_MODULES = {"__main__", "wiring", "testing", "asyncapi", "jobs.native", "jobs.app", "jobs.api", "jobs.auth",

@@ -3,6 +3,7 @@ import subprocess
 import pytest
 
 from seamq.model import ErrorCode, SeamqError
+from seamq.jobs.route import ROUTE
 from seamq.topology import load_topology
 from seamq.units import parse_duration, parse_size
 
@@ -38,7 +39,6 @@ BAD = {
     "contexts:\n  sea:\n    stream:\n      storage: disk\n": "contexts.sea.stream.storage",
     "contexts:\n  sea:\n    stream:\n      colour: red\n": "contexts.sea.stream.colour",
     "contexts:\n  Sea-Ctx: {}\n": "contexts",
-    "contexts:\n  ojs: {}\n": "contexts",  # seamq's own: jobs enqueued in a transaction
     "contexts:\n  sea: {}\nconsumers:\n  sea_reads_vibespro: {}\n": "consumers.sea_reads_vibespro",
     "contexts:\n  sea: {}\nconsumers:\n  sea__from_ghost: {}\n": "consumers.sea__from_ghost",
     "contexts:\n  sea: {}\nconsumers:\n  sea__from_sea:\n    max_deliver: 0\n": "consumers.sea__from_sea.max_deliver",
@@ -74,6 +74,29 @@ def test_cli_rejects_bad_topology_with_exit_2(tmp_path):
     assert result.returncode == 2
     assert "INVALID_TOPOLOGY" in result.stderr
     assert "contexts.sea.stream.max_age" in result.stderr and str(path) in result.stderr
+
+
+def test_every_context_has_one_rule_for_where_its_rows_go(tmp_path):
+    """A part's route (the job server's intake) is in the topology, beside the file's contexts: the
+    relay asks the topology, never a name of its own (issue 48)."""
+    topo = load_topology(routes=[ROUTE])
+    assert topo.destination("ojs", "enqueue", 1, 7) == ("ojs.enqueue", "OJS_ENQUEUE")
+    assert topo.destination("sea", "order_placed", 2, 7) == ("sea.event.order_placed.v2", "SEA_EVENTS")
+    with pytest.raises(SeamqError, match="context 'ghost' has no stream"):
+        topo.destination("ghost", "order_placed", 1, 7)
+    with pytest.raises(SeamqError, match="context 'ojs' has no stream"):
+        load_topology().destination("ojs", "enqueue", 1, 7)  # the route is only there once registered
+    taken = tmp_path / "taken.yaml"
+    taken.write_text("contexts:\n  ojs: {}\n")
+    with pytest.raises(SeamqError, match=r"contexts\.ojs: context name 'ojs' is seamq's own"):
+        load_topology(taken, routes=[ROUTE])
+    taken.write_text("contexts:\n  sea:\n    stream:\n      name: OJS_ENQUEUE\n")
+    with pytest.raises(SeamqError, match="stream names must be unique"):
+        load_topology(taken, routes=[ROUTE])
+    taken.write_text("contexts:\n  ojs: {}\n")
+    result = subprocess.run([*SEAMQ, "provision", "--dry-run", "--topology", str(taken)],
+                            capture_output=True, text=True)
+    assert result.returncode == 2 and "contexts.ojs" in result.stderr  # the CLI registers the jobs route
 
 
 @pytest.mark.parametrize("seconds,text", [(604800, "7d"), (120, "2m"), (0.5, "500ms"), (90, "90s"), (3600, "1h"),

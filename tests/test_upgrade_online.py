@@ -86,9 +86,12 @@ async def test_an_upgrade_killed_mid_build_and_run_again_keeps_every_row_written
             blocker.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
             blocker.execute("SELECT count(*) FROM seamq_migrations")
             first = subprocess.Popen([*SEAMQ, "db", "upgrade"], env=env, stdout=subprocess.PIPE, text=True)
+            # Waited for by phase, not by the row alone: the row appears before the build's first
+            # transaction commits the index to the catalog, and a kill then leaves nothing half-made.
             await wait_for(lambda: scalar(empty_dsn, "SELECT count(*) FROM pg_stat_progress_create_index"
-                                          " WHERE command = 'CREATE INDEX CONCURRENTLY'") == 1,
-                           timeout=120, what="the key's build")
+                                          " WHERE command = 'CREATE INDEX CONCURRENTLY'"
+                                          " AND phase = 'waiting for old snapshots'") == 1,
+                           timeout=120, what="the key's build waiting on the older snapshot")
             first.send_signal(signal.SIGKILL)
             first.wait(30)
             # The server's side of the cut-off session ends too (as a lost client's would).

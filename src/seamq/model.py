@@ -45,12 +45,6 @@ BUCKETS = 128
 CLOCK_SKEW = timedelta(minutes=1)
 
 
-# Jobs enqueued in the caller's transaction (seamq.jobs.enqueue) are outbox rows of this reserved
-# context; the relay publishes them here, with the job id as Nats-Msg-Id, and the job server takes
-# them in (the stream is the job server's: it creates it).
-JOBS_CONTEXT, JOBS_SUBJECT, JOBS_STREAM = "ojs", "ojs.enqueue", "OJS_ENQUEUE"
-
-
 class ErrorCode(str, Enum):
     """Codes carried by seamq errors; the spec's names where it has one."""
 

@@ -30,7 +30,7 @@ from typing import NamedTuple
 
 from seamq.backoff import NO_JITTER, Away, Backoff
 from seamq.health import Beat, Health
-from seamq.model import JOBS_CONTEXT, JOBS_STREAM, JOBS_SUBJECT, SeamqError, describe, message_headers
+from seamq.model import SeamqError, describe, message_headers
 from seamq.observability import (
     OUTBOX_BACKLOG, OUTBOX_OLDEST_SECONDS, OUTBOX_PARKED, RELAY_BATCH_SECONDS, RELAY_FAILED, RELAY_PUBLISHED, end_publish_spans,
     log, start_publish_spans,
@@ -77,15 +77,10 @@ class Relay:
     @functools.lru_cache(maxsize=16384)  # noqa: B019  # one relay per process: its cache lives as long
     def _subject(self, context: str, event_type: str, version: int, bucket: int) -> tuple[str | None, ...]:
         """(subject, stream, None) or (None, None, why not); cached, as there are few distinct ones."""
-        if context == JOBS_CONTEXT:  # a job enqueued in a transaction, for the job server
-            return JOBS_SUBJECT, JOBS_STREAM, None
         try:
-            subject = self.topology.event_subject(context, event_type, version, bucket)
+            return *self.topology.destination(context, event_type, version, bucket), None
         except SeamqError as exc:
             return None, None, exc.message
-        if context not in self.topology.contexts:
-            return None, None, f"context {context!r} has no stream in the topology"
-        return subject, self.topology.contexts[context].stream.name, None
 
     async def run_once(self) -> _Batch:
         """One batch: claim, publish, mark, commit."""

@@ -13,12 +13,12 @@ from __future__ import annotations
 import re
 from importlib import resources
 from pathlib import Path
-from typing import Literal
+from typing import Iterable, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from seamq.model import BUCKETS, CONSUMER_NAME, JOBS_CONTEXT, ErrorCode, EventSubject, SeamqError, is_name
+from seamq.model import BUCKETS, CONSUMER_NAME, ErrorCode, EventSubject, SeamqError, is_name
 from seamq.units import parse_duration, parse_size
 
 _STREAM_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
@@ -90,9 +90,19 @@ class ContextSpec(_Strict):
     dlq: StreamSpec
 
 
+class Route(_Strict):
+    """A context of a part of seamq whose rows are not domain events: each goes to one subject, on a
+    stream that part provisions (the job server's intake). The part registers it at load."""
+    context: str
+    subject: str
+    stream: str
+    owner: str  # whose the context is, for a file that declares it
+
+
 class Topology(_Strict):
     contexts: dict[str, ContextSpec]
     consumers: dict[str, ConsumerSpec]
+    routes: dict[str, Route] = {}
     source: str = "<memory>"
 
     def partitioned(self, context: str) -> bool:
@@ -103,6 +113,15 @@ class Topology(_Strict):
         """The subject an event is published on: REQ-057's, plus `.b{bucket}` in a partitioned context."""
         subject = EventSubject(context, event_type, version)
         return subject.routed(bucket) if self.partitioned(context) else str(subject)
+
+    def destination(self, context: str, event_type: str, version: int, bucket: int) -> tuple[str, str]:
+        """(subject, stream) an outbox row of `context` is published to: every context's one rule."""
+        if route := self.routes.get(context):
+            return route.subject, route.stream
+        subject = self.event_subject(context, event_type, version, bucket)
+        if context not in self.contexts:
+            raise SeamqError(ErrorCode.INVALID_TOPOLOGY, f"context {context!r} has no stream in the topology")
+        return subject, self.contexts[context].stream.name
 
     def streams(self) -> list[StreamSpec]:
         return [s for ctx in self.contexts.values() for s in (ctx.stream, ctx.dlq)]
@@ -185,14 +204,12 @@ class _TopologyFile(_Strict):
         for name in value:
             if not is_name(name):
                 raise ValueError(f"context name {name!r} must be lowercase snake_case")
-            if name == JOBS_CONTEXT:
-                raise ValueError(f"context name {name!r} is seamq's own: jobs enqueued in a transaction (docs/jobs.md)")
         if not value:
             raise ValueError("at least one context is required")
         return value
 
 
-def _build(raw: _TopologyFile, source: str, replicas: int | None) -> Topology:
+def _build(raw: _TopologyFile, source: str, replicas: int | None, routes: dict[str, Route]) -> Topology:
     def stream(spec: _StreamFile, name: str, subject: str) -> StreamSpec:
         return StreamSpec(**{**spec.model_dump(), "name": spec.name or name, "subjects": (subject,),
                              "replicas": replicas or spec.replicas or raw.defaults.replicas})
@@ -231,10 +248,13 @@ def _build(raw: _TopologyFile, source: str, replicas: int | None) -> Topology:
                 events_pattern(filter_subject)
             except ValueError as exc:
                 raise _KeyError(("consumers", name, "filter_subject"), str(exc)) from None
-    names = [s.name for c in contexts.values() for s in (c.stream, c.dlq)]
+    for route in routes.values():
+        if route.context in contexts:
+            raise _KeyError(("contexts", route.context), f"context name {route.context!r} is {route.owner}")
+    names = [s.name for c in contexts.values() for s in (c.stream, c.dlq)] + [r.stream for r in routes.values()]
     if len(set(names)) != len(names):
         raise _KeyError(("contexts",), f"stream names must be unique, got {sorted(names)}")
-    return Topology(contexts=contexts, consumers=consumers, source=source)
+    return Topology(contexts=contexts, consumers=consumers, routes=routes, source=source)
 
 
 class _KeyError(Exception):
@@ -242,8 +262,10 @@ class _KeyError(Exception):
         self.loc, self.reason = loc, reason
 
 
-def load_topology(path: Path | str | None = None, *, replicas: int | None = None) -> Topology:
-    """Load and validate a topology file (the shipped default when None).
+def load_topology(path: Path | str | None = None, *, replicas: int | None = None,
+                  routes: Iterable[Route] = ()) -> Topology:
+    """Load and validate a topology file (the shipped default when None), with the routes of the
+    parts of seamq in use (`seamq.jobs.route`), whose contexts a file may not take.
 
     Errors name the file, the dotted key and the reason, with the
     INVALID_TOPOLOGY code; the CLI exits 2 on them.
@@ -264,7 +286,7 @@ def load_topology(path: Path | str | None = None, *, replicas: int | None = None
     if not isinstance(data, dict):
         raise SeamqError(ErrorCode.INVALID_TOPOLOGY, f"{source}: the top level must be a mapping")
     try:
-        return _build(_TopologyFile.model_validate(data), source, replicas)
+        return _build(_TopologyFile.model_validate(data), source, replicas, {r.context: r for r in routes})
     except ValidationError as exc:
         err = exc.errors()[0]
         raise _topology_error(source, tuple(err["loc"]), err["msg"]) from None

@@ -20,6 +20,7 @@ from rich.markup import escape
 from seamq.model import ErrorCode, SeamqError
 from seamq.redact import redact
 from seamq.settings import Settings, load_settings
+from seamq.jobs.route import ROUTE as JOBS_ROUTE
 from seamq.topology import Topology, load_topology
 
 # Piped output (logs, CI) gets wide tables instead of truncated 80-column ones.
@@ -150,6 +151,6 @@ def settings() -> Settings:
 
 def topology(path: Optional[Path], current: Settings) -> Topology:
     try:
-        return load_topology(path or current.topology_file, replicas=current.replicas)
+        return load_topology(path or current.topology_file, replicas=current.replicas, routes=[JOBS_ROUTE])
     except SeamqError as exc:
         exit_with(exc)

@@ -18,7 +18,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, RetentionPolic
 from nats.js.errors import NotFoundError
 
 from seamq.jobs.ports import Fired
-from seamq.model import JOBS_STREAM, JOBS_SUBJECT
+from seamq.jobs.route import ROUTE
 from seamq.nats.pull import PullSource
 from seamq.nats.wire import header_block
 
@@ -37,13 +37,13 @@ class Clocks:
         # A standing pull: a fired timer is handed over the moment it arrives (a fetch of a batch
         # would wait for the batch or its timeout).
         self._timers = await PullSource(self.nc, TIMERS, TIMER_CONSUMER, buffer=200).start()
-        await self._stream(StreamConfig(name=JOBS_STREAM, subjects=[JOBS_SUBJECT], retention=RetentionPolicy.WORK_QUEUE,
+        await self._stream(StreamConfig(name=ROUTE.stream, subjects=[ROUTE.subject], retention=RetentionPolicy.WORK_QUEUE,
                                         storage=StorageType.FILE, duplicate_window=DUPLICATE_WINDOW,
                                         num_replicas=self.replicas))
-        await self.js.add_consumer(JOBS_STREAM, ConsumerConfig(
+        await self.js.add_consumer(ROUTE.stream, ConsumerConfig(
             durable_name=INTAKE_CONSUMER, ack_policy=AckPolicy.EXPLICIT, ack_wait=30, max_deliver=-1,
             deliver_policy=DeliverPolicy.ALL, max_ack_pending=1000))
-        self._intake = await PullSource(self.nc, JOBS_STREAM, INTAKE_CONSUMER, buffer=200).start()
+        self._intake = await PullSource(self.nc, ROUTE.stream, INTAKE_CONSUMER, buffer=200).start()
 
     async def _close_clocks(self) -> None:
         for source in (self._timers, self._intake):

@@ -24,7 +24,8 @@ from nats.js.errors import BadRequestError, ServiceUnavailableError
 from seamq.jobs.nats_clocks import TIMERS, Clocks
 from seamq.jobs.nats_ready import DONE, EVENTS, READY, ReadyOrder
 from seamq.jobs.nats_records import JOBS, UNIQUE, Records
-from seamq.model import JOBS_STREAM, describe
+from seamq.jobs.route import ROUTE
+from seamq.model import describe
 from seamq.nats.provision import cluster_size
 from seamq.nats.replies import Replies
 from seamq.observability import log
@@ -88,6 +89,6 @@ class NatsJobStore(Records, ReadyOrder, Clocks):
         """Empty every OJS bucket and stream (`POST /ojs/v1/admin/reset`, test mode)."""
         for key in [r["_key"] for prefix in FOLLOWED for r, _ in await self.scan(prefix) if "_key" in r]:
             await self.jobs.delete(key)  # each server following it hears that it is gone
-        for stream in (f"KV_{JOBS}", f"KV_{UNIQUE}", TIMERS, JOBS_STREAM, READY, DONE, EVENTS):
+        for stream in (f"KV_{JOBS}", f"KV_{UNIQUE}", TIMERS, ROUTE.stream, READY, DONE, EVENTS):
             await self.js.purge_stream(stream)
         self._priorities.clear()

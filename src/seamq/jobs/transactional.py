@@ -21,7 +21,8 @@ from typing import Any, Iterable
 
 from seamq import outbox
 from seamq.jobs.model import OjsError, iso, new_record, utcnow, uuid7
-from seamq.model import JOBS_CONTEXT, ErrorCode, Event, SeamqError
+from seamq.jobs.route import ROUTE
+from seamq.model import ErrorCode, Event, SeamqError
 
 
 def job_event(job_type: str, args: Iterable[Any] = (), *, queue: str | None = None, meta: dict | None = None,
@@ -41,7 +42,7 @@ def job_event(job_type: str, args: Iterable[Any] = (), *, queue: str | None = No
         new_record(body, utcnow())  # the server's own validation, before anything is written
     except OjsError as exc:
         raise SeamqError(ErrorCode.INVALID_JOB, f"job {job_type!r} refused: {exc.message}") from None
-    return Event(context=JOBS_CONTEXT, aggregate_type="job", aggregate_id=job_id, event_type="enqueue",
+    return Event(context=ROUTE.context, aggregate_type="job", aggregate_id=job_id, event_type="enqueue",
                  payload=body, id=uuid.UUID(job_id))
 
 
