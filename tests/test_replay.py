@@ -211,7 +211,7 @@ async def test_an_edited_copy_runs_only_in_the_consumer_that_dead_lettered_it_an
     from seamq.envelope import Poison
     from seamq.model import SeamqError
     from seamq.nats.provision import apply
-    from seamq.pg.dlq_repo import DlqFilter
+    from seamq.dead_letter import DlqFilter
     from seamq.topology import load_topology
     from seamq.wiring import dlq_desk, run_consumer
 
@@ -266,7 +266,7 @@ async def test_an_edited_copy_runs_only_in_the_consumer_that_dead_lettered_it_an
         assert seen["sea__from_vibespro"][-1] == {"n": 1, "fixed": True}
         assert (await js.stream_info("VIBESPRO_EVENTS")).state.last_seq == last + 1
         assert status("sea__from_vibespro", event.id) == "exhausted"
-        assert [(a["action"], a["selected"], a["done"], a["finished_at"] is not None) for a in actions][:2] == [
+        assert [(a.action, a.selected, a.done, a.finished_at is not None) for a in actions][:2] == [
             ("dlq.edit_replay", 1, 0, True), ("dlq.edit_replay", 1, 1, True)]
     finally:
         stop.set()

@@ -20,7 +20,8 @@ import psycopg
 from seamq.embedded.postgres import PostgresServer
 from seamq.ids import uuid7
 from seamq.pg import migrate, partitions
-from seamq.pg.dlq_repo import DlqFilter
+from seamq.dead_letter import DlqFilter
+from seamq.pg import dlq_repo
 from seamq.pg.outbox_repo import RELAY_LOCK_CLASS
 from seamq.pg.sql import query
 from seamq.pipeline.pg_source import READS
@@ -97,8 +98,8 @@ async def main(per_day: int) -> None:
             "console_inbox": (query("console_inbox"), {}),
             "replay_due": (query("replay_due"), dict(limit=100)),
             "console_published": (query("console_published"), {}),
-            "dlq_select (the DLQ desk)": (query("dlq_select"), dict(DlqFilter().params(), limit=50)),
-            "dlq_groups (the DLQ desk)": (query("dlq_groups"), DlqFilter().params()),
+            "dlq_select (the DLQ desk)": (query("dlq_select"), dict(dlq_repo.params(DlqFilter()), limit=50)),
+            "dlq_groups (the DLQ desk)": (query("dlq_groups"), dlq_repo.params(DlqFilter())),
         }
         # The Spark pipeline's reads (KPIs, the lake, reconcile), each over an hour of occurred_at, as
         # an executor reads its range (seamq.pipeline.pg_source).

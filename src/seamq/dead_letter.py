@@ -17,7 +17,7 @@ from __future__ import annotations
 import base64
 import json
 import uuid
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from datetime import datetime, timezone
 from typing import Any, Mapping, Protocol
 
@@ -157,6 +157,7 @@ class State:
     edited_as: str | None = None  # closed: replayed as a new message of this id
     edited_at: datetime | None = None
     edited_by: str | None = None
+    replay_scheduled_at: datetime | None = None
 
     @classmethod
     def of(cls, stored: Mapping[str, Any] | None) -> "State":
@@ -203,13 +204,111 @@ class ReplayPolicy:
         return self.backoff.delay(replays + 1)
 
 
-def event_of(row: Mapping[str, Any]) -> str:
-    """An inbox row's event as `name.vN`: from its columns, or, for a message that could not be read
-    (invalid JSON, no envelope), from its subject, so every row says it the same way."""
-    if row.get("event_type"):
-        return f"{row['event_type']}.v{row['event_version']}" if row.get("event_version") else row["event_type"]
-    try:
-        subject = EventSubject.parse(row.get("subject") or "")
-    except SeamqError:
-        return row.get("subject") or "-"
-    return f"{subject.name}.v{subject.version}"
+@dataclass(frozen=True, slots=True)
+class DlqFilter:
+    """Which dead letters a person means: every filter is optional (None means any)."""
+
+    consumer: str | None = None
+    context: str | None = None  # the consumer's own (target) context
+    event_type: str | None = None
+    reason: str | None = None
+    older_than: float | None = None  # seconds since it was dead-lettered
+    ids: list[uuid.UUID] | None = None
+    prefix: str | None = None  # of a message id, as `dlq list` shows it cut
+    purged: bool = False  # closed ones too: purged (the row stays to deduplicate), or edited and replayed
+    since: datetime | None = None  # received at or after
+    until: datetime | None = None  # received before
+    text: str | None = None  # in the last error, any case
+    cause: str | None = None  # as grouped (seamq_dlq_cause, migration 0008)
+    limit: int = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class FailedAttempt:
+    """One failed attempt of a handler, as its message's history keeps it."""
+
+    attempt: int
+    failed_at: datetime
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    """What a person did to dead letters (operator_actions): unfinished while `finished_at` is None."""
+
+    id: int
+    started_at: datetime
+    finished_at: datetime | None
+    actor: str
+    action: str
+    selected: int
+    done: int | None
+    messages: int
+    detail: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """Dead letters of one cause (the reason and the error with its ids and numbers blanked)."""
+
+    cause: str
+    reason: str | None
+    count: int
+    consumers: int
+    first_at: datetime | None
+    last_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterRow:
+    """An inbox row as people and the replay see it: a dead letter's (`seamq dlq`, the console), or a
+    row in any state (`seamq inbox show`), whose `state` is then empty. Built once, by the
+    repository; `seamq dlq show` and the console's message page fill in its history with
+    `dataclasses.replace`, never by changing it."""
+
+    consumer: str
+    message_id: uuid.UUID
+    state: State = State()
+    subject: str = ""
+    event_type: str | None = None
+    event_version: int | None = None
+    status: str = "dead_lettered"
+    attempts: int = 0
+    duplicates: int = 0
+    last_error: str | None = None
+    received_at: datetime | None = None
+    processed_at: datetime | None = None
+    cause: str | None = None
+    total: int = 1  # how many rows the selection it came from matched (beyond its limit too)
+    # Its history, None where it was not read (a list of dead letters does not read it):
+    failed_attempts: tuple[FailedAttempt, ...] | None = None
+    actions: tuple[Action, ...] | None = None  # what people did to it
+    dlq_copy: Mapping[str, Any] | None = None  # the DLQ copy's body, or {"error": why it cannot be had}
+
+    @property
+    def key(self) -> tuple[str, uuid.UUID]:
+        return self.consumer, self.message_id
+
+    @property
+    def event(self) -> str:
+        """Its event as `name.vN`: from its columns, or, for a message that could not be read
+        (invalid JSON, no envelope), from its subject, so every row says it the same way."""
+        if self.event_type:
+            return f"{self.event_type}.v{self.event_version}" if self.event_version else self.event_type
+        try:
+            subject = EventSubject.parse(self.subject)
+        except SeamqError:
+            return self.subject or "-"
+        return f"{subject.name}.v{subject.version}"
+
+    def plain(self) -> dict[str, Any]:
+        """What `--json` prints: every column, the state under `dlq_metadata` with the keys it is stored
+        under (those set), and its history where it was read."""
+        history = ("failed_attempts", "actions", "dlq_copy")
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("state", *history)}
+        out["dlq_metadata"] = {f.name: getattr(self.state, f.name) for f in fields(State)
+                               if getattr(self.state, f.name) != f.default}
+        for name in history:
+            if (value := getattr(self, name)) is not None:
+                out[name] = value if name == "dlq_copy" else [asdict(entry) for entry in value]
+        return out

@@ -17,10 +17,11 @@ from __future__ import annotations
 import json
 import uuid
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable
+from dataclasses import dataclass, replace
+from typing import Any, AsyncIterator, Callable, Mapping
 
 from seamq import dead_letter
+from seamq.dead_letter import Action, DeadLetterRow, DlqFilter, Group
 from seamq.ids import uuid7
 from seamq.dlq_replay import Replayer, read_original
 
@@ -49,34 +50,31 @@ class DeadLetterDesk:
         """The replayer's: the console puts the real one in once it has joined NATS."""
         return self.replayer.messages
 
-    async def select(self, selection) -> list[dict]:
+    async def select(self, selection: DlqFilter) -> list[DeadLetterRow]:
         async with self.store.transaction() as tx:
             return await self.store.select(tx, selection)
 
-    async def groups(self, selection) -> list[dict]:
+    async def groups(self, selection: DlqFilter) -> list[Group]:
         async with self.store.transaction() as tx:
             return await self.store.groups(tx, selection)
 
-    async def actions(self, limit: int = 100, message_id: uuid.UUID | None = None) -> list[dict]:
+    async def actions(self, limit: int = 100, message_id: uuid.UUID | None = None) -> list[Action]:
         async with self.store.transaction() as tx:
             return await self.store.actions(tx, limit, message_id)
 
-    async def detail(self, rows: list[dict]) -> list[dict]:
+    async def detail(self, rows: list[DeadLetterRow]) -> list[DeadLetterRow]:
         """Each row with its failed attempts, its DLQ copy (the original filled in) and the actions on it."""
         async with self.store.transaction() as tx:
-            rows = await self.store.with_attempts(tx, rows)
-            for row in rows:
-                row["actions"] = await self.store.actions(tx, message_id=row["message_id"])
-        for row in rows:
-            row["dlq_copy"] = await self.copy_of(row)
-        return rows
+            rows = [replace(row, actions=tuple(await self.store.actions(tx, message_id=row.message_id)))
+                    for row in await self.store.with_attempts(tx, rows)]
+        return [replace(row, dlq_copy=await self.copy_of(row)) for row in rows]
 
-    async def copy_of(self, row: dict) -> dict:
+    async def copy_of(self, row: DeadLetterRow) -> Mapping[str, Any]:
         """The DLQ copy's body; an original too big for it is read from its own stream."""
-        seq = dead_letter.State.of(row["dlq_metadata"]).dlq_seq
+        seq = row.state.dlq_seq
         if seq is None:
             return {"error": "no DLQ copy recorded"}
-        stream = self.topology.dlq_stream(row["consumer"])
+        stream = self.topology.dlq_stream(row.consumer)
         try:
             stored = await self.messages.get(stream, seq)
         except Exception as exc:  # NATS away: the rest of what is known about it still shows
@@ -98,7 +96,7 @@ class DeadLetterDesk:
                     original_payload_encoding=f"read from {original.stream} seq {original.seq}")
         return copy
 
-    async def replay(self, rows: list[dict], actor: str, progress: Callable[[int], None] = lambda n: None) -> Done:
+    async def replay(self, rows: list[DeadLetterRow], actor: str, progress: Callable[[int], None] = lambda n: None) -> Done:
         """Re-publish now, bypassing the backoff (exhausted and non-replayable ones too)."""
         async with self.recorded(actor, "dlq.replay", rows) as record:
             for start in range(0, len(rows), CHUNK):
@@ -108,20 +106,19 @@ class DeadLetterDesk:
                 progress(len(chunk))
         return record.result()
 
-    async def purge(self, rows: list[dict], actor: str, progress: Callable[[int], None] = lambda n: None) -> Done:
+    async def purge(self, rows: list[DeadLetterRow], actor: str, progress: Callable[[int], None] = lambda n: None) -> Done:
         """Delete the DLQ copies; the inbox rows stay (marked purged) to keep deduplicating."""
         async with self.recorded(actor, "dlq.purge", rows) as record:
             for row in rows:
-                seq = dead_letter.State.of(row["dlq_metadata"]).dlq_seq
-                if seq is not None:  # gone already (max_age, an earlier purge) is fine
-                    await self.messages.delete(self.topology.dlq_stream(row["consumer"]), seq)
+                if row.state.dlq_seq is not None:  # gone already (max_age, an earlier purge) is fine
+                    await self.messages.delete(self.topology.dlq_stream(row.consumer), row.state.dlq_seq)
                 async with self.store.transaction() as tx:
-                    await self.store.mark_purged(tx, row["consumer"], row["message_id"])
+                    await self.store.mark_purged(tx, row.consumer, row.message_id)
                 record.done += 1
                 progress(1)
         return record.result()
 
-    async def edit_and_replay(self, row: dict, payload: bytes, actor: str) -> uuid.UUID:
+    async def edit_and_replay(self, row: DeadLetterRow, payload: bytes, actor: str) -> uuid.UUID:
         """Publish the original with `payload` as its body, as a new message for the same consumer;
         close the original. Refused (SeamqError) when the body is not a JSON object or the original is gone."""
         try:
@@ -136,13 +133,13 @@ class DeadLetterDesk:
         new_id = uuid7()
         headers = {k: v for k, v in original.headers.items()
                    if k not in (Header.MSG_ID, Header.REPLAY_MESSAGE_ID, Header.REPLAY_ATTEMPT, Header.REPLAY_CONSUMER, Header.EDIT_OF)}
-        headers.update({Header.MSG_ID: str(new_id), Header.EDIT_OF: str(row["message_id"]), Header.REPLAY_CONSUMER: row["consumer"]})
+        headers.update({Header.MSG_ID: str(new_id), Header.EDIT_OF: str(row.message_id), Header.REPLAY_CONSUMER: row.consumer})
         async with self.recorded(actor, "dlq.edit_replay", [row], new_message_id=str(new_id)) as record:
             # Closed and published in one transaction: closed meanwhile means nothing is sent; not sent
             # means it stays open. (A crash between the publish and the commit leaves it open, with the
             # action unfinished and naming the copy.)
             async with self.store.transaction() as tx:
-                if not await self.store.mark_edited(tx, row["consumer"], row["message_id"], new_id, actor):
+                if not await self.store.mark_edited(tx, row.consumer, row.message_id, new_id, actor):
                     raise SeamqError(ErrorCode.NOT_FOUND, "the dead letter was closed meanwhile (purged, or edited "
                                                           "by someone else); nothing was sent")
                 out = OutMessage(original.subject, payload, headers)
@@ -151,7 +148,7 @@ class DeadLetterDesk:
                     raise SeamqError(ErrorCode.BROKER_UNAVAILABLE, f"the edited copy was not published: "
                                                                    f"{result.error}")
             record.done = 1
-        log.info("dead_letter_edited", consumer=row["consumer"], message_id=str(row["message_id"]),
+        log.info("dead_letter_edited", consumer=row.consumer, message_id=str(row.message_id),
                  new_message_id=str(new_id), actor=actor)
         return new_id
 
@@ -163,9 +160,9 @@ class DeadLetterDesk:
             await self.store.finish_action(tx, action_id, 0, {})
 
     @asynccontextmanager
-    async def recorded(self, actor: str, action: str, rows: list[dict], **detail: Any) -> AsyncIterator["_Record"]:
+    async def recorded(self, actor: str, action: str, rows: list[DeadLetterRow], **detail: Any) -> AsyncIterator["_Record"]:
         async with self.store.transaction() as tx:
-            action_id = await self.store.start_action(tx, actor, action, [r["message_id"] for r in rows], detail)
+            action_id = await self.store.start_action(tx, actor, action, [r.message_id for r in rows], detail)
         record = _Record(action_id, len(rows))
         try:
             yield record

@@ -17,10 +17,11 @@ with a crash), so it is counted once, never reported as replayed again.
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from seamq import dead_letter
 from seamq.health import Health
-from seamq.dead_letter import Original, ReplayPolicy
+from seamq.dead_letter import DeadLetterRow, Original, ReplayPolicy
 from seamq.model import describe
 from seamq.observability import log
 from seamq.ports import DeadLetterRepository, JetStreamPublisher, MessageStore
@@ -30,7 +31,7 @@ from seamq.topology import Topology, redelivery_window
 
 
 class Replayer:
-    def __init__(self, dead_letters: DeadLetterRepository, messages: MessageStore, publisher: JetStreamPublisher,
+    def __init__(self, dead_letters: DeadLetterRepository[Any], messages: MessageStore, publisher: JetStreamPublisher,
                  topology: Topology, policy: ReplayPolicy, *, nak_max: float, interval: float,
                  health: Health | None = None) -> None:
         self.dead_letters, self.messages, self.publisher, self.topology = dead_letters, messages, publisher, topology
@@ -58,7 +59,7 @@ class Replayer:
         async with self.dead_letters.transaction() as tx:
             return await self.replay(tx, await self.dead_letters.due(tx))
 
-    async def replay(self, tx, rows: list[dict]) -> int:
+    async def replay(self, tx: Any, rows: list[DeadLetterRow]) -> int:
         """Re-publish each row's original message now; returns how many went out."""
         ready = []
         for row in rows:
@@ -69,24 +70,24 @@ class Replayer:
         replayed = 0
         for (row, copy), result in zip(ready, results):
             if not result.ok:
-                log.warning("replay_publish_failed", message_id=str(row["message_id"]), error=result.error)
+                log.warning("replay_publish_failed", message_id=str(row.message_id), error=result.error)
                 continue
-            await self.dead_letters.mark_replayed(tx, row["consumer"], row["message_id"], self.watchdog)
+            await self.dead_letters.mark_replayed(tx, row.consumer, row.message_id, self.watchdog)
             if result.duplicate:
-                log.warning("replay_was_in_the_stream", consumer=row["consumer"], message_id=str(row["message_id"]),
+                log.warning("replay_was_in_the_stream", consumer=row.consumer, message_id=str(row.message_id),
                             msg_id=copy.msg_id, why="published before, its mark lost; not sent again")
                 continue
             replayed += 1
-            log.info("message_replayed", consumer=row["consumer"], message_id=str(row["message_id"]),
+            log.info("message_replayed", consumer=row.consumer, message_id=str(row.message_id),
                      subject=copy.subject, attempt=copy.replay_attempt, stream_seq=result.seq)
         return replayed
 
-    async def original(self, row: dict) -> Original | str:
+    async def original(self, row: DeadLetterRow) -> Original | str:
         """The message a dead-lettered inbox row stands for, whole; else why it cannot be had."""
-        seq = dead_letter.State.of(row["dlq_metadata"]).dlq_seq
-        if row["consumer"] not in self.topology.consumers or seq is None:
+        seq = row.state.dlq_seq
+        if row.consumer not in self.topology.consumers or seq is None:
             return "unknown consumer or DLQ copy"
-        copy = await self.messages.get(self.topology.dlq_stream(row["consumer"]), seq)
+        copy = await self.messages.get(self.topology.dlq_stream(row.consumer), seq)
         if copy is None:
             return "DLQ copy expired or purged"
         original = await read_original(self.messages, dead_letter.read(copy.data))
@@ -94,15 +95,15 @@ class Replayer:
             return f"original gone from stream {original.stream} (seq {original.seq})"
         return original
 
-    async def _copy(self, row: dict) -> Copy | None:
+    async def _copy(self, row: DeadLetterRow) -> Copy | None:
         original = await self.original(row)
         if isinstance(original, str):
-            log.warning("replay_skipped", message_id=str(row["message_id"]), why=original)
+            log.warning("replay_skipped", message_id=str(row.message_id), why=original)
             return None
-        attempt = dead_letter.State.of(row["dlq_metadata"]).replay_attempts + 1
-        return Copy(original.subject, original.headers, original.data, str(row["message_id"]),
-                    msg_id=f"replay:{row['consumer']}:{row['message_id']}:{attempt}", replay_attempt=attempt,
-                    consumer=row["consumer"])
+        attempt = row.state.replay_attempts + 1
+        return Copy(original.subject, original.headers, original.data, str(row.message_id),
+                    msg_id=f"replay:{row.consumer}:{row.message_id}:{attempt}", replay_attempt=attempt,
+                    consumer=row.consumer)
 
 
 async def read_original(messages: MessageStore, original: Original) -> Original:

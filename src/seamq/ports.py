@@ -13,10 +13,12 @@ from contextlib import AbstractAsyncContextManager
 from datetime import datetime
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Callable, NamedTuple, Protocol
+from typing import Any, Callable, Mapping, NamedTuple, Protocol, TypeVar
 
-from seamq.dead_letter import ReplayPolicy
+from seamq.dead_letter import Action, DeadLetterRow, DlqFilter, Group, ReplayPolicy
 from seamq.model import OutMessage, PubResult  # the publisher port's values live in the core
+
+Tx = TypeVar("Tx")  # a repository's unit of work, which only the repository looks into
 
 
 class OutboxRow(NamedTuple):
@@ -323,36 +325,40 @@ class MessageStore(Protocol):
         """False when it was gone already."""
 
 
-class DeadLetterRepository(Protocol):
-    """The inbox's dead-lettered rows as the DLQ replay worker (REQ-059) needs them."""
+class DeadLetterRepository(Protocol[Tx]):
+    """The inbox's dead-lettered rows as the DLQ replay worker (REQ-059) and the desk (seamq.dlq_desk:
+    the CLI and the console) need them; `Tx` is the repository's own unit of work, opaque to them."""
 
-    def transaction(self) -> AbstractAsyncContextManager[Any]: ...
+    def transaction(self) -> AbstractAsyncContextManager[Tx]: ...
 
-    async def schedule(self, tx: Any, policy: ReplayPolicy) -> None:
+    async def schedule(self, tx: Tx, policy: ReplayPolicy) -> None:
         """Mark exhausted what is out of replays; give a replay time to what is not."""
 
-    async def due(self, tx: Any, limit: int = 100) -> list[dict[str, Any]]:
-        """Rows whose replay time has come (consumer, message_id, dlq_metadata), locked for `tx`."""
+    async def due(self, tx: Tx, limit: int = 100) -> list[DeadLetterRow]:
+        """Rows whose replay time has come, earliest first, locked for `tx`."""
 
-    async def mark_replayed(self, tx: Any, consumer: str, message_id: uuid.UUID, watchdog: float) -> None: ...
+    async def mark_replayed(self, tx: Tx, consumer: str, message_id: uuid.UUID, watchdog: float) -> None:
+        """Count the replay; the row is due again after `watchdog` seconds unless it comes back first."""
 
-    # What people do with dead letters (seamq.dlq_desk: the CLI and the console).
-    async def select(self, tx: Any, selection: Any) -> list[dict[str, Any]]: ...
+    async def select(self, tx: Tx, selection: DlqFilter) -> list[DeadLetterRow]:
+        """Dead letters, oldest dead-lettered first, each with the selection's total."""
 
-    async def groups(self, tx: Any, selection: Any) -> list[dict[str, Any]]: ...
+    async def groups(self, tx: Tx, selection: DlqFilter) -> list[Group]:
+        """The selection by cause, the largest group first."""
 
-    async def with_attempts(self, tx: Any, rows: list[dict[str, Any]]) -> list[dict[str, Any]]: ...
+    async def with_attempts(self, tx: Tx, rows: list[DeadLetterRow]) -> list[DeadLetterRow]:
+        """The rows with their failed attempts, oldest first."""
 
-    async def mark_purged(self, tx: Any, consumer: str, message_id: uuid.UUID) -> None: ...
+    async def mark_purged(self, tx: Tx, consumer: str, message_id: uuid.UUID) -> None: ...
 
-    async def mark_edited(self, tx: Any, consumer: str, message_id: uuid.UUID, new_id: uuid.UUID,
+    async def mark_edited(self, tx: Tx, consumer: str, message_id: uuid.UUID, new_id: uuid.UUID,
                           actor: str) -> bool:
         """Close the original of an edit-and-replay; False when it was closed already."""
 
-    async def start_action(self, tx: Any, actor: str, action: str, message_ids: list[uuid.UUID],
-                           detail: dict[str, Any]) -> int: ...
+    async def start_action(self, tx: Tx, actor: str, action: str, message_ids: list[uuid.UUID],
+                           detail: Mapping[str, object]) -> int: ...
 
-    async def finish_action(self, tx: Any, action_id: int, done: int, detail: dict[str, Any]) -> None: ...
+    async def finish_action(self, tx: Tx, action_id: int, done: int, detail: Mapping[str, object]) -> None: ...
 
-    async def actions(self, tx: Any, limit: int = 100, message_id: uuid.UUID | None = None
-                      ) -> list[dict[str, Any]]: ...
+    async def actions(self, tx: Tx, limit: int = 100, message_id: uuid.UUID | None = None) -> list[Action]:
+        """The latest actions first; of one message, every one that named it, oldest first."""

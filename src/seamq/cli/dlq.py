@@ -3,25 +3,21 @@
 from __future__ import annotations
 
 import dataclasses
-
 import getpass
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import typer
 from rich.progress import Progress
 from rich.syntax import Syntax
 from rich.table import Table
 
-from seamq import dead_letter
 from seamq.cli.common import (
     JsonOption, TopologyOption, console, duration, exit_with, id_prefix, print_json, run, settings, the_one, topology,
 )
+from seamq.dead_letter import DeadLetterRow, DlqFilter, State
 from seamq.model import ErrorCode, SeamqError
-
-if TYPE_CHECKING:
-    from seamq.pg.dlq_repo import DlqFilter
 
 app = typer.Typer(help="Dead letters: list, show, replay now, purge.", no_args_is_help=True)
 
@@ -38,20 +34,18 @@ Purged = typer.Option(False, "--purged", help="Purged dead letters too (their DL
 
 
 def _filter(consumer, context, event_type, reason, older_than, limit, message_id=None, purged=False) -> DlqFilter:
-    from seamq.pg.dlq_repo import DlqFilter  # the database driver loads with the command that needs it
-
     age = duration("--older-than", older_than) if older_than else None
     return DlqFilter(consumer=consumer, context=context, event_type=event_type, reason=reason,
                      older_than=age, prefix=id_prefix(message_id, "message id") if message_id else None, purged=purged, limit=limit)
 
 
-def one_message(rows: list[dict], value: str, what: str) -> list[dict]:
+def one_message(rows: list[DeadLetterRow], value: str, what: str) -> list[DeadLetterRow]:
     """The rows of the one message a prefix names; refused when it names none or several."""
-    the_one((str(row["message_id"]) for row in rows), value, what)
+    the_one((str(row.message_id) for row in rows), value, what)
     return rows
 
 
-async def _select(dsn: str, selection: DlqFilter) -> list[dict]:
+async def _select(dsn: str, selection: DlqFilter) -> list[DeadLetterRow]:
     from seamq.pg import dlq_repo  # the database driver loads with the command that needs it
     from seamq.pg.alone import alone
 
@@ -66,7 +60,7 @@ def list_(consumer: Optional[str] = Consumer, context: Optional[str] = Context, 
     rows = run(_select(settings().database_dsn(), _filter(consumer, context, event_type, reason, older_than, limit,
                                                           purged=purged)))
     if as_json:
-        return print_json(rows)  # every inbox column, the DLQ metadata as stored
+        return print_json([row.plain() for row in rows])  # every inbox column, the DLQ metadata as stored
     # Cells wrap rather than end in "…": a reason cut short is no reason. Ids are shown whole: a
     # UUIDv7 begins with its millisecond, so the messages of one batch share any short head of it.
     table = Table(title=f"{len(rows)} dead letters")
@@ -76,11 +70,10 @@ def list_(consumer: Optional[str] = Consumer, context: Optional[str] = Context, 
         table.add_column(name, overflow="fold", no_wrap=name in ("id", "consumer", "reason"),
                          min_width=36 if name == "id" else None)
     for row in rows:
-        state = dead_letter.State.of(row["dlq_metadata"])
-        event = dead_letter.event_of(row)
-        status = "purged" if state.purged_at else row["status"]
-        table.add_row(str(row["message_id"]), row["consumer"], event, state.reason or "?", status,
-                      str(row["attempts"]), str(state.replay_attempts),
+        state = row.state
+        status = "purged" if state.purged_at else row.status
+        table.add_row(str(row.message_id), row.consumer, row.event, state.reason or "?", status,
+                      str(row.attempts), str(state.replay_attempts),
                       _minute(state.next_replay_at), _minute(state.dead_lettered_at))
     console.print(table)
 
@@ -102,25 +95,23 @@ def show(message_id: str = typer.Argument(..., help="The message id, or its firs
 
     rows = run(go())
     if as_json:
-        return print_json(rows)
+        return print_json([row.plain() for row in rows])
     for row in rows:
-        console.print(record_table(row, f"dead letter {row['message_id']} ({row['consumer']})"))
-        console.print(Syntax(json.dumps(row["dlq_copy"], indent=2, ensure_ascii=False), "json", word_wrap=True))
+        console.print(record_table(row, f"dead letter {row.message_id} ({row.consumer})"))
+        console.print(Syntax(json.dumps(row.dlq_copy, indent=2, ensure_ascii=False), "json", word_wrap=True))
 
 
-def record_table(row: dict, title: str) -> Table:
-    """An inbox row for people: its fields, its DLQ state, and its failed attempts."""
+def record_table(row: DeadLetterRow, title: str) -> Table:
+    """An inbox row for people: its fields, its DLQ state (what is set), and its failed attempts."""
     table = Table("field", "value", title=title, show_header=False)
     for key in ("subject", "status", "attempts", "last_error", "received_at", "processed_at"):
-        if key in row:
-            table.add_row(key, str(row[key]))
-    if "dlq_metadata" in row:
-        state = dead_letter.State.of(row["dlq_metadata"])
-        for field in dataclasses.fields(state):
-            if (value := getattr(state, field.name)) is not None:
-                table.add_row(f"dlq.{field.name}", str(value))
-    for attempt in row.get("failed_attempts", []):
-        table.add_row(f"attempt {attempt['attempt']}", f"{str(attempt['failed_at'])[:23]}  {attempt['error']}")
+        if (value := getattr(row, key)) is not None:
+            table.add_row(key, str(value))
+    for field in dataclasses.fields(State):
+        if (value := getattr(row.state, field.name)) != field.default:
+            table.add_row(f"dlq.{field.name}", str(value))
+    for attempt in row.failed_attempts or ():
+        table.add_row(f"attempt {attempt.attempt}", f"{str(attempt.failed_at)[:23]}  {attempt.error}")
     return table
 
 

@@ -32,9 +32,9 @@ def inbox_show(message_id: str = typer.Argument(..., help="The message id, or it
     rows = one_message(run(alone(current.database_dsn(), dlq_repo.inbox_rows, prefix)), message_id, "inbox message")
     rows = run(alone(current.database_dsn(), dlq_repo.with_attempts, rows))
     if as_json:
-        return print_json(rows)
+        return print_json([row.plain() for row in rows])
     for row in rows:
-        console.print(record_table(row, f"{row['message_id']} in {row['consumer']}"))
+        console.print(record_table(row, f"{row.message_id} in {row.consumer}"))
 
 
 @inbox_app.command("purge")

@@ -23,7 +23,6 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from seamq import dead_letter
 from seamq.console.auth import COOKIE, Session, Signer, Users, csrf_ok
 from seamq.jobs.client import JobsError
 from seamq.model import ErrorCode, SeamqError, describe
@@ -228,12 +227,10 @@ async def _form(request: Request) -> dict[str, list[str]]:
 def templates() -> Environment:
     env = Environment(loader=PackageLoader("seamq.console", "templates"), autoescape=select_autoescape(default=True))
     env.filters["pretty"] = lambda v: json.dumps(v, indent=2, ensure_ascii=False, default=str)
-    env.filters["dead_letter"] = dead_letter.State.of  # a row's dlq_metadata, typed
     env.filters["when"] = lambda v: str(v).replace("T", " ")[:19] if v else "-"
     env.filters["ms"] = lambda v: f"{v * 1000:.1f}" if v is not None else "-"
     env.filters["rate"] = lambda v: f"{v:.1f}" if v else "0"
     env.filters["known"] = lambda v: "unknown" if v is None else v
-    env.filters["event"] = dead_letter.event_of
     env.filters["q"] = lambda v: quote(str(v), safe="")
     env.filters["epoch"] = lambda v: datetime.fromtimestamp(v, timezone.utc).strftime("%H:%M:%S UTC")
     return env

@@ -12,20 +12,19 @@ from datetime import datetime, timezone
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
-from seamq import dead_letter
 from seamq.console.app import Console, Ctx, Refused
 from seamq.console.overview import Overview, sparkline
 from seamq.dlq_desk import DeadLetterDesk
+from seamq.dead_letter import DeadLetterRow, DlqFilter
 from seamq.model import ErrorCode, SeamqError
 from seamq.pg.audit_repo import PgAuditStore
-from seamq.pg.dlq_repo import DlqFilter
 
 SHOWN = 500  # dead letters a list shows (and a bulk action may take) at once; the count says how many match
 FILTERS = ("consumer", "reason", "event_type", "text", "since", "until", "cause")
 
 
-def key(row: dict) -> str:
-    return f"{row['consumer']}:{row['message_id']}"
+def key(row: DeadLetterRow) -> str:
+    return f"{row.consumer}:{row.message_id}"
 
 
 def _time(ctx: Ctx, name: str) -> datetime | None:
@@ -57,12 +56,12 @@ def keys_of(ctx: Ctx) -> list[tuple[str, uuid.UUID]]:
     return out
 
 
-async def rows_of(desk: DeadLetterDesk, keys: list[tuple[str, uuid.UUID]]) -> list[dict]:
+async def rows_of(desk: DeadLetterDesk, keys: list[tuple[str, uuid.UUID]]) -> list[DeadLetterRow]:
     """Exactly the dead letters named, still open; the others are left out (and counted by the caller)."""
     wanted = set(keys)
     ids = sorted({m for _, m in keys})  # each may be a dead letter of several consumers
     rows = await desk.select(DlqFilter(ids=ids, limit=len(ids) * max(1, len(desk.topology.consumers))))
-    return [row for row in rows if (row["consumer"], row["message_id"]) in wanted]
+    return [row for row in rows if row.key in wanted]
 
 
 def routes(console: Console, desk: DeadLetterDesk, overview: Overview) -> list[Route]:
@@ -76,7 +75,7 @@ def routes(console: Console, desk: DeadLetterDesk, overview: Overview) -> list[R
         chosen = selection(ctx)
         rows = await desk.select(chosen)
         groups = await desk.groups(replace(chosen, cause=None))
-        total = rows[0]["total"] if rows else 0
+        total = rows[0].total if rows else 0
         return console.render("dead_letters.html", ctx, rows=rows, groups=groups, total=total, key=key,
                               filters={name: ctx.one(name) for name in FILTERS})
 
@@ -86,14 +85,13 @@ def routes(console: Console, desk: DeadLetterDesk, overview: Overview) -> list[R
         if not rows:
             raise SeamqError(ErrorCode.NOT_FOUND, f"no dead letter {message_id} of consumer {consumer}")
         row = (await desk.detail(rows))[0]
-        copy = row["dlq_copy"]
+        copy = row.dlq_copy or {}
         body = copy.get("original_payload")
         try:
             body = json.dumps(json.loads(body), indent=2, ensure_ascii=False) if isinstance(body, str) else body
         except ValueError:
             pass  # shown as it is: it was not JSON (that may be why it is here)
-        return console.render("message.html", ctx, row=row, copy=copy, body=body, key=key(row),
-                              state=dead_letter.State.of(row["dlq_metadata"]))
+        return console.render("message.html", ctx, row=row, copy=copy, body=body, key=key(row), state=row.state)
 
     async def confirm(ctx: Ctx) -> Response:
         action = _action(ctx)
@@ -104,7 +102,7 @@ def routes(console: Console, desk: DeadLetterDesk, overview: Overview) -> list[R
         if not rows:
             raise SeamqError(ErrorCode.NOT_FOUND, "none of the selected dead letters is open any more")
         return console.render("confirm.html", ctx, action=action, rows=rows, key=key,
-                              more=max(0, (rows[0]["total"] or 0) - len(rows)))
+                              more=max(0, rows[0].total - len(rows)))
 
     async def act(ctx: Ctx) -> Response:
         action, keys = _action(ctx), keys_of(ctx)

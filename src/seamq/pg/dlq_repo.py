@@ -3,44 +3,42 @@
 The inbox row of a dead-lettered message holds its state in `dlq_metadata`:
 reason, dlq_subject/dlq_seq (where the DLQ copy is), replay_attempts,
 next_replay_at, last_reason. The original message itself is read back from
-the DLQ stream when it is replayed.
+the DLQ stream when it is replayed. Rows leave here typed (seamq.dead_letter:
+`DeadLetterRow` with its `State`), built in one place, `_row`.
 """
 
 from __future__ import annotations
 
 import uuid
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, fields
-from datetime import datetime
-from typing import AsyncIterator
+from dataclasses import fields, replace
+from typing import Any, AsyncIterator, Mapping
 
 from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from seamq.dead_letter import ReplayPolicy
+from seamq.dead_letter import Action, DeadLetterRow, DlqFilter, FailedAttempt, Group, ReplayPolicy, State
 from seamq.model import CONSUMER_SEPARATOR
 from seamq.pg.sql import query
 
+_COLUMNS = frozenset(f.name for f in fields(DeadLetterRow)) - {"state"}
 
-@dataclass(frozen=True)
-class DlqFilter:
-    consumer: str | None = None
-    context: str | None = None
-    event_type: str | None = None
-    reason: str | None = None
-    older_than: float | None = None
-    ids: list[uuid.UUID] | None = None
-    prefix: str | None = None  # of a message id, as `dlq list` shows it cut
-    purged: bool = False  # closed ones too: purged (the row stays to deduplicate), or edited and replayed
-    since: datetime | None = None  # received at or after
-    until: datetime | None = None  # received before
-    text: str | None = None  # in the last error, any case
-    cause: str | None = None  # as grouped (seamq_dlq_cause, migration 0008)
-    limit: int = 1000
 
-    def params(self) -> dict:
-        return {**{field.name: getattr(self, field.name) for field in fields(self)}, "separator": CONSUMER_SEPARATOR}
+def params(selection: DlqFilter) -> dict[str, Any]:
+    """A selection as dlq_where reads it."""
+    return {**{f.name: getattr(selection, f.name) for f in fields(selection)}, "separator": CONSUMER_SEPARATOR}
+
+
+def _row(record: Mapping[str, Any]) -> DeadLetterRow:
+    return DeadLetterRow(state=State.of(record.get("dlq_metadata")),
+                         **{k: v for k, v in record.items() if k in _COLUMNS and v is not None})
+
+
+async def _rows(conn: AsyncConnection, name: str, values: Mapping[str, Any]) -> list[dict[str, Any]]:
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(query(name), values)
+        return await cur.fetchall()
 
 
 async def schedule(conn: AsyncConnection, policy: ReplayPolicy) -> None:
@@ -56,43 +54,35 @@ async def schedule(conn: AsyncConnection, policy: ReplayPolicy) -> None:
             delays=[policy.delay(n) for n in attempts]))
 
 
-async def due(conn: AsyncConnection, limit: int = 100) -> list[dict]:
+async def due(conn: AsyncConnection, limit: int = 100) -> list[DeadLetterRow]:
     """Dead letters whose replay time has come, locked for this transaction."""
-    async with conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(query("replay_due"), dict(limit=limit))
-        return await cur.fetchall()
+    return [_row(r) for r in await _rows(conn, "replay_due", dict(limit=limit))]
 
 
 async def mark_replayed(conn: AsyncConnection, consumer: str, message_id: uuid.UUID, watchdog: float) -> None:
     await conn.execute(query("replay_mark"), dict(consumer=consumer, message_id=message_id, watchdog=watchdog))
 
 
-async def select(conn: AsyncConnection, selection: DlqFilter) -> list[dict]:
-    async with conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(query("dlq_select"), selection.params())
-        return await cur.fetchall()
+async def select(conn: AsyncConnection, selection: DlqFilter) -> list[DeadLetterRow]:
+    return [_row(r) for r in await _rows(conn, "dlq_select", params(selection))]
 
 
-async def groups(conn: AsyncConnection, selection: DlqFilter) -> list[dict]:
-    async with conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(query("dlq_groups"), selection.params())
-        return await cur.fetchall()
+async def groups(conn: AsyncConnection, selection: DlqFilter) -> list[Group]:
+    return [Group(**r) for r in await _rows(conn, "dlq_groups", params(selection))]
 
 
-async def with_attempts(conn: AsyncConnection, rows: list[dict]) -> list[dict]:
-    """Inbox rows with each one's failed attempts, oldest first (attempt, failed_at, error)."""
-    async with conn.cursor(row_factory=dict_row) as cur:
-        for row in rows:
-            await cur.execute(query("inbox_attempts"), dict(consumer=row["consumer"], id=row["message_id"]))
-            row["failed_attempts"] = await cur.fetchall()
-    return rows
+async def with_attempts(conn: AsyncConnection, rows: list[DeadLetterRow]) -> list[DeadLetterRow]:
+    """Inbox rows with each one's failed attempts, oldest first."""
+    out = []
+    for row in rows:
+        found = await _rows(conn, "inbox_attempts", dict(consumer=row.consumer, id=row.message_id))
+        out.append(replace(row, failed_attempts=tuple(FailedAttempt(**a) for a in found)))
+    return out
 
 
-async def inbox_rows(conn: AsyncConnection, prefix: str) -> list[dict]:
+async def inbox_rows(conn: AsyncConnection, prefix: str) -> list[DeadLetterRow]:
     """Inbox rows, in any state, whose message id starts with `prefix`."""
-    async with conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(query("inbox_show"), dict(prefix=prefix))
-        return await cur.fetchall()
+    return [_row(r) for r in await _rows(conn, "inbox_show", dict(prefix=prefix))]
 
 
 async def mark_purged(conn: AsyncConnection, consumer: str, message_id: uuid.UUID) -> None:
@@ -107,23 +97,20 @@ async def mark_edited(conn: AsyncConnection, consumer: str, message_id: uuid.UUI
 
 
 async def start_action(conn: AsyncConnection, actor: str, action: str, message_ids: list[uuid.UUID],
-                       detail: dict) -> int:
+                       detail: Mapping[str, object]) -> int:
     cur = await conn.execute(query("action_start"), dict(actor=actor, action=action, selected=len(message_ids),
-                                                         message_ids=message_ids, detail=Jsonb(detail)))
-    return (await cur.fetchone())[0]
+                                                         message_ids=message_ids, detail=Jsonb(dict(detail))))
+    return (await cur.fetchone())[0]  # INSERT ... RETURNING: always one row
 
 
-async def finish_action(conn: AsyncConnection, action_id: int, done: int, detail: dict) -> None:
-    await conn.execute(query("action_finish"), dict(id=action_id, done=done, detail=Jsonb(detail)))
+async def finish_action(conn: AsyncConnection, action_id: int, done: int, detail: Mapping[str, object]) -> None:
+    await conn.execute(query("action_finish"), dict(id=action_id, done=done, detail=Jsonb(dict(detail))))
 
 
-async def actions(conn: AsyncConnection, limit: int = 100, message_id: uuid.UUID | None = None) -> list[dict]:
-    async with conn.cursor(row_factory=dict_row) as cur:
-        if message_id is None:
-            await cur.execute(query("actions_recent"), dict(limit=limit))
-        else:
-            await cur.execute(query("actions_of_message"), dict(id=message_id))
-        return await cur.fetchall()
+async def actions(conn: AsyncConnection, limit: int = 100, message_id: uuid.UUID | None = None) -> list[Action]:
+    found = (await _rows(conn, "actions_recent", dict(limit=limit)) if message_id is None
+             else await _rows(conn, "actions_of_message", dict(id=message_id)))
+    return [Action(**r) for r in found]
 
 
 class PgDeadLetters:

@@ -440,7 +440,7 @@ SELECT id, started_at, finished_at, actor, action, selected, done, cardinality(m
 FROM operator_actions ORDER BY id DESC LIMIT %(limit)s
 
 -- name: actions_of_message
-SELECT id, started_at, finished_at, actor, action, selected, done, detail
+SELECT id, started_at, finished_at, actor, action, selected, done, cardinality(message_ids) AS messages, detail
 FROM operator_actions WHERE message_ids @> ARRAY[CAST(%(id)s AS uuid)] ORDER BY id
 
 -- name: dlq_edited
