@@ -29,7 +29,7 @@ pytest_plugins = ["seamq.testing"]
 
 # The unit tier (`make test-unit`, seconds): modules of pure logic on in-memory fakes. A test there
 # that asks for a real service is a mistake this hook reports, so the tier cannot drift.
-UNIT_MODULES = {"test_backoff", "test_compat", "test_consumer_unit", "test_handler_timeout", "test_jobs_activity", "test_jobs_cron",
+UNIT_MODULES = {"test_backoff", "test_compat", "test_consumer_unit", "test_dlq_unit", "test_handler_timeout", "test_jobs_activity", "test_jobs_cron",
                 "test_jobs_job", "test_jobs_model", "test_jobs_native_unit", "test_jobs_operations",
                 "test_jobs_workflows", "test_lake_restart", "test_listen", "test_house", "test_model",
                 "test_observability", "test_relay_unit", "test_stopping", "test_verdict"}

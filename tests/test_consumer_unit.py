@@ -67,7 +67,7 @@ async def test_a_retry_comes_back_and_is_handled_on_its_second_delivery():
     await run(source, inbox, dlq, handler, lambda: len(source.acked) == 1)
     row = inbox.rows[e.id]
     assert (row.status, row.attempts, row.last_error) == ("processed", 2, "503")
-    assert row.history == [(1, "503")], "the failed attempt is kept after the retry succeeded"
+    assert [(a.attempt, a.error) for a in row.history] == [(1, "503")], "the failed attempt is kept after the retry succeeded"
     assert source.acked[0].delivered == 2 and len(source.naks) == 1
 
 
@@ -79,8 +79,8 @@ async def test_poison_and_max_deliver_go_to_the_dlq_with_their_reasons():
     publish(source, poison)
     publish(source, tired)
     await run(source, inbox, dlq, handler, lambda: len(source.acked) == 2)
-    assert inbox.rows[poison.id].dead_letter.reason == "handler_rejected"
-    assert inbox.rows[tired.id].dead_letter.reason == "max_deliver"
+    assert inbox.rows[poison.id].state.reason == "handler_rejected"
+    assert inbox.rows[tired.id].state.reason == "max_deliver"
     assert inbox.rows[tired.id].attempts == SPEC.max_deliver
     assert sorted(m.headers["Seamq-Dlq-Reason"] for m in dlq.published) == ["handler_rejected", "max_deliver"]
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import uuid
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime, timezone
@@ -121,6 +122,23 @@ class Original:
     def complete(self) -> bool:
         return self.headers is not None and self.data is not None
 
+    def whole(self) -> "Whole | None":
+        """It, read back whole; None while a part of it is still to be read from its stream."""
+        if self.headers is None or self.data is None:
+            return None
+        return Whole(self.subject, self.headers, self.data, self.stream, self.seq)
+
+
+@dataclass(frozen=True, slots=True)
+class Whole:
+    """An original with nothing left to read: what a replay or an edit sends."""
+
+    subject: str
+    headers: dict[str, str]
+    data: bytes
+    stream: str | None
+    seq: int | None
+
 
 def original_message(body: Mapping[str, Any]) -> Original:
     """The original of a dead letter body, as far as the body carries it (see dead_letter_body)."""
@@ -202,6 +220,19 @@ class ReplayPolicy:
 
     def delay(self, replays: int) -> float:
         return self.backoff.delay(replays + 1)
+
+
+_BLANKED = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F-]{27}|(?<!HTTP )(?<![0-9])[0-9]+")
+
+
+def cause(reason: str | None, error: str | None) -> str:
+    """What dead letters are grouped by: the reason, and the error without its ids and numbers (an
+    HTTP status stays). PostgreSQL computes it as `seamq_dlq_cause` (migration 0012) to group and
+    filter in SQL; the dead-letter contract suite holds the two to one answer."""
+    text = error or ""
+    if reason is not None and text.startswith(f"{reason}: "):
+        text = text[len(reason) + 2:]
+    return f"{reason or '?'}: {_BLANKED.sub('#', text)[:120]}"
 
 
 @dataclass(frozen=True, slots=True)

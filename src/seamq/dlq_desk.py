@@ -22,12 +22,11 @@ from typing import Any, AsyncIterator, Callable, Mapping
 
 from seamq import dead_letter
 from seamq.dead_letter import Action, DeadLetterRow, DlqFilter, Group
-from seamq.ids import uuid7
 from seamq.dlq_replay import Replayer, read_original
-
-from seamq.model import ErrorCode, Header, SeamqError, describe
+from seamq.ids import uuid7
+from seamq.model import ErrorCode, Header, OutMessage, SeamqError, describe
 from seamq.observability import log
-from seamq.ports import OutMessage
+from seamq.ports import MessageStore
 
 CHUNK = 100  # dead letters per transaction of a replay or purge
 SHOWN_PAYLOAD = 64 * 1024  # a larger original is cut where people read it (replay sends all of it)
@@ -46,7 +45,7 @@ class DeadLetterDesk:
         self.store, self.topology = replayer.dead_letters, replayer.topology
 
     @property
-    def messages(self):
+    def messages(self) -> MessageStore:
         """The replayer's: the console puts the real one in once it has joined NATS."""
         return self.replayer.messages
 
@@ -82,18 +81,19 @@ class DeadLetterDesk:
                              f"{exc.message if isinstance(exc, SeamqError) else describe(exc)}"}
         if stored is None:
             return {"error": f"DLQ copy gone from {stream} (seq {seq}): expired or purged"}
-        copy = json.loads(stored.data)
+        copy: dict[str, Any] = json.loads(stored.data)
         original = dead_letter.original_message(copy)
         if original.complete:
             return copy
         original = await read_original(self.messages, original)
-        if not original.complete:
+        whole = original.whole()
+        if whole is None:
             copy["original_payload"] = f"(not in the dead letter, and gone from {original.stream} seq {original.seq})"
             return copy
-        text = original.data.decode(errors="replace")
-        cut = f"... ({len(original.data)} bytes in all)" if len(text) > SHOWN_PAYLOAD else ""
-        copy.update(original_headers=original.headers, original_payload=text[:SHOWN_PAYLOAD] + cut,
-                    original_payload_encoding=f"read from {original.stream} seq {original.seq}")
+        text = whole.data.decode(errors="replace")
+        cut = f"... ({len(whole.data)} bytes in all)" if len(text) > SHOWN_PAYLOAD else ""
+        copy.update(original_headers=whole.headers, original_payload=text[:SHOWN_PAYLOAD] + cut,
+                    original_payload_encoding=f"read from {whole.stream} seq {whole.seq}")
         return copy
 
     async def replay(self, rows: list[DeadLetterRow], actor: str, progress: Callable[[int], None] = lambda n: None) -> Done:

@@ -21,7 +21,7 @@ from typing import Any
 
 from seamq import dead_letter
 from seamq.health import Health
-from seamq.dead_letter import DeadLetterRow, Original, ReplayPolicy
+from seamq.dead_letter import DeadLetterRow, Original, ReplayPolicy, Whole
 from seamq.model import describe
 from seamq.observability import log
 from seamq.ports import DeadLetterRepository, JetStreamPublisher, MessageStore
@@ -82,7 +82,7 @@ class Replayer:
                      subject=copy.subject, attempt=copy.replay_attempt, stream_seq=result.seq)
         return replayed
 
-    async def original(self, row: DeadLetterRow) -> Original | str:
+    async def original(self, row: DeadLetterRow) -> Whole | str:
         """The message a dead-lettered inbox row stands for, whole; else why it cannot be had."""
         seq = row.state.dlq_seq
         if row.consumer not in self.topology.consumers or seq is None:
@@ -91,9 +91,10 @@ class Replayer:
         if copy is None:
             return "DLQ copy expired or purged"
         original = await read_original(self.messages, dead_letter.read(copy.data))
-        if not original.complete:  # too big to travel inside the dead letter, and gone from its stream
+        whole = original.whole()
+        if whole is None:  # too big to travel inside the dead letter, and gone from its stream
             return f"original gone from stream {original.stream} (seq {original.seq})"
-        return original
+        return whole
 
     async def _copy(self, row: DeadLetterRow) -> Copy | None:
         original = await self.original(row)

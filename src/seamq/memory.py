@@ -18,19 +18,45 @@ import time
 import uuid
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from datetime import datetime, timezone
+from typing import Any, AsyncIterator
 
-from seamq.ports import Admission, InboxItem, InboxOutcome, OutMessage, PubResult, StoredMessage
+from seamq.dead_letter import FailedAttempt, State
+from seamq.model import OutMessage, PubResult
+from seamq.ports import Admission, InboxItem, InboxOutcome, StoredMessage
+
+
+def now() -> datetime:
+    return datetime.now(timezone.utc)
 
 
 @dataclass
 class Row:
+    """An inbox row; `dlq` holds a dead letter's state under the keys PostgreSQL's `dlq_metadata` has
+    (seamq.dead_letter.State), so seamq.memory_dead_letters reads it as the desk's rows are read."""
+
+    subject: str = ""
+    event_type: str | None = None
+    event_version: int | None = None
+    received_at: datetime = field(default_factory=now)
     status: str = "received"
     attempts: int = 0
     duplicates: int = 0
     last_error: str | None = None
-    dead_letter: tuple | None = None
-    history: list[tuple[int, str]] = field(default_factory=list)  # failed attempts: (attempt, error)
+    processed_at: datetime | None = None
+    dlq: dict[str, Any] = field(default_factory=dict)
+    history: list[FailedAttempt] = field(default_factory=list)  # failed attempts, oldest first
+
+    @classmethod
+    def of(cls, item: InboxItem) -> "Row":
+        return cls(item.subject, item.event_type, item.event_version)
+
+    @property
+    def state(self) -> State:
+        return State.of(self.dlq)
+
+    def failed(self, attempt: int, error: str | None) -> None:
+        self.history.append(FailedAttempt(attempt, now(), error))
 
 
 class MemoryInbox:
@@ -42,7 +68,7 @@ class MemoryInbox:
         return False
 
     @asynccontextmanager
-    async def transaction(self):
+    async def transaction(self) -> AsyncIterator["MemoryLaneWork"]:
         before = copy.deepcopy(self.rows)
         work = MemoryLaneWork(None)
         try:
@@ -53,18 +79,18 @@ class MemoryInbox:
         if work.abandoned:
             self.rows = before
 
-    async def admit(self, tx, items: list[InboxItem]) -> dict[uuid.UUID, tuple[Admission, int]]:
+    async def admit(self, tx: MemoryLaneWork, items: list[InboxItem]) -> dict[uuid.UUID, tuple[Admission, int]]:
         out = {}
         for item in items:
             row = self.rows.get(item.message_id)
             if item.message_id in out:  # copies of one message in one lane: one row, one admission
                 continue
             if row is None:
-                self.rows[item.message_id] = Row()
+                self.rows[item.message_id] = Row.of(item)
                 out[item.message_id] = (Admission.NEW, 0)
             elif row.status == "received":
                 out[item.message_id] = (Admission.RETRY, row.attempts)
-            elif row.status == "dead_lettered" and item.replay:
+            elif row.status in ("dead_lettered", "exhausted") and item.replay:
                 row.attempts, row.status = 0, "received"
                 out[item.message_id] = (Admission.REPLAY, 0)
             else:
@@ -72,25 +98,29 @@ class MemoryInbox:
                 out[item.message_id] = (Admission.DUPLICATE, row.attempts)
         return out
 
-    async def record(self, tx, outcomes: list[InboxOutcome]) -> None:
+    async def record(self, tx: MemoryLaneWork, outcomes: list[InboxOutcome]) -> None:
         for o in outcomes:
             row = self.rows[o.message_id]
             row.duplicates += o.copies
             row.attempts = o.attempts
+            dead = o.dead_letter
             if o.attempted and not o.done:
-                row.history.append((o.attempts, o.dead_letter.detail if o.dead_letter else o.error))
-            if o.dead_letter is not None:
-                row.status, row.dead_letter = "dead_lettered", o.dead_letter
+                row.failed(o.attempts, dead.detail if dead else o.error)
+            if dead is not None:
+                row.status, row.last_error = "dead_lettered", f"{dead.reason}: {dead.detail}"[:2000]
+                row.dlq.update(reason=dead.reason, detail=dead.detail[:2000], dlq_subject=dead.dlq_subject,
+                               dlq_seq=dead.dlq_seq, dead_lettered_at=now(), next_replay_at=None)
             elif o.done:
-                row.status = "processed"
+                row.status, row.processed_at = "processed", now()
+                row.dlq.pop("next_replay_at", None)
             elif o.error is not None:
                 row.last_error = o.error
 
     async def failed_alone(self, item: InboxItem, error: str) -> int:
-        row = self.rows.setdefault(item.message_id, Row())
+        row = self.rows.setdefault(item.message_id, Row.of(item))
         row.attempts += 1
         row.last_error = error
-        row.history.append((row.attempts, error))
+        row.failed(row.attempts, error)
         return row.attempts
 
 
@@ -154,13 +184,13 @@ class NoInbox:
         return False
 
     @asynccontextmanager
-    async def transaction(self):
+    async def transaction(self) -> AsyncIterator["MemoryLaneWork"]:
         yield MemoryLaneWork(None)  # handlers get no connection; savepoints are nothing
 
-    async def admit(self, tx, items: list[InboxItem]) -> dict[uuid.UUID, tuple[Admission, int]]:
+    async def admit(self, tx: MemoryLaneWork, items: list[InboxItem]) -> dict[uuid.UUID, tuple[Admission, int]]:
         return {}
 
-    async def record(self, tx, outcomes: list[InboxOutcome]) -> None: ...
+    async def record(self, tx: MemoryLaneWork, outcomes: list[InboxOutcome]) -> None: ...
 
     async def failed_alone(self, item: InboxItem, error: str) -> None:
         return None  # nothing counts attempts: the consumer goes by JetStream's deliveries
@@ -261,3 +291,22 @@ class MemoryPublisher:
             return [PubResult(False, error="no responders") for _ in messages]
         self.published += messages
         return [PubResult(True, len(self.published) - len(messages) + i + 1) for i in range(len(messages))]
+
+
+class MemoryMessages:
+    """Messages of streams by sequence (the MessageStore port): dead-letter copies a test put there."""
+
+    def __init__(self) -> None:
+        self.streams: dict[str, dict[int, StoredMessage]] = {}
+
+    def put(self, stream: str, message: OutMessage) -> int:
+        held = self.streams.setdefault(stream, {})
+        seq = max(held, default=0) + 1
+        held[seq] = StoredMessage(message.subject, dict(message.headers), message.payload, seq)
+        return seq
+
+    async def get(self, stream: str, seq: int) -> StoredMessage | None:
+        return self.streams.get(stream, {}).get(seq)
+
+    async def delete(self, stream: str, seq: int) -> bool:
+        return self.streams.get(stream, {}).pop(seq, None) is not None
