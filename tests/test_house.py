@@ -24,7 +24,7 @@ WORKERS = {"relay", "consumer", "handling", "metered", "dlq_replay", "dlq_desk",
            "jobs.intake", "jobs.tallied"}
 DRIVERS = ("nats", "psycopg", "psycopg_pool", "sqlalchemy", "asyncpg", "aiohttp", "httptools", "seamq.nats", "seamq.pg",
            "seamq.http", "seamq.jobs.nats_store", "seamq.jobs.nats_records", "seamq.jobs.nats_ready",
-           "seamq.jobs.nats_clocks", "seamq.jobs.memory_store", "seamq.memory_dead_letters", "seamq.wiring", "seamq.cli")
+           "seamq.jobs.nats_clocks", "seamq.jobs.memory_store", "seamq.memory_dead_letters", "seamq.memory_outbox", "seamq.wiring", "seamq.cli")
 
 
 def _imports(module: str, *, types: bool = False) -> set[str]:
@@ -73,7 +73,7 @@ def test_workers_see_ports_never_a_driver():
 SHARED = {"topology", "settings", "observability", "registry"}  # read by every layer: configuration, logs
 PORTS = {"ports", "jobs.ports"}
 ADAPTERS = ("nats.", "pg.", "http.", "embedded.", "pipeline.", "jobs.nats_")
-ADAPTER_MODULES = {"memory", "memory_dead_letters", "inprocess", "outbox", "jobs.memory_store", "jobs.transactional", "jobs.route", "jobs.client"}
+ADAPTER_MODULES = {"memory", "memory_dead_letters", "memory_outbox", "inprocess", "outbox", "jobs.memory_store", "jobs.transactional", "jobs.route", "jobs.client"}
 MORE_WORKERS = {"audit", "jobs.worker", "jobs.handlers"}
 FACES = ("cli.", "console.", "dev.")
 FACE_MODULES = {"__main__", "wiring", "testing", "asyncapi", "jobs.native", "jobs.app", "jobs.api", "jobs.auth",

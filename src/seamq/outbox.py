@@ -35,7 +35,9 @@ def _traceparent(event: Event) -> str:
     return f"00-{span.trace_id:032x}-{span.span_id:016x}-{int(span.trace_flags):02x}"
 
 
-def _row(event: Event | EventModel) -> dict[str, Any]:
+def row_values(event: Event | EventModel) -> dict[str, Any]:
+    """An event as the values of its outbox row, checked (the outbox's policies, a JSON payload): what
+    every writer inserts, the in-memory outbox (seamq.memory_outbox) too."""
     if isinstance(event, EventModel):
         event = event.event()
     if isinstance(event.payload, EventModel):
@@ -140,7 +142,7 @@ def add(conn: Any, event: Event | EventModel, *, deliver_at: datetime | None = N
 def add_many(conn: Any, events: Iterable[Event | EventModel]) -> None:
     """Insert several events in the caller's transaction, validated before any is written."""
     write = _writer(conn, asynchronous=False)
-    rows = [_row(e) for e in events]
+    rows = [row_values(e) for e in events]
     if rows:
         write(conn, query("insert_outbox"), rows)
 
@@ -156,7 +158,7 @@ async def add_async(conn: Any, event: Event | EventModel, *, deliver_at: datetim
 async def add_many_async(conn: Any, events: Iterable[Event | EventModel]) -> None:
     """`add_many` through an async connection."""
     write = _writer(conn, asynchronous=True)
-    rows = [_row(e) for e in events]
+    rows = [row_values(e) for e in events]
     if rows:
         await write(conn, query("insert_outbox"), rows)
 

@@ -104,6 +104,8 @@ class PgClaimedBatch:
     async def mark_failed(self, ids: list[uuid.UUID], errors: list[str], delays: list[float | None],
                           park: list[bool] | None = None) -> None:
         if ids:
+            # As floats: an int among them (3600 for 3600.0) made psycopg refuse the list of mixed types.
+            delays = [None if d is None else float(d) for d in delays]
             self.statements.append(("mark_failed", dict(ids=ids, errors=errors, delays=delays,
                                                         park=park or [False] * len(ids))))
 
