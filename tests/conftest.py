@@ -147,6 +147,13 @@ def dsn(seamq_database):
     return seamq_database
 
 
+@pytest.fixture(params=["memory", "postgres"])
+def database(request) -> str | None:
+    """A port's contract suite runs each case twice: on the in-memory implementation (None) and on
+    PostgreSQL (a migrated database's DSN)."""
+    return request.getfixturevalue("dsn") if request.param == "postgres" else None
+
+
 @pytest.fixture
 def empty_dsn(pg_server):
     """A database with no schema yet, for migration tests."""

@@ -28,11 +28,6 @@ class Store:
     dead: Any  # the DeadLetterRepository
 
 
-@pytest.fixture(params=["memory", "postgres"])
-def database(request) -> str | None:
-    return request.getfixturevalue("dsn") if request.param == "postgres" else None
-
-
 @pytest.fixture
 async def store(database):
     if database is None:

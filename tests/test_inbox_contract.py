@@ -12,11 +12,6 @@ from seamq.memory import MemoryInbox
 from seamq.ports import Admission, DeadLettered, InboxItem, InboxOutcome
 
 
-@pytest.fixture(params=["memory", "postgres"])
-def database(request) -> str | None:
-    return request.getfixturevalue("dsn") if request.param == "postgres" else None
-
-
 @pytest.fixture
 async def inbox(database):
     if database is None:

@@ -23,11 +23,6 @@ class Store:
     outbox: Any  # the OutboxRepository
 
 
-@pytest.fixture(params=["memory", "postgres"])
-def database(request) -> str | None:
-    return request.getfixturevalue("dsn") if request.param == "postgres" else None
-
-
 @pytest.fixture
 async def store(database):
     if database is None:
