@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from seamq.nats.connect import connect
-from seamq.nats.members import COUNT_EVERY, Roll, members
+from seamq.nats.members import COUNT_EVERY, COUNT_WAIT, Roll, members, subject
 from seamq.settings import NatsSettings
 
 from helpers import wait_for
@@ -36,3 +36,33 @@ async def test_a_process_is_alone_until_another_asks_and_alone_again_once_it_is_
         await first_nc.close()
         if not second_nc.is_closed:
             await second_nc.close()
+
+
+async def test_one_answer_late_is_no_process_gone(nats_server):
+    """A busy machine delays one round's answer past COUNT_WAIT: the count keeps the other process
+    (alone would take its deliveries for losses); two rounds without it, and it is gone."""
+    first_nc, other_nc = [await connect(NatsSettings(url=nats_server.url), name=f"late-{n}") for n in (1, 2)]
+    told, rounds, late = [], [], asyncio.Event()
+
+    async def answer(msg) -> None:  # another process, which answers the second count late and then leaves
+        if not msg.reply:
+            return
+        rounds.append(msg.reply)
+        if len(rounds) == 3:
+            await asyncio.sleep(COUNT_WAIT * 3)
+            late.set()
+        if len(rounds) <= 3:
+            await other_nc.publish(msg.reply, b'{"process": "other", "id": "other"}')
+
+    try:
+        await other_nc.subscribe(subject("c"), cb=answer)
+        first = await Roll(first_nc, "c", changed=told.append).start()
+        assert told == [False] and first.count == 2
+        await wait_for(lambda: late.is_set(), timeout=10 * COUNT_EVERY, what="the late answer")
+        assert told == [False] and first.count == 2, "one late answer took for a process gone"
+        await wait_for(lambda: told == [False, True], timeout=10 * COUNT_EVERY, what="gone after two rounds")
+        assert len(rounds) >= 4  # the late round and one more
+        await first.close()
+    finally:
+        await first_nc.close()
+        await other_nc.close()

@@ -2,7 +2,8 @@
 
 Each process answers requests on `_SEAMQ.MEMBERS.{consumer}` with what it says
 of itself (a partitioned consumer: the partitions it holds, which the console
-shows), and counts the answers every COUNT_EVERY seconds. A partitioned
+shows), and counts the answers every COUNT_EVERY seconds; a process is
+taken for gone when two counts in a row miss it. A partitioned
 consumer keeps its share of the partitions by that count. An unpartitioned one
 learns from it whether it is alone on its durable consumer: then a gap in its
 deliveries is a loss (seamq.nats.gaps), with or without a fault it saw. A
@@ -59,7 +60,7 @@ class Roll:
         self.nc, self.consumer, self.says, self.changed = nc, consumer, says, changed
         self.me = uuid.uuid4().hex  # how our own answer and request are told from the others'
         self.count = 1
-        self._inbox, self._round = nc.new_inbox(), 0
+        self._inbox, self._round, self._last_round = nc.new_inbox(), 0, 1
         self._answers: set[str] = set()
         self._own = asyncio.Event()
         self._subs: list = []
@@ -82,7 +83,7 @@ class Roll:
 
         self._subs.append(await self.nc.subscribe(subject(self.consumer), cb=asked))
         self._subs.append(await self.nc.subscribe(f"{self._inbox}.*", cb=self._answered))
-        self.count = await self._count_once() or 1
+        self.count = self._last_round = await self._count_once() or 1
         self.changed(self.alone)
         self._counter = asyncio.create_task(self._count())
         return self
@@ -123,7 +124,11 @@ class Roll:
             try:
                 count = await self._count_once()
                 if count:  # else keep the last count
-                    self._set(count)
+                    # Fewer believed from two rounds in a row: one answer late by more than COUNT_WAIT
+                    # on a busy machine is no process gone (alone would take the others' deliveries
+                    # for losses; a partition's share, every partition).
+                    self._set(max(count, self._last_round))
+                    self._last_round = count
             except Exception:  # the broker is away: keep the last count
                 pass
             await asyncio.sleep(COUNT_EVERY)
