@@ -101,7 +101,7 @@ async def test_a_failed_row_waits_its_delay_and_its_aggregate_waits_behind_it(st
         await batch.mark_failed([slow[0].id, quick[0].id], ["stream refused it", "stream refused it"], [3600, 0.2])
         await batch.mark_published([other[0].id], [1])
     [row] = await store.outbox.backlog()
-    assert (row["context"], row["count"], row["failing"], row["delayed"], row["parked"]) == ("sea", 4, 2, 0, 0)
+    assert (row.context, row.count, row.failing, row.delayed, row.parked) == ("sea", 4, 2, 0, 0)
 
     async def quick_ones():
         return await claim(store)
@@ -124,7 +124,25 @@ async def test_a_parked_row_is_never_claimed_and_is_counted_apart(store):
         await batch.mark_failed([a[0].id], ["no stream for context sea"], [None], park=[True])
     assert await claim(store) == []  # its aggregate waits behind it: a person decides (seamq outbox parked)
     [row] = await store.outbox.backlog()
-    assert (row["count"], row["parked"], row["failing"]) == (1, 1, 0)
+    assert (row.count, row.parked, row.failing) == (1, 1, 0)
+
+
+async def test_a_parked_row_is_listed_with_why_handed_back_under_another_context_or_dropped(store):
+    typo = [Event("shopp", "order", "o-1", "order_placed", {"n": i}) for i in range(3)]
+    store.write(typo + events("o-2", 1))
+    async with store.outbox.claim(100) as batch:
+        await batch.mark_failed([e.id for e in typo], ["no stream for context shopp"] * 3, [None] * 3, park=[True] * 3)
+        await batch.mark_published([batch.rows[-1].id], [1])
+    listed = await store.outbox.parked("shopp", None, 100)
+    assert [(r.id, r.context, r.parked_reason) for r in listed] == [(e.id, "shopp", "no stream for context shopp")
+                                                                    for e in typo]
+    assert await store.outbox.parked("sea", None, 100) == [] and len(await store.outbox.parked(None, typo[1].id, 9)) == 1
+    assert await store.outbox.drop_parked(None, typo[2].id) == 1
+    assert await store.outbox.unpark("shopp", None, to="sea") == 2
+    assert await store.outbox.parked(None, None, 100) == [] and await store.outbox.unpark("shopp", None) == 0
+    rows = await claim(store)
+    assert [(r.id, r.context, r.publish_attempts) for r in rows] == [(e.id, "sea", 1) for e in typo[:2]]
+    assert await store.outbox.backlog() == []
 
 
 async def test_a_delayed_row_is_held_until_released_and_holds_no_other_row_back(store):
@@ -137,7 +155,7 @@ async def test_a_delayed_row_is_held_until_released_and_holds_no_other_row_back(
         assert batch.next_due is not None and batch.next_due <= 0.3  # the sooner one's
         await batch.mark_published([now[0].id], [1])
     [row] = await store.outbox.backlog()
-    assert (row["count"], row["delayed"]) == (0, 2)
+    assert (row.count, row.delayed) == (0, 2)
     released = 0
 
     async def the_soon_one_released():
@@ -149,4 +167,4 @@ async def test_a_delayed_row_is_held_until_released_and_holds_no_other_row_back(
     [row] = await claim(store)
     assert row.id == soon[0].id and row.deliver_at is not None
     [row] = await store.outbox.backlog()
-    assert (row["count"], row["delayed"]) == (0, 1)
+    assert (row.count, row.delayed) == (0, 1)

@@ -26,7 +26,7 @@ from seamq.dlq_replay import Replayer, read_original
 from seamq.ids import uuid7
 from seamq.model import ErrorCode, Header, OutMessage, SeamqError, describe
 from seamq.observability import log
-from seamq.ports import MessageStore
+from seamq.ports import DeadLetterRepository, MessageStore
 
 CHUNK = 100  # dead letters per transaction of a replay or purge
 SHOWN_PAYLOAD = 64 * 1024  # a larger original is cut where people read it (replay sends all of it)
@@ -39,15 +39,11 @@ class Done:
     action_id: int
 
 
-class DeadLetterDesk:
-    def __init__(self, replayer: Replayer) -> None:
-        self.replayer = replayer
-        self.store, self.topology = replayer.dead_letters, replayer.topology
+class DeadLetterReader:
+    """What people read of dead letters and the inbox: the database is all it needs."""
 
-    @property
-    def messages(self) -> MessageStore:
-        """The replayer's: the console puts the real one in once it has joined NATS."""
-        return self.replayer.messages
+    def __init__(self, store: DeadLetterRepository[Any]) -> None:
+        self.store = store
 
     async def select(self, selection: DlqFilter) -> list[DeadLetterRow]:
         async with self.store.transaction() as tx:
@@ -60,6 +56,22 @@ class DeadLetterDesk:
     async def actions(self, limit: int = 100, message_id: uuid.UUID | None = None) -> list[Action]:
         async with self.store.transaction() as tx:
             return await self.store.actions(tx, limit, message_id)
+
+    async def inbox_record(self, prefix: str) -> list[DeadLetterRow]:
+        """A message as each consumer's inbox has it, in any state, with every failed attempt."""
+        async with self.store.transaction() as tx:
+            return await self.store.with_attempts(tx, await self.store.inbox_rows(tx, prefix))
+
+
+class DeadLetterDesk(DeadLetterReader):
+    def __init__(self, replayer: Replayer) -> None:
+        super().__init__(replayer.dead_letters)
+        self.replayer, self.topology = replayer, replayer.topology
+
+    @property
+    def messages(self) -> MessageStore:
+        """The replayer's: the console puts the real one in once it has joined NATS."""
+        return self.replayer.messages
 
     async def detail(self, rows: list[DeadLetterRow]) -> list[DeadLetterRow]:
         """Each row with its failed attempts, its DLQ copy (the original filled in) and the actions on it."""

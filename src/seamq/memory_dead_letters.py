@@ -108,6 +108,10 @@ class MemoryDeadLetters:
         return [replace(row, failed_attempts=tuple(found.history if (found := self._row(*row.key)) else ()))
                 for row in rows]
 
+    async def inbox_rows(self, tx: MemoryDeadLetters, prefix: str) -> list[DeadLetterRow]:
+        found = sorted(((m, c, r) for c, m, r in self._all() if str(m).startswith(prefix)), key=lambda e: e[:2])
+        return [_typed(c, m, r) for m, c, r in found[:50]]
+
     async def mark_purged(self, tx: MemoryDeadLetters, consumer: str, message_id: uuid.UUID) -> None:
         if (row := self._row(consumer, message_id)) is not None:
             row.status = "exhausted"

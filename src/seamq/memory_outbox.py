@@ -17,12 +17,13 @@ import zlib
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, AsyncIterator, Callable
+from typing import AsyncIterator, Callable
 
 from seamq.memory import now
 from seamq.model import BUCKETS, Event
 from seamq.outbox import row_values
 from seamq.ports import OutboxRow
+from seamq.tables import ContextBacklog, ParkedRow, Purged
 
 FOREVER = datetime.max.replace(tzinfo=now().tzinfo)  # a parked row's next attempt
 
@@ -35,11 +36,11 @@ class Entry:
     seq: int
     held: bool
     published_at: datetime | None = None
-    stream_seq: int | None = None
     next_attempt_at: datetime | None = None
     publish_error: str | None = None
     parked_reason: str | None = None
     parked_at: datetime | None = None
+    created_at: datetime = field(default_factory=now)
 
     @property
     def aggregate(self) -> tuple[str, str]:
@@ -115,10 +116,10 @@ class MemoryOutbox:
             self.locked -= mine
 
     def published(self, ids: list[uuid.UUID], stream_seqs: list[int]) -> None:
-        for row_id, seq in zip(ids, stream_seqs):
+        for row_id in ids:
             e = self.entries[row_id]
             e.row = e.row._replace(publish_attempts=e.row.publish_attempts + 1)
-            e.published_at, e.stream_seq, e.publish_error, e.next_attempt_at = now(), seq, None, None
+            e.published_at, e.publish_error, e.next_attempt_at = now(), None, None
 
     def failed(self, ids: list[uuid.UUID], errors: list[str], delays: list[float | None], park: list[bool]) -> None:
         for row_id, error, delay, parked in zip(ids, errors, delays, park):
@@ -135,27 +136,49 @@ class MemoryOutbox:
             e.held = False
         return len(due)
 
-    async def backlog(self) -> list[dict[str, Any]]:
-        out: dict[str, dict[str, Any]] = {}
+    async def backlog(self) -> list[ContextBacklog]:
+        out: dict[str, ContextBacklog] = {}
         for e in self.entries.values():
             if e.published_at is not None:
                 continue
-            ctx = out.setdefault(e.row.context, dict(context=e.row.context, count=0, oldest_at=None, failing=0,
-                                                      delayed=0, parked=0))
-            waiting = not e.held and e.parked_reason is None
-            if waiting:
-                ctx["count"] += 1
+            ctx = out.get(e.row.context) or ContextBacklog.empty(e.row.context)
+            parked = e.parked_reason is not None
+            oldest = ctx.oldest_at
+            if not e.held and not parked:
                 since = max(e.row.occurred_at, e.row.deliver_at or e.row.occurred_at)
-                ctx["oldest_at"] = since if ctx["oldest_at"] is None else min(ctx["oldest_at"], since)
-            ctx["failing"] += e.publish_error is not None and e.parked_reason is None
-            ctx["delayed"] += e.held
-            ctx["parked"] += e.parked_reason is not None
+                oldest = since if oldest is None else min(oldest, since)
+            out[e.row.context] = ctx._replace(
+                count=ctx.count + (not e.held and not parked), oldest_at=oldest,
+                failing=ctx.failing + (e.publish_error is not None and not parked),
+                delayed=ctx.delayed + e.held, parked=ctx.parked + parked)
         return [out[name] for name in sorted(out)]
 
-    async def purge(self, older_than_seconds: float, batch: int = 5000) -> int:
-        """Published rows older than the window deleted; how many."""
+    async def purge(self, older_than_seconds: float, batch: int = 5000) -> Purged:
         edge = now() - timedelta(seconds=older_than_seconds)
         old = [row_id for row_id, e in self.entries.items() if e.published_at is not None and e.published_at < edge]
         for row_id in old:
             del self.entries[row_id]
-        return len(old)
+        return Purged(deleted=len(old))
+
+    def _parked(self, context: str | None, row_id: uuid.UUID | None) -> list[Entry]:
+        return sorted((e for e in self.entries.values() if e.parked_reason is not None and e.published_at is None
+                       and context in (None, e.row.context) and row_id in (None, e.row.id)),
+                      key=lambda e: e.parked_at or e.created_at)
+
+    async def parked(self, context: str | None, row_id: uuid.UUID | None, limit: int) -> list[ParkedRow]:
+        return [ParkedRow(e.row.id, e.row.context, e.row.aggregate_type, e.row.aggregate_id, e.row.event_type,
+                          e.row.event_version, e.parked_reason or "", e.parked_at or e.created_at, e.created_at)
+                for e in self._parked(context, row_id)[:limit]]
+
+    async def unpark(self, context: str | None, row_id: uuid.UUID | None, to: str | None = None) -> int:
+        found = self._parked(context, row_id)
+        for e in found:
+            e.parked_reason = e.parked_at = e.next_attempt_at = e.publish_error = None
+            e.row = e.row._replace(context=to or e.row.context)
+        return len(found)
+
+    async def drop_parked(self, context: str | None, row_id: uuid.UUID | None) -> int:
+        found = self._parked(context, row_id)
+        for e in found:
+            del self.entries[e.row.id]
+        return len(found)

@@ -17,6 +17,7 @@ from typing import Any, Callable, Mapping, NamedTuple, Protocol, TypeVar
 
 from seamq.dead_letter import Action, DeadLetterRow, DlqFilter, Group, ReplayPolicy
 from seamq.model import OutMessage, PubResult  # the publisher port's values live in the core
+from seamq.tables import ConsumerBacklog, ContextBacklog, ParkedRow, Purged
 
 Tx = TypeVar("Tx")  # a repository's unit of work, which only the repository looks into
 
@@ -67,10 +68,21 @@ class OutboxRepository(Protocol):
 
     def claim(self, limit: int) -> AbstractAsyncContextManager[ClaimedBatch]: ...
 
-    async def backlog(self) -> list[dict[str, Any]]: ...
+    async def backlog(self) -> list[ContextBacklog]:
+        """Per context with any unpublished row, by context."""
 
-    async def purge(self, older_than_seconds: float, batch: int = 5000) -> Any:
-        """Published rows older than the window; what was dropped and deleted (seamq.pg.partitions.Purged)."""
+    async def purge(self, older_than_seconds: float, batch: int = 5000) -> Purged:
+        """Published rows older than the window."""
+
+    # A person's work on the rows the relay parked: of a context, or one by id.
+    async def parked(self, context: str | None, row_id: uuid.UUID | None, limit: int) -> list[ParkedRow]:
+        """Oldest first."""
+
+    async def unpark(self, context: str | None, row_id: uuid.UUID | None, to: str | None = None) -> int:
+        """Handed back to the relay now, under context `to` when given; how many."""
+
+    async def drop_parked(self, context: str | None, row_id: uuid.UUID | None) -> int:
+        """Deleted, never to be published; how many."""
 
 
 class Sleep(str, Enum):
@@ -220,6 +232,16 @@ class InboxRepository(Protocol):
         keep its error, in a transaction of its own; returns its attempts now."""
 
 
+class InboxTables(Protocol):
+    """Every consumer's inbox rows at once, for people: what waits, and retention."""
+
+    async def backlog(self) -> list[ConsumerBacklog]:
+        """Per consumer with any row received and not processed, by consumer."""
+
+    async def purge(self, older_than_seconds: float, batch: int = 5000) -> Purged:
+        """Processed rows older than the window."""
+
+
 class Handler(Protocol):
     """SDS-047 §12: one event version's handler (HTTP or in-process); `transactional` ones write
     through the inbox's transaction, so they run under its savepoints."""
@@ -348,6 +370,9 @@ class DeadLetterRepository(Protocol[Tx]):
 
     async def with_attempts(self, tx: Tx, rows: list[DeadLetterRow]) -> list[DeadLetterRow]:
         """The rows with their failed attempts, oldest first."""
+
+    async def inbox_rows(self, tx: Tx, prefix: str) -> list[DeadLetterRow]:
+        """Inbox rows in any state whose message id starts with `prefix` (at most 50), by id and consumer."""
 
     async def mark_purged(self, tx: Tx, consumer: str, message_id: uuid.UUID) -> None: ...
 

@@ -216,11 +216,11 @@ class Relay:
             OUTBOX_OLDEST_SECONDS.labels(ctx).set(0)
             OUTBOX_PARKED.labels(ctx).set(0)
         for row in rows:
-            self._reported.add(row["context"])
-            OUTBOX_BACKLOG.labels(row["context"]).set(row["count"])
-            OUTBOX_PARKED.labels(row["context"]).set(row.get("parked", 0))
-            if row["oldest_at"]:  # None when every row waits for its deliver_at
-                OUTBOX_OLDEST_SECONDS.labels(row["context"]).set(max(0.0, now - row["oldest_at"].timestamp()))
+            self._reported.add(row.context)
+            OUTBOX_BACKLOG.labels(row.context).set(row.count)
+            OUTBOX_PARKED.labels(row.context).set(row.parked)
+            if row.oldest_at:  # None when every row waits for its deliver_at
+                OUTBOX_OLDEST_SECONDS.labels(row.context).set(max(0.0, now - row.oldest_at.timestamp()))
 
 
 # Seconds between polls while a producer that skipped its NOTIFY is open: doubling,

@@ -120,6 +120,11 @@ class ReplaySettings(BaseModel):
     reasons: list[str] = Field(["max_deliver"], description="replayable dead-letter reasons")
     interval: float = Field(1.0, gt=0, description="seconds between replay rounds")
 
+    @property
+    def window(self) -> float:
+        """The longest the automatic replay may bring a message back after it was dead-lettered."""
+        return self.max_delay * self.max_attempts
+
     def policy(self):
         return ReplayPolicy(Backoff(base=self.base_delay, cap=self.max_delay, factor=self.factor,
                                     spread=(1 - self.jitter, 1.0)),

@@ -313,6 +313,18 @@ def inbox_retention_floor(topology: Topology, *, nak_max: float, replay_window: 
     return window + redelivery_window(topology, nak_max) + replay_window
 
 
+def inbox_retention(topology: Topology, seconds: float, what: str, *, nak_max: float, replay_window: float) -> float:
+    """`seconds` of inbox retention, refused (INVALID_CONFIG, naming `what`) when a copy of a message
+    may still arrive after its row is gone, and so be handled twice."""
+    floor = inbox_retention_floor(topology, nak_max=nak_max, replay_window=replay_window)
+    if seconds <= floor:
+        raise SeamqError(ErrorCode.INVALID_CONFIG, (
+            f"{what} is too short: a copy of a message may still arrive up to {floor:g}s (duplicate window + "
+            "max_deliver x max(ack_wait, NAK delay) + DLQ replay window) after it was first seen; purging sooner "
+            "could handle it twice"))
+    return seconds
+
+
 def redelivery_window(topology: Topology, nak_max: float) -> float:
     """The longest JetStream may take to hand a message to a consumer for the last time: every
     delivery may wait out ack_wait or the longest NAK delay."""

@@ -41,7 +41,7 @@ from seamq.relay import Relay
 from seamq.dlq_replay import Replayer
 from seamq.settings import Settings
 from seamq.stopping import sleep_unless_stopped
-from seamq.topology import Topology, inbox_retention_floor
+from seamq.topology import Topology, inbox_retention as checked_retention
 from seamq.units import parse_duration
 
 
@@ -235,19 +235,11 @@ async def run_consumer(
 
 
 def inbox_retention(settings: Settings, topology: Topology) -> float | None:
-    """`consumer.purge_older_than` in seconds, refused when a copy of a message could still arrive
-    after its row was gone (and so be handled twice)."""
-    if not settings.consumer.purge_older_than:
+    """`consumer.purge_older_than` in seconds, checked (seamq.topology.inbox_retention)."""
+    if not (value := settings.consumer.purge_older_than):
         return None
-    seconds = parse_duration(settings.consumer.purge_older_than)
-    floor = inbox_retention_floor(topology, nak_max=settings.consumer.nak_max,
-                                  replay_window=settings.replay.max_delay * settings.replay.max_attempts)
-    if seconds <= floor:
-        raise SeamqError(ErrorCode.INVALID_CONFIG, (
-            f"consumer.purge_older_than {settings.consumer.purge_older_than} is too short: a copy of a message may "
-            f"still arrive up to {floor:g}s (duplicate window + max_deliver x max(ack_wait, NAK delay) + DLQ replay "
-            "window) after it was first seen; purging sooner could handle it twice"))
-    return seconds
+    return checked_retention(topology, parse_duration(value), f"consumer.purge_older_than {value}",
+                             nak_max=settings.consumer.nak_max, replay_window=settings.replay.window)
 
 
 def _largest_dead_letter(max_payload: int, dlq_max_msg_size: int) -> int:

@@ -62,7 +62,8 @@ def main(args: list[str] | None = None) -> None:
     `error[CODE]: message` and its exit code; only a bug shows a traceback."""
     import sys
 
-    from seamq.cli.common import coded, report
+    from seamq.cli.common import report
+    from seamq.doors import coded
 
     try:
         app(args=args, prog_name="seamq")

@@ -80,21 +80,13 @@ def exit_with(error: SeamqError):
     raise typer.Exit(report(error))
 
 
-def coded(exc: BaseException) -> SeamqError | None:
-    """A failure a person can act on, as a SeamqError; None for anything else (a bug)."""
-    from seamq.nats import connect
-    from seamq.pg import errors
-
-    if isinstance(exc, SeamqError):
-        return exc
-    return errors.coded(exc) or connect.coded(exc)
-
-
 def run(coro):
     """Run a coroutine, turning known failures into a clean message and exit code."""
     try:
         return asyncio.run(coro)
     except Exception as exc:
+        from seamq.doors import coded
+
         error = coded(exc)
         if error is None:
             raise

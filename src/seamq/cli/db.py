@@ -13,9 +13,9 @@ app = typer.Typer(help="Database schema: versioned migrations shipped in the pac
 @app.command("upgrade")
 def upgrade() -> None:
     """Apply missing migrations (idempotent; safe to run from several processes)."""
-    from seamq.pg import migrate
+    from seamq.doors import upgrade as applying
 
-    applied = run(migrate.upgrade(settings().database_dsn(), progress=console.print))
+    applied = run(applying(settings(), console.print))
     for m in applied:
         console.print(f"applied {m.version:04d}_{m.name}")
     if not applied:
@@ -25,9 +25,9 @@ def upgrade() -> None:
 @app.command("status")
 def status(as_json: bool = JsonOption) -> None:
     """List migrations and when each was applied."""
-    from seamq.pg import migrate
+    from seamq.doors import migrations as shipped
 
-    migrations = run(migrate.status(settings().database_dsn()))
+    migrations = run(shipped(settings()))
     if as_json:
         return print_json([{"version": s.version, "name": s.name, "applied_at": s.applied_at} for s in migrations])
     table = Table("version", "name", "applied at")

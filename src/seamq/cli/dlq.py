@@ -18,6 +18,7 @@ from seamq.cli.common import (
 )
 from seamq.dead_letter import DeadLetterRow, DlqFilter, State
 from seamq.model import ErrorCode, SeamqError
+from seamq.settings import Settings
 
 app = typer.Typer(help="Dead letters: list, show, replay now, purge.", no_args_is_help=True)
 
@@ -45,11 +46,11 @@ def one_message(rows: list[DeadLetterRow], value: str, what: str) -> list[DeadLe
     return rows
 
 
-async def _select(dsn: str, selection: DlqFilter) -> list[DeadLetterRow]:
-    from seamq.pg import dlq_repo  # the database driver loads with the command that needs it
-    from seamq.pg.alone import alone
+async def _select(current: Settings, selection: DlqFilter) -> list[DeadLetterRow]:
+    from seamq.doors import dead_letter_reader
 
-    return await alone(dsn, dlq_repo.select, selection)
+    async with dead_letter_reader(current) as reader:
+        return await reader.select(selection)
 
 
 @app.command("list")
@@ -57,7 +58,7 @@ def list_(consumer: Optional[str] = Consumer, context: Optional[str] = Context, 
           reason: Optional[str] = ReasonOpt, older_than: Optional[str] = OlderThan, limit: int = Limit,
           purged: bool = Purged, as_json: bool = JsonOption) -> None:
     """Dead-lettered and exhausted messages, oldest first (purged ones with --purged)."""
-    rows = run(_select(settings().database_dsn(), _filter(consumer, context, event_type, reason, older_than, limit,
+    rows = run(_select(settings(), _filter(consumer, context, event_type, reason, older_than, limit,
                                                           purged=purged)))
     if as_json:
         return print_json([row.plain() for row in rows])  # every inbox column, the DLQ metadata as stored
@@ -89,7 +90,7 @@ def show(message_id: str = typer.Argument(..., help="The message id, or its firs
     async def go():
         from seamq.wiring import dlq_desk
 
-        rows = one_message(await _select(current.database_dsn(), selection), message_id, "dead letter")
+        rows = one_message(await _select(current, selection), message_id, "dead letter")
         async with dlq_desk(current, topo) as desk:  # NATS only once there is something to show
             return await desk.detail(rows)
 
@@ -133,7 +134,7 @@ def replay(
     async def go():
         from seamq.wiring import dlq_desk
 
-        rows = await _select(current.database_dsn(), selection)
+        rows = await _select(current, selection)
         if message_id:
             rows = one_message(rows, message_id, "dead letter")
         if not rows:
@@ -163,7 +164,7 @@ def purge(
     current = settings()
     topo = topology(topology_file, current)
     selection = _filter(consumer, context, event_type, reason, older_than, limit)
-    rows = run(_select(current.database_dsn(), selection))
+    rows = run(_select(current, selection))
     if not yes:
         exit_with(SeamqError(ErrorCode.CONFIRMATION_NEEDED, f"{len(rows)} dead letters selected; add --yes to purge them"))
 

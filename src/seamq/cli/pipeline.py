@@ -147,23 +147,9 @@ def _reachable(current, *, database: bool = False, nats: bool = False, stream: s
         raise SeamqError(ErrorCode.NOT_FOUND, f"no event lake at {lake}: run `seamq pipeline lake` first, "
                                               "or give --lake")
 
-    async def check() -> None:
-        if database:
-            from seamq.pg.alone import alone, answers
+    from seamq.doors import reachable
 
-            await alone(current.database_dsn(), answers, timeout=5)
-        if nats or stream:
-            from seamq.nats.connect import connect
-            from seamq.nats.readiness import has_stream
-
-            nc = await connect(current.nats, name="seamq-pipeline-check", persistent=False)
-            try:
-                if stream and not await has_stream(nc, stream):
-                    raise SeamqError(ErrorCode.NOT_FOUND, f"no stream {stream!r} on {current.nats.url}")
-            finally:
-                await nc.close()
-
-    run(check())
+    run(reachable(current, database=database, nats=nats, stream=stream))
 
 
 def _utc(moment: datetime | None) -> datetime | None:

@@ -25,18 +25,9 @@ def provision(
     current = settings()
     topo = topology(topology_file, current)
 
-    async def go():
-        from seamq.nats.connect import connect
-        from seamq.nats.provision import apply, plan
+    from seamq.doors import provision as provisioned
 
-        nc = await connect(current.nats, name="seamq-provision", persistent=False)
-        try:
-            js = nc.jetstream()
-            return await (plan(js, topo) if dry_run else apply(js, topo, force=force, migrate=migrate_partitions))
-        finally:
-            await nc.close()
-
-    changes = run(go())
+    changes = run(provisioned(current, topo, dry_run=dry_run, force=force, migrate=migrate_partitions))
     if as_json:
         print_json([{"kind": c.kind, "name": c.name, "action": c.action, "destructive": c.destructive_reasons,
                      "differences": [{"field": f, "server": have, "file": want} for f, have, want in c.diffs]}

@@ -27,7 +27,6 @@ from seamq.console.auth import COOKIE, Session, Signer, Users, csrf_ok
 from seamq.jobs.client import JobsError
 from seamq.model import ErrorCode, SeamqError, describe
 from seamq.observability import log
-from seamq.pg.errors import database_away
 from seamq.redact import redact
 
 AWAY = (ErrorCode.BROKER_UNAVAILABLE, ErrorCode.DATABASE_UNAVAILABLE)  # a service's absence: 503, not the request's fault
@@ -198,15 +197,10 @@ def _away(exc: Exception, path: str) -> str | None:
     it; None for an error that is no service's absence (a bug)."""
     import aiohttp
 
-    from seamq.nats.connect import broker_away
+    from seamq.doors import away
 
-    if database_away(exc):
-        return "PostgreSQL (SEAMQ_DATABASE_URL)"
-    if isinstance(exc, aiohttp.ClientError) or (path.startswith("/jobs") and isinstance(exc, (OSError, TimeoutError))):
-        return "the job server (SEAMQ_JOBS__URL)"
-    if broker_away(exc):
-        return "NATS (SEAMQ_NATS__URL)"
-    return None
+    return away(exc, job_server=isinstance(exc, aiohttp.ClientError) or (
+        path.startswith("/jobs") and isinstance(exc, (OSError, TimeoutError))))
 
 
 async def _form(request: Request) -> dict[str, list[str]]:

@@ -14,13 +14,25 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from typing import Any, Protocol
+
 from seamq.model import describe
-from seamq.nats.members import members
-from seamq.nats.readiness import durable_numbers
 from seamq.observability import log
-from seamq.pg import overview as pg_overview
 from seamq.stopping import sleep_unless_stopped
 from seamq.topology import Topology
+
+
+class OverviewReader(Protocol):
+    """Where the numbers live (seamq.doors.OverviewReader): PostgreSQL's at once, JetStream's once joined."""
+
+    @property
+    def nats_up(self) -> bool: ...
+
+    async def tables(self) -> Any: ...
+
+    async def durable(self, stream: str, durable: str, *, timeout: float) -> dict[str, Any]: ...
+
+    async def members(self, consumer: str) -> list[dict[str, Any]]: ...
 
 NATS_DOWN = "NATS (SEAMQ_NATS__URL): not connected; JetStream's numbers are unknown until it is back"
 KEEP = 120  # samples per consumer: ten minutes at one every five seconds
@@ -38,25 +50,17 @@ class Snapshot:
 
 
 class Overview:
-    def __init__(self, pool, nc, topology: Topology) -> None:
-        """`nc`: None until the console has joined NATS (`attach`); JetStream's numbers are unknown till then."""
-        self.pool, self.topology = pool, topology
-        self.attach(nc)
+    def __init__(self, reader: OverviewReader, topology: Topology) -> None:
+        """`reader`: PostgreSQL's numbers at once, JetStream's once it has joined NATS (unknown till then)."""
+        self.reader, self.topology = reader, topology
         self.history: dict[str, deque] = {}
         self.holders: dict[str, str] = {}  # partition (durable) -> the process holding it
-
-    def attach(self, nc) -> None:
-        self.nc = nc
-
-    @property
-    def nats_up(self) -> bool:
-        return self.nc is not None and self.nc.is_connected
 
     async def snapshot(self) -> Snapshot:
         errors: list[str] = []
         contexts, inbox, processes = [], {}, []
         try:
-            tables = await pg_overview.read(self.pool)
+            tables = await self.reader.tables()
             contexts, published, inbox, processes = tables.contexts, tables.published, tables.inbox, tables.processes
         except Exception as exc:  # the page says so; it does not fail
             errors.append(f"PostgreSQL: {describe(exc)}")
@@ -83,12 +87,12 @@ class Overview:
     async def _durable(self, stream: str, durable: str, errors: list[str]) -> dict | None:
         """One durable's numbers as JetStream has them; None when it cannot say. Not asked while the
         connection is down: the page answers from what it has instead of waiting out a request."""
-        if not self.nats_up:
+        if not self.reader.nats_up:
             if NATS_DOWN not in errors:
                 errors.append(NATS_DOWN)
             return None
         try:
-            numbers = await durable_numbers(self.nc, stream, durable, timeout=ASK_NATS)
+            numbers = await self.reader.durable(stream, durable, timeout=ASK_NATS)
         except Exception as exc:
             errors.append(f"JetStream: consumer {durable}: {describe(exc)}")
             return None
@@ -97,12 +101,12 @@ class Overview:
     async def refresh_holders(self) -> None:
         """Which process holds each partition, as each process says (seamq.nats.partitions). Asked by the
         sampler, not by a page: every ask waits a moment for the answers."""
-        if not self.nats_up:
+        if not self.reader.nats_up:
             return
         held = {}
         for name, spec in self.topology.consumers.items():
             if spec.partitions:
-                held.update({d: m["process"] for m in await members(self.nc, name) for d in m.get("holds") or []})
+                held.update({d: m["process"] for m in await self.reader.members(name) for d in m.get("holds") or []})
         self.holders = held
 
     async def sample(self, stop: asyncio.Event) -> None:

@@ -17,7 +17,7 @@ from seamq.console.overview import Overview, sparkline
 from seamq.dlq_desk import DeadLetterDesk
 from seamq.dead_letter import DeadLetterRow, DlqFilter
 from seamq.model import ErrorCode, SeamqError
-from seamq.pg.audit_repo import PgAuditStore
+from seamq.ports import AuditStore
 
 SHOWN = 500  # dead letters a list shows (and a bulk action may take) at once; the count says how many match
 FILTERS = ("consumer", "reason", "event_type", "text", "since", "until", "cause")
@@ -64,7 +64,7 @@ async def rows_of(desk: DeadLetterDesk, keys: list[tuple[str, uuid.UUID]]) -> li
     return [row for row in rows if row.key in wanted]
 
 
-def routes(console: Console, desk: DeadLetterDesk, overview: Overview) -> list[Route]:
+def routes(console: Console, desk: DeadLetterDesk, overview: Overview, audits: AuditStore) -> list[Route]:
     async def home(ctx: Ctx) -> Response:
         return console.render("overview.html", ctx, **await _overview(overview))
 
@@ -121,7 +121,7 @@ def routes(console: Console, desk: DeadLetterDesk, overview: Overview) -> list[R
         return RedirectResponse(f"/dead-letters/{consumer}/{message_id}?edited={new_id}", 303)
 
     async def audit(ctx: Ctx) -> Response:
-        store = PgAuditStore(desk.store.pool)
+        store = audits
         since = _time(ctx, "since") or datetime.fromtimestamp(0, timezone.utc)
         return console.render("audit.html", ctx, summary=await store.summary(), walks=await store.walks(),
                               findings=await store.latest(since, SHOWN), since=ctx.one("since"))

@@ -3,6 +3,7 @@ when seamq runs as root (see seamq.embedded)."""
 
 from __future__ import annotations
 
+import fcntl
 import glob
 import hashlib
 import importlib.util
@@ -44,13 +45,17 @@ def _system_user() -> str | None:
     """The user PostgreSQL runs as: us, or an unprivileged one when we are root."""
     if os.geteuid() != 0:
         return None
-    try:
-        pwd.getpwnam(PG_SYSTEM_USER)
-    except KeyError:
-        subprocess.run(
-            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", PG_SYSTEM_USER],
-            check=True, capture_output=True,
-        )
+    # Several processes may start their first PostgreSQL at once (the test workers on a new machine):
+    # one adds the user while the others wait, then find it.
+    with open(Path(tempfile.gettempdir()) / f".{PG_SYSTEM_USER}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            pwd.getpwnam(PG_SYSTEM_USER)
+        except KeyError:
+            subprocess.run(
+                ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", PG_SYSTEM_USER],
+                check=True, capture_output=True,
+            )
     return PG_SYSTEM_USER
 
 

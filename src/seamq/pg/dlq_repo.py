@@ -130,6 +130,7 @@ class PgDeadLetters:
     select = staticmethod(select)
     groups = staticmethod(groups)
     with_attempts = staticmethod(with_attempts)
+    inbox_rows = staticmethod(inbox_rows)
     mark_purged = staticmethod(mark_purged)
     mark_edited = staticmethod(mark_edited)
     start_action = staticmethod(start_action)

@@ -22,6 +22,7 @@ from seamq.pg import partitions
 from seamq.pg.errors import database_away
 from seamq.pg.sql import query
 from seamq.ports import Admission, InboxItem, InboxOutcome
+from seamq.tables import ConsumerBacklog, Purged
 
 
 async def consumer_session(conn: AsyncConnection) -> None:
@@ -168,7 +169,19 @@ def _text(value: str) -> str:
     return value.replace("\x00", "\\0") if "\x00" in value else value
 
 
-async def purge_inbox(conn: AsyncConnection, older_than_seconds: float, batch: int = 5000) -> partitions.Purged:
-    """Processed rows older than the window: whole partitions dropped, the legacy and default
-    partitions' rows deleted in bounded batches (autocommit connection; seamq.pg.partitions)."""
-    return await partitions.purge(conn, "inbox_messages", timedelta(seconds=older_than_seconds), batch)
+class PgInboxTables:
+    """The InboxTables port: every consumer's rows, for people (`seamq backlog`, `seamq inbox purge`)."""
+
+    def __init__(self, pool: AsyncConnectionPool) -> None:
+        self.pool = pool
+
+    async def backlog(self) -> list[ConsumerBacklog]:
+        async with self.pool.connection() as conn:
+            return [ConsumerBacklog._make(row) for row in await (await conn.execute(query("inbox_backlog"))).fetchall()]
+
+    async def purge(self, older_than_seconds: float, batch: int = 5000) -> Purged:
+        """Processed rows older than the window: whole partitions dropped, the legacy and default
+        partitions' rows deleted in bounded batches (seamq.pg.partitions)."""
+        async with await AsyncConnection.connect(self.pool.conninfo, autocommit=True) as conn:
+            purged = await partitions.purge(conn, "inbox_messages", timedelta(seconds=older_than_seconds), batch)
+            return purged.summary()

@@ -25,13 +25,13 @@ from functools import cache
 from typing import Any, AsyncIterator
 
 from psycopg import AsyncClientCursor, AsyncConnection
-from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from seamq.pg import partitions
 from seamq.pg.errors import database_away
 from seamq.pg.sql import query, to_positional
 from seamq.ports import OutboxRow
+from seamq.tables import ContextBacklog, ParkedRow, Purged
 
 # Advisory lock class for relay buckets (the second key is the bucket).
 RELAY_LOCK_CLASS = 7104
@@ -151,35 +151,26 @@ class PgOutbox:
         async with self.pool.connection() as conn:
             return (await conn.execute(query("release_due"))).rowcount
 
-    async def backlog(self) -> list[dict]:
+    async def backlog(self) -> list[ContextBacklog]:
         async with self.pool.connection() as conn:
-            async with conn.cursor(row_factory=dict_row) as cur:
-                await cur.execute(query("outbox_backlog"))
-                return await cur.fetchall()
+            return [ContextBacklog._make(row) for row in await (await conn.execute(query("outbox_backlog"))).fetchall()]
 
-    async def purge(self, older_than_seconds: float, batch: int = 5000) -> partitions.Purged:
+    async def purge(self, older_than_seconds: float, batch: int = 5000) -> Purged:
         """Published rows older than the window: whole partitions dropped, the legacy and default
         partitions' rows deleted in bounded batches (seamq.pg.partitions)."""
         async with await AsyncConnection.connect(self.pool.conninfo, autocommit=True) as conn:
-            return await partitions.purge(conn, "outbox_events", timedelta(seconds=older_than_seconds), batch)
+            purged = await partitions.purge(conn, "outbox_events", timedelta(seconds=older_than_seconds), batch)
+            return purged.summary()
 
+    async def parked(self, context: str | None, row_id: uuid.UUID | None, limit: int) -> list[ParkedRow]:
+        async with self.pool.connection() as conn:
+            found = await conn.execute(query("outbox_parked"), dict(context=context, id=row_id, limit=limit))
+            return [ParkedRow._make(row) for row in await found.fetchall()]
 
-# A person's work on the rows the relay parked (`seamq outbox parked|move|retry|drop`), one statement
-# each on the command's own connection (seamq.pg.alone).
+    async def unpark(self, context: str | None, row_id: uuid.UUID | None, to: str | None = None) -> int:
+        async with self.pool.connection() as conn:
+            return (await conn.execute(query("outbox_unpark"), dict(context=context, id=row_id, to=to))).rowcount
 
-async def parked(conn: AsyncConnection, context: str | None, row_id: uuid.UUID | None,
-                 limit: int) -> list[dict[str, Any]]:
-    """Rows the relay set aside, of a context or one by id, oldest first, with why."""
-    async with conn.cursor(row_factory=dict_row) as cur:
-        await cur.execute(query("outbox_parked"), dict(context=context, id=row_id, limit=limit))
-        return await cur.fetchall()
-
-
-async def unpark(conn: AsyncConnection, context: str | None, row_id: uuid.UUID | None, to: str | None = None) -> int:
-    """Parked rows handed back to the relay, under another context when `to`; how many."""
-    return (await conn.execute(query("outbox_unpark"), dict(context=context, id=row_id, to=to))).rowcount
-
-
-async def drop_parked(conn: AsyncConnection, context: str | None, row_id: uuid.UUID | None) -> int:
-    """Parked rows deleted: their events are never published; how many."""
-    return (await conn.execute(query("outbox_drop_parked"), dict(context=context, id=row_id))).rowcount
+    async def drop_parked(self, context: str | None, row_id: uuid.UUID | None) -> int:
+        async with self.pool.connection() as conn:
+            return (await conn.execute(query("outbox_drop_parked"), dict(context=context, id=row_id))).rowcount

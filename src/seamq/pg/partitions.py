@@ -24,6 +24,7 @@ from typing import AsyncIterator
 import psycopg
 from psycopg import sql
 
+from seamq import tables
 from seamq.observability import log
 from seamq.pg.sql import query
 
@@ -239,11 +240,8 @@ class Purged:
     dropped: list[Dropped]
     deleted: int  # rows deleted from the legacy and default partitions
 
-    @property
-    def rows(self) -> str:
-        moved = sum(d.moved for d in self.dropped)
-        return (f"dropped {len(self.dropped)} partitions ({moved} unfinished rows kept in the default one), "
-                f"deleted {self.deleted} rows")
+    def summary(self) -> tables.Purged:
+        return tables.Purged(len(self.dropped), sum(d.moved for d in self.dropped), self.deleted)
 
 
 async def purge(conn: psycopg.AsyncConnection, table: str, older_than: timedelta, batch: int = 5000,
