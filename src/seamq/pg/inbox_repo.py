@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import uuid
 from contextlib import asynccontextmanager
-from datetime import timedelta
 from typing import AsyncIterator
 
 from psycopg import AsyncConnection, Rollback
@@ -182,6 +181,4 @@ class PgInboxTables:
     async def purge(self, older_than_seconds: float, batch: int = 5000) -> Purged:
         """Processed rows older than the window: whole partitions dropped, the legacy and default
         partitions' rows deleted in bounded batches (seamq.pg.partitions)."""
-        async with await AsyncConnection.connect(self.pool.conninfo, autocommit=True) as conn:
-            purged = await partitions.purge(conn, "inbox_messages", timedelta(seconds=older_than_seconds), batch)
-            return purged.summary()
+        return await partitions.purged(self.pool.conninfo, "inbox_messages", older_than_seconds, batch)

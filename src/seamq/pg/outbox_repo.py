@@ -20,7 +20,6 @@ from __future__ import annotations
 import uuid
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
-from datetime import timedelta
 from functools import cache
 from typing import Any, AsyncIterator
 
@@ -158,9 +157,7 @@ class PgOutbox:
     async def purge(self, older_than_seconds: float, batch: int = 5000) -> Purged:
         """Published rows older than the window: whole partitions dropped, the legacy and default
         partitions' rows deleted in bounded batches (seamq.pg.partitions)."""
-        async with await AsyncConnection.connect(self.pool.conninfo, autocommit=True) as conn:
-            purged = await partitions.purge(conn, "outbox_events", timedelta(seconds=older_than_seconds), batch)
-            return purged.summary()
+        return await partitions.purged(self.pool.conninfo, "outbox_events", older_than_seconds, batch)
 
     async def parked(self, context: str | None, row_id: uuid.UUID | None, limit: int) -> list[ParkedRow]:
         async with self.pool.connection() as conn:

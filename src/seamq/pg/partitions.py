@@ -265,6 +265,13 @@ async def purge(conn: psycopg.AsyncConnection, table: str, older_than: timedelta
     return Purged(table, dropped, deleted)
 
 
+async def purged(conninfo: str, table: str, older_than_seconds: float, batch: int = 5000) -> tables.Purged:
+    """`purge`, for a person's command, on an autocommit connection of its own (a batch per
+    transaction), said as the faces show it."""
+    async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
+        return (await purge(conn, table, timedelta(seconds=older_than_seconds), batch)).summary()
+
+
 async def maintain(conn: psycopg.AsyncConnection, *, outbox: timedelta | None = None,
                    inbox: timedelta | None = None) -> list[Purged]:
     """One round, by one process at a time (an advisory lock; others skip the round): make ahead,
