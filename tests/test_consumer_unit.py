@@ -7,15 +7,19 @@ which is only possible because no driver type reaches the worker.
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
+from contextlib import asynccontextmanager
 
 from seamq.consumer import InboxConsumer
 from seamq.envelope import HandlerResult, Outcome
 from seamq.settings import ConsumerSettings
 
 from helpers.lane import SPEC, event, publish
-from seamq.memory import MemoryDeliveries, MemoryDelivery, MemoryInbox, MemoryPublisher
-from seamq.model import message_headers
+from seamq.memory import (
+    MemoryDeliveries, MemoryDelivery, MemoryInbox, MemoryLaneWork, MemoryPublisher, MemoryTransaction,
+)
+from seamq.model import Event, message_headers
 from seamq.republish import Copy
 
 class Script:
@@ -293,3 +297,41 @@ async def wait_until(condition, what: str = "", seconds: float = 10.0) -> None:
             return
         await asyncio.sleep(0.005)
     raise AssertionError(f"not within {seconds:g} s: {what}")
+
+
+class Lanes(MemoryInbox):
+    """The in-memory inbox with a connection in each lane, as PostgreSQL's has: an in-process
+    handler that fails on the fast path has the lane run again, with a savepoint each."""
+
+    @asynccontextmanager
+    async def transaction(self):
+        before = copy.deepcopy(self.rows)
+        work = MemoryLaneWork(MemoryTransaction())
+        try:
+            yield work
+        except BaseException:
+            self.rows = before
+            raise
+        if work.abandoned:
+            self.rows = before
+
+
+async def test_a_lane_run_again_decides_anew_and_never_calls_an_http_handler_twice():
+    source, inbox, dlq, http = MemoryDeliveries(), Lanes(), MemoryPublisher(), Script()
+    seen: list[bool] = []
+
+    async def in_process(envelope, conn, traceparent=None) -> HandlerResult:
+        seen.append(envelope.rerun)
+        return HandlerResult(Outcome.RETRY, "not yet")
+    in_process.transactional = True
+    liked = Event(context="vibespro", aggregate_type="vibe", aggregate_id="b", event_type="vibe_liked", payload={})
+    consumer = InboxConsumer(SPEC, source, inbox, dlq, lambda t, v: http if t == "vibe_created" else in_process,
+                             ConsumerSettings(nak_base=0.01, nak_max=0.02))
+    first, second = event("a", 0), liked
+    decided = await consumer.handle([publish(source, first), publish(source, second)])
+    assert http.calls == [("a", 0)], "its answer is kept for the run with savepoints"
+    assert seen == [False, True], "the in-process handler failed on the fast path, then ran in a savepoint"
+    assert [(type(d.verdict).__name__, d.attempted, d.attempt) for d in decided] == [("Ack", True, 1), ("Nak", True, 1)]
+    assert (inbox.rows[first.id].status, inbox.rows[second.id].status, inbox.rows[second.id].attempts) == (
+        "processed", "received", 1)
+    assert len(source.acked) == 1 and len(source.naks) == 1

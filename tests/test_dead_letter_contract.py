@@ -195,3 +195,20 @@ async def test_a_unit_of_work_that_fails_leaves_nothing(store):
     assert row.message_id == message and not row.state.closed
     async with store.dead.transaction() as tx:
         assert await store.dead.actions(tx) == []
+
+
+async def test_a_message_is_found_by_a_prefix_of_its_id_in_each_consumer_that_has_it_in_any_state(store):
+    item = InboxItem(uuid7(), "vibespro.event.order_placed.v1", "order_placed", 1, None)
+    for consumer in (SEA, BILLING):
+        inbox = store.inbox(consumer)
+        async with inbox.transaction() as work:
+            await inbox.admit(work, [item])
+            await inbox.record(work, [InboxOutcome(item.message_id, done=True)])
+    dead = await dead_letter(store)
+    async with store.dead.transaction() as tx:
+        both = await store.dead.inbox_rows(tx, str(item.message_id)[:-1])
+        [lone] = await store.dead.inbox_rows(tx, str(dead))
+        nothing = await store.dead.inbox_rows(tx, "ffffffff")
+    assert [(r.consumer, r.message_id, r.status) for r in both] == [(BILLING, item.message_id, "processed"),
+                                                                    (SEA, item.message_id, "processed")]
+    assert (lone.consumer, lone.status, lone.last_error) == (SEA, "dead_lettered", "handler_error: boom") and nothing == []

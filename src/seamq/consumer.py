@@ -44,7 +44,7 @@ from seamq import dead_letter
 from seamq.backoff import Backoff
 from seamq.envelope import HandlerResult, Outcome, Reason, Rejected, parse_message
 from seamq.health import Beat, Health
-from seamq.handling import Handling, header_uuid, inbox_items, replays_first
+from seamq.handling import Decided, Handling, Tried, attempt_number, header_uuid, inbox_items, replays_first
 from seamq.holds import Holds, Pending
 from seamq.metered import MeteredLane
 from seamq.model import Header, describe
@@ -120,13 +120,11 @@ class InboxConsumer:
                 queue.put_nowait(None)  # after what is queued: finish it, then stop
             await asyncio.gather(*lanes)
 
-    async def handle(self, messages: list[Delivery]) -> list[Handling]:
+    async def handle(self, messages: list[Delivery]) -> list[Decided]:
         """One lane over `messages`, settled (ACKed or NAKed) before it returns, with each one's
         verdict: what `run` does with what it fetched, for a caller that has the deliveries in hand
         (seamq.testing runs handlers through it)."""
-        items = [self._prepare(msg) for msg in messages]
-        await self._metered(items)
-        return items
+        return await self._metered([self._prepare(msg) for msg in messages])
 
     def _prepare(self, msg: Delivery) -> Handling:
         """Never raises: a message that cannot be prepared is a dead letter, not a dead consumer."""
@@ -146,11 +144,11 @@ class InboxConsumer:
         replay_for = msg.headers.get(Header.REPLAY_CONSUMER)  # a replay, or an edited copy, is for one consumer only
         if replay_for not in (None, self.spec.name):
             return Handling(msg, parsed, None, for_another=True)
-        work = Handling(msg, parsed, None, self.handlers(parsed.event_type, parsed.event_version))
-        if work.handler is None:
-            work.rejected = Rejected(
-                Reason.NO_HANDLER, f"no handler for {parsed.event_type}.v{parsed.event_version}", parsed.message_id)
-        return work
+        handler = self.handlers(parsed.event_type, parsed.event_version)
+        if handler is None:
+            return Handling(msg, parsed, Rejected(
+                Reason.NO_HANDLER, f"no handler for {parsed.event_type}.v{parsed.event_version}", parsed.message_id))
+        return Handling(msg, parsed, None, handler)
 
     def _expect(self, missed: list[StoredMessage]) -> None:
         """Messages sent to us and lost on the way: their aggregates wait for them (seamq.holds)."""
@@ -182,29 +180,33 @@ class InboxConsumer:
             with beat:
                 await self._metered(items)
 
-    async def _run_lane(self, items: list[Handling]) -> None:
+    async def _run_lane(self, items: list[Handling], tried: Tried | None = None) -> list[Decided]:
         """Fast path: the lane's handlers run without savepoints (two round trips per
         message saved). If an in-process handler fails, its writes cannot be undone
         alone, so the whole lane rolls back and runs again with a savepoint each."""
+        tried = tried or Tried()
         try:
-            pending = await self._attempt(items, savepoints=False)
-            if pending is None:
-                pending = await self._attempt(items, savepoints=True)
+            run = await self._attempt(items, tried, savepoints=False)
+            if run is None:
+                run = await self._attempt(items, tried, savepoints=True)
         except Exception as exc:  # nothing committed
             if len(items) > 1 and not self.inbox.unavailable(exc):
                 # Not the database being away: maybe one message, maybe a bug. Try each on its own,
                 # so that whatever it is costs only the message that causes it.
                 log.error("consumer_lane_failed", consumer=self.spec.name, messages=len(items),
                           error=describe(exc), action="each message on its own")
+                alone = []
                 for item in items:
-                    await self._run_lane([item])
-                return
-            pending = await self._lane_failed(items, exc)
+                    alone += await self._run_lane([item], tried)
+                return alone
+            run = await self._lane_failed(items, tried, exc)
+        decided, pending = run
         if self.config.ordered:
             self._holds.record(pending)
-        await self._settle(items)
+        await self._settle(decided)
+        return decided
 
-    async def _lane_failed(self, items: list[Handling], exc: Exception) -> Pending:
+    async def _lane_failed(self, items: list[Handling], tried: Tried, exc: Exception) -> tuple[list[Decided], Pending]:
         """Every message comes back, each aggregate's in stream order; a single message whose own
         transaction fails and has no delivery left is dead-lettered (`consumer_error`)."""
         error = describe(exc)
@@ -213,17 +215,19 @@ class InboxConsumer:
         pending = Pending()
         away = self.inbox.unavailable(exc)
         alone = len(items) == 1
+        decided = []
         for item in items:
-            item.attempted = item.copy = False
+            attempts = tried.attempts.get(item, 0)
             if alone and not away:
-                item.attempts = await self._count_failed(item, error)
+                attempts = await self._count_failed(item, error, attempts)
             after = self._after(item, pending, holding=False)
-            verdict = lane_failed(error=error, alone=alone, attempt=item.attempts, max_deliver=self.spec.max_deliver,
+            verdict = lane_failed(error=error, alone=alone, attempt=attempts, max_deliver=self.spec.max_deliver,
                                   database_away=away, backoff=self.backoff, after=after)
-            await self._conclude(item, verdict, pending, after)  # a dead letter: nothing to record it in
-        return pending
+            # a dead letter: nothing to record it in
+            decided.append(await self._conclude(item, verdict, pending, after, attempts=attempts))
+        return decided, pending
 
-    async def _count_failed(self, item: Handling, error: str) -> int:
+    async def _count_failed(self, item: Handling, error: str, attempts: int) -> int:
         """A message whose own transaction failed: its attempt is counted apart, so that a bug it
         shows ends in the DLQ after max_deliver attempts, however often it was delivered."""
         if item.message_id is None:
@@ -233,60 +237,64 @@ class InboxConsumer:
         except Exception as exc:  # the database went away too: count nothing, it comes back
             log.warning("consumer_attempt_not_recorded", consumer=self.spec.name, message_id=str(item.message_id),
                         error=describe(exc))
-            return item.attempts
+            return attempts
         return item.delivered if counted is None else counted
 
-    async def _attempt(self, items: list[Handling], savepoints: bool) -> Pending | None:
+    async def _attempt(self, items: list[Handling], tried: Tried,
+                       savepoints: bool) -> tuple[list[Decided], Pending] | None:
         """The lane in one transaction; None when an in-process handler failed on the fast path:
         then nothing of it committed, and it is to be run again with savepoints."""
-        for item in items:
-            item.verdict = None
-            item.attempted = item.copy = False
         pending = Pending()
         async with self.inbox.transaction() as work:
-            if not await self._handle_lane(work, items, savepoints, pending):
+            decided = await self._handle_lane(work, items, tried, savepoints, pending)
+            if decided is None:
                 work.abandon()
                 return None
-        return pending
+        return decided, pending
 
-    async def _handle_lane(self, work: LaneWork, items: list[Handling], savepoints: bool, pending: Pending) -> bool:
-        """admit -> call -> decide, per message in stream order; then record. False: redo (_attempt)."""
-        items = replays_first(items)
-        admissions = await self.inbox.admit(work, inbox_items(items))
-        first_copy: dict[uuid.UUID, Handling] = {}
+    async def _handle_lane(self, work: LaneWork, items: list[Handling], tried: Tried, savepoints: bool,
+                           pending: Pending) -> list[Decided] | None:
+        """admit -> call -> decide, per message in stream order; then record. None: redo (_attempt)."""
+        order = replays_first(items)
+        admissions = await self.inbox.admit(work, inbox_items(order))
+        decided: dict[Handling, Decided] = {}
+        first_copy: dict[uuid.UUID, Decided] = {}
         copies: dict[uuid.UUID, int] = {}  # further copies skipped, by message id: the inbox counts them
-        for item in items:
+        for item in order:
             message_id = item.message_id
             first = first_copy.get(message_id) if message_id is not None else None
             if item.for_another or first is not None:  # not ours to run; a copy is settled as its first
-                item.copy = first is not None
                 after = self._after(item, pending, holding=False)
-                await self._conclude(item, copy_of(first.verdict, after=after) if first else Duplicate(), pending,
-                                     after)
-                if item.copy and isinstance(item.verdict, Duplicate):
+                decided[item] = done = await self._conclude(
+                    item, copy_of(first.verdict, after=after) if first else Duplicate(), pending, after,
+                    copy=first is not None)
+                if done.copy and isinstance(done.verdict, Duplicate):
                     copies[message_id] = copies.get(message_id, 0) + 1
                 continue
-            if message_id is not None:
-                first_copy[message_id] = item
             # Without an inbox (at-least-once mode) nothing counts attempts: JetStream's deliveries do.
-            admission, item.attempts = admissions.get(message_id, (Admission.NEW, item.delivered - 1))
+            admission, attempts = admissions.get(message_id, (Admission.NEW, item.delivered - 1))
+            tried.attempts[item] = attempts
             duplicate = admission == Admission.DUPLICATE
             after = self._after(item, pending, holding=self.config.ordered)
-            result = None
+            result, attempted = None, False
             if not duplicate and not item.rejected and not (self.config.ordered and after is not None):
-                item.attempted = True
-                result = await self._call(work, item, savepoints)
+                result = await self._call(work, item, tried, savepoints)
                 if result is None:
-                    return False
-                item.attempted = result.outcome is not Outcome.BUSY  # it runs elsewhere: no attempt
+                    return None
+                attempted = result.outcome is not Outcome.BUSY  # it runs elsewhere: no attempt
+            attempt = attempt_number(attempts, attempted)
             verdict = decide(duplicate=duplicate, rejected=item.rejected, after=after, result=result,
-                             attempt=item.attempt, max_deliver=self.spec.max_deliver, backoff=self.backoff)
+                             attempt=attempt, max_deliver=self.spec.max_deliver, backoff=self.backoff)
             if result is not None and not result.done:
-                self._failed_attempt(item, result, verdict)
-            await self._conclude(item, verdict, pending, after)  # frees what waits behind it, in this lane too
-        await self.inbox.record(work, [self._outcome(item, copies.get(message_id, 0))
-                                       for message_id, item in first_copy.items()])
-        return True
+                self._failed_attempt(item, result, verdict, attempt)
+            # frees what waits behind it, in this lane too
+            decided[item] = done = await self._conclude(item, verdict, pending, after, attempts=attempts,
+                                                        attempted=attempted)
+            if message_id is not None:
+                first_copy[message_id] = done
+        await self.inbox.record(work, [self._outcome(done, copies.get(message_id, 0))
+                                       for message_id, done in first_copy.items()])
+        return [decided[item] for item in items]
 
     def _after(self, item: Handling, pending: Pending, *, holding: bool) -> float | None:
         """How long it must stay away to come back behind its aggregate's earlier ones (seamq.holds)."""
@@ -294,50 +302,52 @@ class InboxConsumer:
             return None
         return self._holds.after(item.aggregate, item.seq, pending, fetched=item.fetched if holding else None)
 
-    async def _conclude(self, item: Handling, verdict: Verdict, pending: Pending, after: float | None) -> None:
+    async def _conclude(self, item: Handling, verdict: Verdict, pending: Pending, after: float | None, *,
+                        attempts: int = 0, attempted: bool = False, copy: bool = False) -> Decided:
         """The one place a message's verdict is given. A dead letter is published first: if that
         fails it is not ACKed but sent back (verdict.dead_letter_failed). Copies of one message id
         share its dead letter's Nats-Msg-Id, so publishing one again (a lane run twice) stores nothing."""
-        if isinstance(verdict, DeadLetter) and not item.copy:
-            verdict = await self._dead_letter(item, verdict, after)
-        item.verdict = verdict
+        dlq_seq = None
+        if isinstance(verdict, DeadLetter) and not copy:
+            verdict, dlq_seq = await self._dead_letter(item, verdict, after, attempt_number(attempts, attempted))
         if isinstance(verdict, Nak):
             pending.note(item.aggregate, item.seq, verdict.delay)
         elif self.config.ordered:  # done: it no longer holds its aggregate back (unordered, nothing is held)
             pending.note(item.aggregate, item.seq, None)
+        return Decided(item, verdict, attempts, attempted, copy, dlq_seq)
 
-    def _outcome(self, item: Handling, copies: int) -> InboxOutcome:
-        verdict = item.verdict
+    def _outcome(self, done: Decided, copies: int) -> InboxOutcome:
+        verdict, item = done.verdict, done.item
         dead = None
         if isinstance(verdict, DeadLetter):
             dead = DeadLettered(verdict.reason.value, verdict.detail, dead_letter.subject(self.spec, item.msg.subject),
-                                item.dlq_seq)
+                                done.dlq_seq)
         return InboxOutcome(item.message_id, done=isinstance(verdict, Ack),
                             error=verdict.error if isinstance(verdict, Nak) else None, dead_letter=dead,
-                            copies=copies, attempts=item.attempts + item.attempted, attempted=item.attempted)
+                            copies=copies, attempts=done.attempts + done.attempted, attempted=done.attempted)
 
-    def _failed_attempt(self, item: Handling, result: HandlerResult, verdict: Verdict) -> None:
+    def _failed_attempt(self, item: Handling, result: HandlerResult, verdict: Verdict, attempt: int) -> None:
         """Every failed attempt is told, with what it will cost: a retry in so long, or the DLQ."""
         if result.outcome is Outcome.BUSY:
             log.info("handler_busy", consumer=self.spec.name, message_id=str(item.message_id),
                      detail="the service is handling it in another call", then=f"again in {verdict.delay:.1f}s")
             return
         log.warning("handler_failed", consumer=self.spec.name, message_id=str(item.message_id),
-                    event_type=f"{item.envelope.event_type}.v{item.envelope.event_version}", attempt=item.attempt,
+                    event_type=f"{item.envelope.event_type}.v{item.envelope.event_version}", attempt=attempt,
                     max_deliver=self.spec.max_deliver, outcome=result.outcome.value, error=result.detail,
                     then=(f"retry in {verdict.delay:.1f}s" if isinstance(verdict, Nak)
                           else f"dead letter ({verdict.reason.value})"))
 
-    async def _call(self, work: LaneWork, item: Handling, savepoints: bool) -> HandlerResult | None:
+    async def _call(self, work: LaneWork, item: Handling, tried: Tried, savepoints: bool) -> HandlerResult | None:
         """The handler's result; None when an in-process handler failed on the fast path (no savepoint
         to undo its writes alone). `work.conn` is what in-process handlers write through."""
         envelope = item.envelope
         handler = item.handler
         with continue_trace(envelope.subject, item.msg.headers, here=handler.transactional) as traceparent:
             if not handler.transactional:  # kept across a lane's redo: an HTTP handler is never called twice
-                if item.http_result is None:
-                    item.http_result = await self._guarded(item, handler(envelope, None, traceparent))
-                return item.http_result
+                if item not in tried.answers:
+                    tried.answers[item] = await self._guarded(item, handler(envelope, None, traceparent))
+                return tried.answers[item]
             conn = work.conn
             if conn is None:  # no inbox, no transaction: nothing to undo
                 return await self._guarded(item, handler(envelope, conn, traceparent))
@@ -364,23 +374,23 @@ class InboxConsumer:
                       error=detail)
             return HandlerResult(Outcome.RETRY, detail)
 
-    async def _dead_letter(self, item: Handling, verdict: DeadLetter, after: float | None) -> DeadLetter | Nak:
-        """Publish its EVT-047-002; a failed publish sends it back instead of ACKing it."""
-        (result,) = await self.dlq.publish_many([item.dead_letter(self.spec, verdict, self.max_payload)])
+    async def _dead_letter(self, item: Handling, verdict: DeadLetter, after: float | None,
+                           attempt: int) -> tuple[DeadLetter | Nak, int | None]:
+        """Publish its EVT-047-002, and where it was stored; a failed publish sends it back instead of ACKing it."""
+        (result,) = await self.dlq.publish_many([item.dead_letter(self.spec, verdict, self.max_payload, attempt)])
         if not result.ok:
-            return dead_letter_failed(verdict, result.error, attempt=item.attempt, backoff=self.backoff, after=after)
-        item.dlq_seq = result.seq
+            return dead_letter_failed(verdict, result.error, attempt=attempt, backoff=self.backoff, after=after), None
         log.warning("message_dead_lettered", consumer=self.spec.name, message_id=str(item.message_id),
                     subject=item.msg.subject, reason=verdict.reason.value, detail=verdict.detail[:300])
-        return verdict
+        return verdict, result.seq
 
-    async def _settle(self, items: list[Handling]) -> None:
+    async def _settle(self, decided: list[Decided]) -> None:
         """The one place a delivery is ACKed or NAKed, from its verdict alone."""
-        for item in items:
+        for done in decided:
             try:
-                if item.ack:
-                    await item.msg.ack()
+                if done.ack:
+                    await done.item.msg.ack()
                 else:
-                    await item.msg.nak(delay=item.verdict.delay)
+                    await done.item.msg.nak(delay=done.verdict.delay)
             except Exception as exc:  # lost ack: redelivered, then skipped as a duplicate
                 log.info("consumer_ack_failed", consumer=self.spec.name, error=str(exc))

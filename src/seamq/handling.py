@@ -7,40 +7,28 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 from seamq import dead_letter
 from seamq.envelope import Envelope, HandlerResult, Rejected
-from seamq.model import Header
-from seamq.ports import Delivery, Handler, InboxItem, OutMessage
+from seamq.model import Header, OutMessage
+from seamq.ports import Delivery, Handler, InboxItem
 from seamq.topology import ConsumerSpec
 from seamq.verdict import Ack, DeadLetter, Duplicate, Verdict
 
 
-@dataclass
+@dataclass(frozen=True, eq=False, slots=True)
 class Handling:
-    """One fetched message and, once the lane has decided, its verdict (seamq.verdict)."""
+    """One fetched message as parsing left it: what it is, never what became of it (Decided).
+
+    Compared by identity: a lane keeps what it learned of each message across its runs (Tried)."""
 
     msg: Delivery
-    envelope: Envelope | None  # parsed fine (it may still have no handler)
+    envelope: Envelope[Any] | None  # parsed fine (it may still have no handler)
     rejected: Rejected | None  # why it can never be handled
     handler: Handler | None = None
-    verdict: Verdict | None = None
-    attempts: int = 0  # the handler's attempts before this delivery (the inbox counts them: seamq.verdict)
-    attempted: bool = False  # its handler ran in this lane
-    dlq_seq: int | None = None  # where its dead letter was stored
-    http_result: HandlerResult | None = None  # kept across a lane's redo: never call HTTP twice
     for_another: bool = False  # a DLQ replay or an edited copy for another consumer of the subject: skipped
-    copy: bool = False  # a further copy of a message id decided before in its lane: settled as that one
     fetched: float = field(default_factory=time.monotonic)  # when it was fetched (seamq.holds: its grace)
-
-    @property
-    def ack(self) -> bool:
-        return isinstance(self.verdict, (Ack, Duplicate, DeadLetter))  # a dead letter once it is published
-
-    @property
-    def attempt(self) -> int:
-        """This attempt's number, or the last one's when the handler did not run now."""
-        return max(1, self.attempts + self.attempted)
 
     @property
     def seq(self) -> int:
@@ -57,7 +45,9 @@ class Handling:
 
     @property
     def message_id(self) -> uuid.UUID | None:
-        return self.envelope.message_id if self.envelope else self.rejected.message_id
+        if self.envelope:
+            return self.envelope.message_id
+        return self.rejected.message_id if self.rejected else None
 
     @property
     def aggregate(self) -> str:
@@ -65,14 +55,50 @@ class Handling:
             return self.envelope.aggregate
         return str(self.message_id)
 
-    def dead_letter(self, spec: ConsumerSpec, verdict: DeadLetter, max_payload: int) -> OutMessage:
-        """Its dead letter (EVT-047-002), for the verdict it is given."""
+    def dead_letter(self, spec: ConsumerSpec, verdict: DeadLetter, max_payload: int, attempt: int) -> OutMessage:
+        """Its dead letter (EVT-047-002), for the verdict it is given on its `attempt`."""
         msg = self.msg
         return dead_letter.message(
             spec, reason=verdict.reason, detail=verdict.detail, message_id=self.message_id,
             original_subject=msg.subject, headers=msg.headers, data=msg.data, stream=msg.stream, seq=msg.seq,
-            attempts=self.attempt, max_payload=max_payload,
+            attempts=attempt, max_payload=max_payload,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class Decided:
+    """What one run of a lane made of a message: its verdict (seamq.verdict), given once, and the
+    attempt it counts. A run that is redone makes new ones: nothing of an earlier run is left in it."""
+
+    item: Handling
+    verdict: Verdict
+    attempts: int = 0  # the handler's attempts before this delivery (the inbox counts them: seamq.verdict)
+    attempted: bool = False  # its handler ran in this run
+    copy: bool = False  # a further copy of a message id decided before in its lane: settled as that one
+    dlq_seq: int | None = None  # where its dead letter was stored
+
+    @property
+    def ack(self) -> bool:
+        return isinstance(self.verdict, (Ack, Duplicate, DeadLetter))  # a dead letter once it is published
+
+    @property
+    def attempt(self) -> int:
+        """This attempt's number, or the last one's when the handler did not run now."""
+        return attempt_number(self.attempts, self.attempted)
+
+
+def attempt_number(attempts: int, attempted: bool) -> int:
+    return max(1, attempts + int(attempted))
+
+
+@dataclass
+class Tried:
+    """What a lane keeps of its messages across its runs (a redo with savepoints; each message on
+    its own after the lane failed): an HTTP handler's answer, so that it is never called twice, and
+    the attempts the inbox had counted before, for the verdict of a run that failed."""
+
+    answers: dict[Handling, HandlerResult] = field(default_factory=dict)
+    attempts: dict[Handling, int] = field(default_factory=dict)
 
 
 def header_uuid(msg: Delivery) -> uuid.UUID | None:

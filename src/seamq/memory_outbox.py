@@ -15,7 +15,7 @@ import dataclasses
 import uuid
 import zlib
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import AsyncIterator, Callable
 
@@ -147,7 +147,7 @@ class MemoryOutbox:
             if not e.held and not parked:
                 since = max(e.row.occurred_at, e.row.deliver_at or e.row.occurred_at)
                 oldest = since if oldest is None else min(oldest, since)
-            out[e.row.context] = ctx._replace(
+            out[e.row.context] = replace(ctx, 
                 count=ctx.count + (not e.held and not parked), oldest_at=oldest,
                 failing=ctx.failing + (e.publish_error is not None and not parked),
                 delayed=ctx.delayed + e.held, parked=ctx.parked + parked)

@@ -13,7 +13,7 @@ import time
 from datetime import datetime, timezone
 from typing import Any, Awaitable, Callable
 
-from seamq.handling import Handling
+from seamq.handling import Decided, Handling
 from seamq.observability import ConsumerMetrics
 from seamq.ports import Handler, HandlerLookup
 from seamq.verdict import Ack, DeadLetter, Duplicate, Nak
@@ -22,16 +22,17 @@ from seamq.verdict import Ack, DeadLetter, Duplicate, Nak
 class MeteredLane:
     """`lane` with its messages counted after it ran; `handlers`: the lookup, each handler timed."""
 
-    def __init__(self, metrics: ConsumerMetrics, lane: Callable[[list[Handling]], Awaitable[None]],
+    def __init__(self, metrics: ConsumerMetrics, lane: Callable[[list[Handling]], Awaitable[list[Decided]]],
                  handlers: HandlerLookup) -> None:
         self.metrics = metrics
         self.lane = lane
         self._lookup = handlers
         self._timed: dict[int, tuple[Handler, TimedHandler]] = {}  # by the handler's identity: as many as routes
 
-    async def __call__(self, items: list[Handling]) -> None:
-        await self.lane(items)
-        self.settled(items)
+    async def __call__(self, items: list[Handling]) -> list[Decided]:
+        decided = await self.lane(items)
+        self.settled(decided)
+        return decided
 
     def handlers(self, event_type: str, version: int) -> Handler | None:
         handler = self._lookup(event_type, version)
@@ -42,11 +43,11 @@ class MeteredLane:
             known = self._timed[id(handler)] = (handler, TimedHandler(handler, self.metrics.handler_seconds))
         return known[1]
 
-    def settled(self, items: list[Handling]) -> None:
+    def settled(self, decided: list[Decided]) -> None:
         metrics = self.metrics
         now = None
-        for item in items:
-            verdict = item.verdict
+        for done in decided:
+            item, verdict = done.item, done.verdict
             if item.delivered > 1:
                 metrics.redeliveries.inc()
             if isinstance(verdict, Ack):
@@ -58,9 +59,9 @@ class MeteredLane:
             elif isinstance(verdict, Duplicate):
                 metrics.duplicates.inc()
             elif isinstance(verdict, Nak):
-                if verdict.error is not None and not item.copy:  # held is no retry, nor is a copy's NAK
+                if verdict.error is not None and not done.copy:  # held is no retry, nor is a copy's NAK
                     metrics.retries.inc()
-            elif isinstance(verdict, DeadLetter) and item.dlq_seq is not None:
+            elif isinstance(verdict, DeadLetter) and done.dlq_seq is not None:
                 metrics.dead_lettered(verdict.reason.value).inc()
 
 

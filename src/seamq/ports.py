@@ -16,6 +16,7 @@ from enum import Enum
 from typing import Any, Callable, Mapping, NamedTuple, Protocol, TypeVar
 
 from seamq.dead_letter import Action, DeadLetterRow, DlqFilter, Group, ReplayPolicy
+from seamq.envelope import Envelope, HandlerResult
 from seamq.model import OutMessage, PubResult  # the publisher port's values live in the core
 from seamq.tables import ConsumerBacklog, ContextBacklog, ParkedRow, Purged
 
@@ -248,7 +249,8 @@ class Handler(Protocol):
 
     transactional: bool
 
-    async def __call__(self, envelope: Any, conn: Any, traceparent: str | None = None) -> Any: ...
+    async def __call__(self, envelope: Envelope[Any], conn: Any, traceparent: str | None = None) -> HandlerResult:
+        """`conn`: the lane's connection (LaneWork.conn), whatever driver the application writes with."""
 
 
 HandlerLookup = Callable[[str, int], "Handler | None"]

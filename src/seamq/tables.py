@@ -6,12 +6,13 @@ the CLI and the console read fields, never a driver's rows.
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
 
 
-class ContextBacklog(NamedTuple):
+@dataclass(frozen=True)
+class ContextBacklog:
     """One context's unpublished outbox rows (QRY-050). Delayed rows (deliver_at later) and parked
     ones are counted apart: neither is late."""
 
@@ -69,4 +70,4 @@ class Backlog:
     inbox: list[ConsumerBacklog]
 
     def plain(self) -> dict[str, Any]:
-        return {"outbox": [row._asdict() for row in self.outbox], "inbox": [row._asdict() for row in self.inbox]}
+        return {"outbox": [asdict(row) for row in self.outbox], "inbox": [row._asdict() for row in self.inbox]}

@@ -143,9 +143,9 @@ class Harness:
         deliveries, dlq = MemoryDeliveries(redeliver=False), MemoryPublisher()
         results: list[HandlerResult] = []
         consumer = InboxConsumer(spec, deliveries, inbox, dlq, _Recorded.lookup(lookup, results), self.settings)
-        (item,) = await consumer.handle([deliveries.publish(subject, headers, body, delivered)])
-        verdict = item.verdict
-        return Delivered(verdict, seen[0] if seen else item.envelope, results[-1] if results else None,
+        (done,) = await consumer.handle([deliveries.publish(subject, headers, body, delivered)])
+        verdict = done.verdict
+        return Delivered(verdict, seen[0] if seen else done.item.envelope, results[-1] if results else None,
                          isinstance(verdict, Ack) and bool(results), statements,
                          dlq.published[-1] if dlq.published else None)
 

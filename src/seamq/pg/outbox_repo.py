@@ -152,7 +152,7 @@ class PgOutbox:
 
     async def backlog(self) -> list[ContextBacklog]:
         async with self.pool.connection() as conn:
-            return [ContextBacklog._make(row) for row in await (await conn.execute(query("outbox_backlog"))).fetchall()]
+            return [ContextBacklog(*row) for row in await (await conn.execute(query("outbox_backlog"))).fetchall()]
 
     async def purge(self, older_than_seconds: float, batch: int = 5000) -> Purged:
         """Published rows older than the window: whole partitions dropped, the legacy and default
