@@ -39,7 +39,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check src tests bench
 	$(BIN)/mypy
 
-# The unit tier only: pure logic on in-memory fakes, in seconds (tests/conftest.py, UNIT_MODULES).
+# The unit tier only: pure logic on in-memory fakes, in seconds (tests/unit/).
 test-unit: $(STAMP)
 	$(BIN)/pytest -m unit --durations=5
 
@@ -82,7 +82,7 @@ bench-quick: $(STAMP) redis
 	$(BIN)/python -m bench.run --quick
 
 # Faults on one machine (workers, nats-server and PostgreSQL killed), then the network partitions of
-# tests/test_network_partitions.py three times over (root only: it refuses to pass without namespaces).
+# tests/cluster/messaging/test_network_partitions.py three times over (root only: it refuses to pass without namespaces).
 soak: $(STAMP)
 	$(BIN)/python -m bench.soak
-	SEAMQ_LAB_ROUNDS=3 $(BIN)/pytest -p no:cacheprovider -s tests/test_network_partitions.py
+	SEAMQ_LAB_ROUNDS=3 $(BIN)/pytest -p no:cacheprovider -s tests/cluster/messaging/test_network_partitions.py

@@ -19,7 +19,7 @@ from pathlib import Path
 import psycopg
 
 from seamq import outbox
-from seamq.embedded import NatsServer, PostgresServer
+from seamq.embedded import NatsServer, PostgresServer, running
 from seamq.model import Event
 from seamq.nats.provision import apply
 from seamq.pg import migrate
@@ -55,12 +55,10 @@ def services(nats_sync: str = "default"):
     root = Path(tempfile.mkdtemp(prefix="seamq-bench-"))
     nats = NatsServer(root / "nats", sync=nats_sync)
     pg = PostgresServer(root / "pg", durable=True)
-    try:  # everything started is stopped, also when a later start fails
-        nats.start()
-        pg.start()
-        yield Services(root, nats, pg)
+    try:
+        with running(nats, pg):  # everything started is stopped, also when a later start fails
+            yield Services(root, nats, pg)
     finally:
-        nats.stop()
         pg.remove_data()
         shutil.rmtree(root, ignore_errors=True)
 

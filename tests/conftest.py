@@ -10,8 +10,8 @@ removed at the end, also when a test fails.
 from __future__ import annotations
 
 import os
-import sys
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -21,18 +21,19 @@ from seamq.nats.provision import apply
 from seamq.settings import NatsSettings
 from seamq.topology import load_topology
 
-from handler_service import HandlerService
+from helpers import FAST_TOPOLOGY, spark_scratch
+from helpers.handler_service import HandlerService
 
 # The users' pytest plugin provides PostgreSQL: a session server and a migrated database per test.
 pytest_plugins = ["seamq.testing"]
 
 
-# The unit tier (`make test-unit`, seconds): modules of pure logic on in-memory fakes. A test there
-# that asks for a real service is a mistake this hook reports, so the tier cannot drift.
-UNIT_MODULES = {"test_backoff", "test_compat", "test_consumer_unit", "test_dlq_unit", "test_handler_timeout", "test_jobs_activity", "test_jobs_cron",
-                "test_jobs_job", "test_jobs_model", "test_jobs_native_unit", "test_jobs_operations",
-                "test_jobs_workflows", "test_lake_restart", "test_listen", "test_house", "test_model",
-                "test_observability", "test_relay_unit", "test_stopping", "test_verdict"}
+# Each test's tier is the first folder under tests/ (tests/<tier>/<part>/test_*.py), and becomes its
+# mark (pyproject.toml): `pytest -m unit` runs the unit tier in seconds, `-m "not spark and not
+# cluster"` what needs only one nats-server and PostgreSQL. A unit test that asks for a real service
+# is a mistake this hook reports, so the tier cannot drift.
+TESTS = Path(__file__).resolve().parent
+TIERS = ("unit", "contracts", "integration", "cluster", "spark", "soak")
 SERVICES = {"dsn", "empty_dsn", "pg_server", "nats_server", "nats_cluster", "nats_settings", "nc", "provisioned",
             "topo", "publish_path", "service", "service_env", "spark", "seamq_database", "seamq_postgres",
             "seamq_nats", "seamq_topology"}
@@ -51,24 +52,12 @@ TOGETHER = {"test_pipeline_cluster": "spark-cluster", "test_pipeline_kpis": "spa
             "test_dev": "seamq-dev", "test_first_app": "seamq-dev"}
 
 
-# The other tiers, by what a test needs (pyproject.toml's markers): `pytest -m "not spark and not
-# cluster"`, say, runs what needs only one nats-server and PostgreSQL.
-SPARK_MODULES = {"test_pipeline_cluster", "test_pipeline_kpis", "test_pipeline_lake", "test_pipeline_source",
-                 "test_pipeline_reconcile"}
-CLUSTER_MODULES = {"test_cluster", "test_jobs_cluster", "test_pipeline_cluster"}
-SOAK_MODULES = {"test_soak"}
-
-
-def _tier(module: str, fixtures: set[str]) -> str:
-    if module in UNIT_MODULES:
-        used = SERVICES & fixtures
-        assert not used, f"{module} is in the unit tier but asks for {sorted(used)}"
-        return "unit"
-    if module in SOAK_MODULES:
-        return "soak"
-    if module in CLUSTER_MODULES or "nats_cluster" in fixtures:
-        return "cluster"
-    return "spark" if module in SPARK_MODULES or "spark" in fixtures else "integration"
+def _tier(item) -> str:
+    tier = item.path.resolve().relative_to(TESTS).parts[0]
+    assert tier in TIERS, f"{item.nodeid}: tests live in tests/<tier>/<part>/, the tier one of {TIERS}"
+    used = SERVICES & set(item.fixturenames)
+    assert tier != "unit" or not used, f"{item.nodeid} is in the unit tier but asks for {sorted(used)}"
+    return tier
 
 
 # The longest tests and groups, started first so that none of them is left running alone at the end
@@ -86,9 +75,9 @@ def _rank(item) -> int:
 def pytest_collection_modifyitems(config, items):
     items.sort(key=_rank)  # stable: the rest keep their order
     for item in items:
-        module = item.module.__name__
-        item.add_marker(getattr(pytest.mark, _tier(module, set(item.fixturenames))))
-        if module in SPARK_MODULES and module in CLUSTER_MODULES:
+        tier = _tier(item)
+        item.add_marker(getattr(pytest.mark, tier))
+        if tier != "spark" and "spark" in item.fixturenames:
             item.add_marker(pytest.mark.spark)  # the Spark cluster's tests are both
 
 
@@ -224,7 +213,6 @@ def service_env(dsn, nats_server):
     return env
 
 
-SEAMQ = [sys.executable, "-m", "seamq"]
 
 
 @pytest.fixture(scope="session")
@@ -240,22 +228,6 @@ def spark(tmp_path_factory):
     spark.stop()
 
 
-def spark_scratch(folder) -> dict[str, str]:
-    """Spark settings that keep a driver's scratch (local dir, temp files) in `folder`, for a JVM
-    that will not get to clean up /tmp itself."""
-    return {"spark.local.dir": str(folder), "spark.driver.extraJavaOptions": f"-Djava.io.tmpdir={folder}"}
-
-# Fast timings, so redeliveries happen within a test: JetStream redelivers
-# an unacked message after ack_wait, and stops after max_deliver.
-FAST_TOPOLOGY = """
-contexts:
-  sea:
-    stream: {duplicate_window: 1s}
-  vibespro:
-    stream: {duplicate_window: 1s}
-consumers:
-  sea__from_vibespro: {ack_wait: 2s, max_deliver: 4, max_ack_pending: 50}
-"""
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """The one door through which the faces (the CLI, the console) reach PostgreSQL and NATS for people's
 work. Each door opens what its work needs, hands over a desk or a reader that speaks in seamq's own
 values, and closes what it opened: a face names what it wants done; which driver does it is decided
-here, so that no face opens a connection or writes a query of its own (tests/test_house.py).
+here, so that no face opens a connection or writes a query of its own (tests/unit/product/test_house.py).
 
 Drivers load with the door that needs them: `seamq --help` and a command refused for its options
 start no driver at all.

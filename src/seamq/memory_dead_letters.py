@@ -1,7 +1,7 @@
 """The dead-letter repository in memory, over the in-memory inboxes (seamq.memory): the replay worker
 and the desk run on it without services, in the unit tier.
 
-It keeps the port's contract (tests/test_dead_letter_contract.py runs one suite against it and
+It keeps the port's contract (tests/contracts/messaging/test_dead_letter_contract.py runs one suite against it and
 against PostgreSQL), not PostgreSQL's ways: rows are read where they are, a transaction that fails
 leaves nothing, times are the wall clock's.
 """

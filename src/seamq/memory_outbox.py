@@ -1,7 +1,7 @@
 """The outbox in memory (the OutboxRepository port): the relay runs on it without services, in the
 unit tier.
 
-It keeps the port's contract (tests/test_outbox_contract.py runs one suite against it and against
+It keeps the port's contract (tests/contracts/messaging/test_outbox_contract.py runs one suite against it and against
 PostgreSQL), not PostgreSQL's ways: one relay's claim holds its aggregates' buckets until it ends,
 so no other claim publishes those aggregates meanwhile; an aggregate waits behind its own row that
 is backing off; a delayed row is held until `release_due`; marks apply when the claim ends, and a

@@ -40,7 +40,7 @@ class NatsSettings(BaseModel):
     # A server that stops answering without closing the connection (a frozen or partitioned host)
     # is left when a third ping is due with two unanswered: 4 to 6 s after its last answer at 2 s.
     # nats-py's default, 120 s, held a relay on a frozen cluster node for over 5 minutes, and 5 s
-    # stopped publishing for 28 s when a node was cut off (tests/test_network_partitions.py); see
+    # stopped publishing for 28 s when a node was cut off (tests/cluster/messaging/test_network_partitions.py); see
     # docs/operations.md, "A NATS cluster".
     ping_interval: float = Field(2.0, gt=0, description="seconds between pings; a third due with two unanswered: "
                                                         "reconnect elsewhere")
@@ -345,7 +345,7 @@ def _register(key: str, secret: str | None) -> None:
 
 def reference() -> str:
     """Every setting a user can set, as docs/settings.md shows them: generated from the model, so the
-    page cannot drift from what seamq reads (tests/test_settings.py compares them)."""
+    page cannot drift from what seamq reads (tests/integration/product/test_settings.py compares them)."""
     rows = ["| variable | default | what it is |", "|---|---|---|"]
 
     def walk(model: type[BaseModel], prefix: str) -> None:

@@ -7,7 +7,7 @@ dead-letter it with a reason (then ACK). Everything that bears on it (the
 inbox's admission, why it cannot be parsed, whether its aggregate holds it
 back, the handler's result, its attempt number against max_deliver) is an
 argument, and the answer is a value the lane carries out: no I/O here, and a
-unit test per rule beside it (tests/test_verdict.py).
+unit test per rule beside it (tests/unit/messaging/test_verdict.py).
 
 max_deliver bounds the handler's attempts, not JetStream's deliveries: a
 message held behind its aggregate, redelivered after a consumer died, or sent

@@ -3,12 +3,37 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
+from pathlib import Path
 
 import psycopg
 from nats.errors import NoRespondersError
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import ServiceUnavailableError
+
+HELPERS = Path(__file__).resolve().parent  # tests/helpers: harnesses, handlers and fixtures' files
+TESTS = HELPERS.parent  # tests/: <tier>/<part>/test_*.py (tests/conftest.py takes the tier from the folder)
+ROOT = TESTS.parent  # the checkout
+
+SEAMQ = [sys.executable, "-m", "seamq"]  # the command, as the installed package runs it
+
+# A topology whose duplicate window and ack_wait are short enough for a test to wait them out.
+FAST_TOPOLOGY = """
+contexts:
+  sea:
+    stream: {duplicate_window: 1s}
+  vibespro:
+    stream: {duplicate_window: 1s}
+consumers:
+  sea__from_vibespro: {ack_wait: 2s, max_deliver: 4, max_ack_pending: 50}
+"""
+
+def spark_scratch(folder) -> dict[str, str]:
+    """Spark settings that keep a driver's scratch (local dir, temp files) in `folder`, for a JVM
+    that will not get to clean up /tmp itself."""
+    return {"spark.local.dir": str(folder), "spark.driver.extraJavaOptions": f"-Djava.io.tmpdir={folder}"}
+
 
 # A cluster's topology for node-loss and partition tests: redeliveries during a failover must not
 # use up max_deliver (a node lost is not a handler's fault), and ack_wait is short enough to wait out.

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from seamq.embedded.nats_server import NatsCluster, NatsServer, nats_server_binary
 from seamq.embedded.postgres import PostgresServer, postgres_bin_dir
-from seamq.embedded.process import free_port, port_is_free
+from seamq.embedded.process import free_port, port_is_free, running
 
 __all__ = ["NatsCluster", "NatsServer", "PostgresServer", "free_port", "nats_server_binary", "port_is_free",
-           "postgres_bin_dir"]
+           "postgres_bin_dir", "running"]

@@ -7,6 +7,8 @@ import signal
 import socket
 import subprocess
 import time
+from contextlib import contextmanager
+from typing import Iterator
 from pathlib import Path
 
 from seamq.model import ErrorCode, SeamqError
@@ -96,3 +98,18 @@ class _Process:
         raise NotImplementedError
 
     _stop_signal = signal.SIGTERM
+
+
+@contextmanager
+def running(*services: _Process) -> Iterator[None]:
+    """The services started in turn and stopped, last first, when the block ends: also when a later
+    one failed to start, so that a PostgreSQL that cannot start leaves no nats-server behind."""
+    tried: list[_Process] = []
+    try:
+        for service in services:
+            tried.append(service)
+            service.start()
+        yield
+    finally:
+        for service in reversed(tried):
+            service.stop()

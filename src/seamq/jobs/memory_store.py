@@ -1,6 +1,6 @@
 """The job store in memory: the engine's rules tested in a unit tier without NATS, on a clock the test
 moves (`advance`), so a lease or a retry due in an hour takes no time. It keeps the port's promises
-(tests/test_jobs_store_contract.py), not NATS' performance.
+(tests/contracts/jobs/test_jobs_store_contract.py), not NATS' performance.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The job store as the engine sees it: a port that a NATS store and an in-memory store both implement,
-and that one contract suite (tests/test_jobs_store_contract.py) holds both to, as River's drivers.
+and that one contract suite (tests/contracts/jobs/test_jobs_store_contract.py) holds both to, as River's drivers.
 
 Three parts, none of which keeps the whole backlog in a server's memory:
 - records, the truth: a dict per key with a revision (`Stored`); writes are compare-and-set, several at once

@@ -31,7 +31,7 @@ def parse_header_lines(raw: bytes) -> dict[str, str]:
     nats-py checks each header name for whitespace one character at a time in a
     generator: about 70 calls per message with seamq's headers, 14% of the
     consumer's CPU in a profile. A name holds whitespace exactly when `split()`
-    does not give it back whole. tests/test_nats_edges.py compares both on hostile input
+    does not give it back whole. tests/integration/messaging/test_nats_edges.py compares both on hostile input
     and fails if nats-py's function changes shape.
     """
     out: dict[str, str] = {}
@@ -59,7 +59,7 @@ async def wait_closed_or_drop(self: TcpTransport) -> None:
     """nats-py's `TcpTransport.wait_closed`, bounded. Before it tries another server, nats-py
     closes the lost connection and waits for it to close; to a server cut off by the network,
     a connection holding unsent publishes closes only when the kernel gives up on it (16 s of a
-    relay's 27 s stop, tests/test_network_partitions.py). Past CLOSE_WAIT it is dropped (abort)."""
+    relay's 27 s stop, tests/cluster/messaging/test_network_partitions.py). Past CLOSE_WAIT it is dropped (abort)."""
     writer = self._io_writer
     if writer is None:
         return

@@ -10,7 +10,7 @@ errors when the connection is closed or draining, and its flusher, so a
 `flush()` or `drain()` on stop still sends everything.
 
 It is the only place seamq uses nats-py's private connection API;
-tests/test_wire.py fails if that API changes shape.
+tests/integration/messaging/test_wire.py fails if that API changes shape.
 """
 
 from __future__ import annotations

@@ -1,0 +1,82 @@
+"""docs/jobs.md's quick start, run as written: its two files in a fresh folder, its commands (on a free
+port instead of 8080 (in the files too), against the harness's nats-server), and the job it enqueues ends completed."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from seamq.embedded import free_port
+
+DOC = Path(__file__).resolve().parents[3] / "docs" / "jobs.md"
+
+
+def quick_start() -> tuple[dict[str, str], list[str]]:
+    text = DOC.read_text()
+    files = {}
+    for block in re.findall(r"```python\n(.*?)```", text, re.S)[:2]:
+        name = re.match(r"# ([\w/.]+\.py):", block).group(1)
+        files[name] = block
+    commands = [line.split("  #")[0].strip() for line in re.findall(r"```sh\n(.*?)```", text, re.S)[0].splitlines()]
+    return files, commands
+
+
+def wait_for_health(url: str, server: subprocess.Popen, timeout: float = 180) -> None:
+    """Until the server answers (a busy machine can take many seconds to start one)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert server.poll() is None, "the job server exited"
+        try:
+            with urllib.request.urlopen(url, timeout=5):
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise AssertionError(f"the job server did not answer {url} within {timeout:.0f} s")
+
+
+def test_the_quick_start_runs_as_written(nats_server, tmp_path):
+    files, commands = quick_start()
+    assert sorted(files) == ["enqueue.py", "myapp/jobs.py"] and len(commands) == 4
+    port = str(free_port())
+    for name, code in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(code.replace("8080", port))
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("SEAMQ_")}, "SEAMQ_NATS__URL": nats_server.url,
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    words = [command.replace("8080", port).split() for command in commands]
+    serve, worker, enqueue, show = words
+    assert serve[:3] == ["seamq", "jobs", "serve"] and worker[:3] == ["seamq", "jobs", "worker"]
+    started = []
+    try:
+        for command in (serve, worker):
+            with open(tmp_path / f"{command[2]}.log", "wb") as log:  # the child keeps its own copy
+                started.append(subprocess.Popen(command, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT))
+            if command is serve:  # the worker goes second, as the guide says: it refuses a server not up yet
+                wait_for_health(f"http://127.0.0.1:{port}/ojs/v1/health", started[0])
+        job_id = None
+        for _ in range(100):  # until the server answers
+            done = subprocess.run(enqueue, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+            if done.returncode == 0:
+                job_id = done.stdout.strip()
+                break
+            time.sleep(0.2)
+        assert job_id, done.stderr
+        shown = {}
+        for _ in range(300):
+            shown = json.loads(subprocess.run([*[w.replace("JOB_ID", job_id) for w in show], "--json"], cwd=tmp_path,
+                                              env=env, capture_output=True, text=True, timeout=60).stdout)
+            if shown["state"] == "completed":
+                break
+            time.sleep(0.1)
+        assert shown["state"] == "completed" and shown["result"] == {"sent": True}, shown
+        assert shown["type"] == "email.send" and shown["args"] == ["ada@example.com", "hi"]
+    finally:
+        for process in started:
+            process.terminate()
+            process.wait(30)

@@ -1,0 +1,84 @@
+"""`seamq jobs worker --nats`: the engine in the worker's own process (seamq.jobs.native), beside a job
+server and an HTTP worker on the same queue, one native worker killed -9 mid-run.
+
+Counted afterwards from what each run wrote as it started and ended: every job completed, each run
+of a job after another one's end (never two at once: leases hold across processes), a job run again
+only after a failed attempt or a run the kill cut short, and every worker having done its share.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from seamq.jobs.client import JobsClient
+
+from helpers.jobs_harness import JobServer, push_numbered, runs_of, start_worker
+
+JOBS = 400
+RETRY = {"max_attempts": 3, "initial_interval": "PT0.3S", "jitter": False}
+LEASE = 10  # seconds: the killed worker's jobs come back to the others this long after it dies
+
+
+def start(how: list[str], nats_url: str, effects: Path, log: Path) -> subprocess.Popen:
+    return start_worker(how, queue="native", handler="span", effects=effects, log=log, nats_url=nats_url,
+                        extra=("--visibility-timeout", str(LEASE)))
+
+
+def ended(path: Path, pid: int | None = None) -> int:
+    """Jobs with a run that ended (in process `pid`, when given)."""
+    return sum(any(r["how"] == "end" and pid in (None, r["pid"]) for r in rs) for rs in runs_of(path).values())
+
+
+async def test_native_workers_beside_a_server_run_each_job_once_at_a_time_through_a_kill(nats_server, tmp_path):
+    server = JobServer(nats_server.url, tmp_path / "server.log").start()
+    effects = tmp_path / "runs.txt"
+    workers: dict[str, subprocess.Popen] = {}
+    try:
+        async with JobsClient(server.url) as client:
+            ids = await push_numbered(client, JOBS, "test.span", {"queue": "native", "retry": RETRY})
+            # The one to be killed starts alone, so it has a share of its own whatever the machine's speed.
+            workers["native-a"] = start(["--nats"], nats_server.url, effects, tmp_path / "native-a.log")
+            victim = workers["native-a"].pid
+            while ended(effects, victim) < 10:
+                await asyncio.sleep(0.05)
+                assert workers["native-a"].poll() is None, (tmp_path / "native-a.log").read_text()
+            for name, how in (("http", ["--url", server.url]), ("native-b", ["--nats"])):
+                workers[name] = start(how, nats_server.url, effects, tmp_path / f"{name}.log")
+            while ended(effects) < 100:  # the kill comes mid-run
+                await asyncio.sleep(0.05)
+                assert all(w.poll() is None for w in workers.values()), {n: (tmp_path / f"{n}.log").read_text()
+                                                                         for n in workers}
+            killed = victim
+            workers["native-a"].send_signal(signal.SIGKILL)
+            killed_at = time.time()
+            for _ in range(2400):  # a liveness bound only
+                if ended(effects) >= JOBS:
+                    break
+                await asyncio.sleep(0.05)
+            jobs = [await client.info(job_id) for job_id in ids]
+    finally:
+        for worker in workers.values():
+            if worker.poll() is None:
+                worker.send_signal(signal.SIGTERM)
+        for worker in workers.values():
+            await asyncio.to_thread(worker.wait, 30)
+        server.stop()
+
+    assert {job["state"] for job in jobs} == {"completed"}, [j["id"] for j in jobs if j["state"] != "completed"]
+    runs = runs_of(effects)
+    assert sorted(runs) == sorted(ids)
+    for job_id, job_runs in runs.items():
+        job_runs.sort(key=lambda r: r["start"])
+        for before, after in zip(job_runs, job_runs[1:]):
+            over = before["end"] if before["end"] is not None else killed_at
+            assert before["how"] == "fail" or before["pid"] == killed, ("run again for no reason", job_id, job_runs)
+            assert after["start"] >= over, ("two runs at once", job_id, job_runs)
+        assert sum(r["how"] == "end" for r in job_runs if r["pid"] != killed) <= 1, ("completed twice", job_runs)
+    pids = {r["pid"] for rs in runs.values() for r in rs if r["how"] == "end"}
+    assert {workers["http"].pid, workers["native-b"].pid, killed} <= pids, "every worker did its share"
+    for name in ("http", "native-b"):  # an ack or a nack refused: a lease lost while its job ran
+        assert "job_settle" not in (tmp_path / f"{name}.log").read_text(), name
