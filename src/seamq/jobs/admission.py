@@ -16,7 +16,9 @@ import asyncio
 from datetime import datetime
 from typing import Any, Callable
 
-from seamq.jobs import job as J
+from seamq.jobs.job import (
+    FINISHED, Aftermath, Job, State, aftermath, cancelled, counted, from_record, timer_key, timers, to_record,
+)
 from seamq.jobs import model
 from seamq.jobs.events import Events
 from seamq.jobs.model import OjsError, conflict
@@ -38,19 +40,19 @@ class Admission:
         await self.store.arm(kind, key, at, token)
         self.armed(kind, key, at, token)
 
-    async def ready(self, job: J.Job) -> None:
+    async def ready(self, job: Job) -> None:
         """Before a job's new state is stored: its entry when it becomes available, and its clocks."""
-        if job.state == J.State.AVAILABLE:
+        if job.state == State.AVAILABLE:
             await self.store.offer(job.queue, job.priority, job.id)
-        for timer in J.timers(job):
+        for timer in timers(job):
             if timer.kind in WAITING_TIMERS:
                 kind = "expire" if timer.kind == "expire" else \
-                    "retry" if job.state == J.State.RETRYABLE else "scheduled"
-                await self.arm(kind, J.timer_key(job), timer.at, {"attempt": timer.attempt})
+                    "retry" if job.state == State.RETRYABLE else "scheduled"
+                await self.arm(kind, timer_key(job), timer.at, {"attempt": timer.attempt})
 
     async def create(self, records: list[dict], also: list[Write] = ()) -> None:
         """New jobs (and `also`, a workflow or a cron that made them) in one atomic batch."""
-        await asyncio.gather(*(self.ready(J.from_record(record)) for record in records))
+        await asyncio.gather(*(self.ready(from_record(record)) for record in records))
         try:
             revisions = await self.store.commit([*also, *(Write(r["id"], r) for r in records)])
         except Conflict:
@@ -69,14 +71,14 @@ class Admission:
     async def cancel_all(self, held: list[Stored], also: list[Write]) -> None:
         """Jobs not yet ended, cancelled with `also` in one atomic batch (a workflow's cancel), and
         each let go as any change is; Conflict when one of them moved meanwhile."""
-        now, jobs = self.clock(), [(J.from_record(r), rev) for r, rev in held]
-        jobs = [(job, J.cancelled(job, now), rev) for job, rev in jobs if job.state not in J.FINISHED]
-        await self.store.commit([*also, *(Write(new.id, J.to_record(new), rev, True, J.counted(old))
+        now, jobs = self.clock(), [(from_record(r), rev) for r, rev in held]
+        jobs = [(job, cancelled(job, now), rev) for job, rev in jobs if job.state not in FINISHED]
+        await self.store.commit([*also, *(Write(new.id, to_record(new), rev, True, counted(old))
                                           for old, new, rev in jobs)])
         for before, new, _ in jobs:
-            await self.let_go(new, J.aftermath(before, new))
+            await self.let_go(new, aftermath(before, new))
 
-    async def let_go(self, job: J.Job, after: J.Aftermath, record: dict | None = None, **data: Any) -> None:
+    async def let_go(self, job: Job, after: Aftermath, record: dict | None = None, **data: Any) -> None:
         """Once a job's change is stored: what its old state held and its new one does not
         (seamq.jobs.job.aftermath), then its event, of `record` (the job's, as stored) and `data`."""
         if after.settle:
@@ -84,8 +86,8 @@ class Admission:
         if after.withdraw:
             await self.store.withdraw(job.queue, job.priority, job.id)
         if after.disarm:
-            await self.store.disarm(after.disarm, J.timer_key(job))
+            await self.store.disarm(after.disarm, timer_key(job))
         if after.finished:
             await self.store.finished(job.queue, job.state.value)
         if after.event:
-            await self.events.emit(after.event, record or J.to_record(job), **data)
+            await self.events.emit(after.event, record or to_record(job), **data)

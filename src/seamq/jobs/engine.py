@@ -29,7 +29,7 @@ from typing import Callable
 
 from seamq.jobs import intake, model
 from seamq.jobs.admission import Admission
-from seamq.jobs import job as J
+from seamq.jobs.job import FINISHED, counted, released, retried
 from seamq.jobs.crontab import Crontab
 from seamq.jobs.events import EVENTS_KEPT, Events
 from seamq.jobs.ext import Schemas
@@ -170,7 +170,7 @@ class Engine:
     async def retry(self, job_id: str) -> dict:
         """A discarded or cancelled job runs again: available, attempt 0, its errors kept as history.
         A workflow's job may run again; its workflow keeps the outcome it recorded first."""
-        before, _, record = await self.ops.change(job_id, lambda job: J.retried(job, self.clock()))
+        before, _, record = await self.ops.change(job_id, lambda job: retried(job, self.clock()))
         if before.dead_letter:
             await self.store.delete(f"dlq.{job_id}")
         await self.events.emit("job.enqueued", record)
@@ -179,10 +179,10 @@ class Engine:
     async def delete(self, job_id: str) -> dict:
         """A finished job is removed before its retention ends (the admin API's purge and bulk delete)."""
         job, revision = await self.ops.load(job_id)
-        if job.state not in J.FINISHED:
+        if job.state not in FINISHED:
             raise conflict(f"job {job_id} is {job.state.value}: only finished jobs can be deleted; cancel it first")
         try:
-            await self.store.commit([Write(job_id, None, revision, before=J.counted(job))])
+            await self.store.commit([Write(job_id, None, revision, before=counted(job))])
         except Conflict:
             raise conflict(f"job {job_id} changed meanwhile; read it again") from None
         if job.dead_letter:
@@ -211,14 +211,14 @@ class Engine:
     async def release_worker(self, worker_id: str) -> list[str]:
         """A stale worker's active jobs go back to their queues now, each attempt recorded as failed
         (`worker_lost`), rather than when their leases end."""
-        released = []
+        let_go = []
         for record in await self.jobs(state="active"):
             if record.get("worker_id") == worker_id:
                 error = {"code": "worker_lost", "type": "WorkerLost", "retryable": True,
                          "message": f"worker {worker_id} was deregistered while it ran attempt {record['attempt']}"}
                 try:
-                    await self.ops.change(record["id"], lambda job, error=error: J.released(job, self.clock(), error))
+                    await self.ops.change(record["id"], lambda job, error=error: released(job, self.clock(), error))
                 except OjsError:
                     continue  # it ended meanwhile
-                released.append(record["id"])
-        return released
+                let_go.append(record["id"])
+        return let_go

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from seamq.jobs import job as J
+from seamq.jobs.job import Job, State, replace
 from seamq.jobs import schemas
 from seamq.jobs.events import Events
 from seamq.jobs.model import OjsError, conflict, invalid, iso, utcnow
@@ -111,10 +111,10 @@ def progress_value(body: Any) -> tuple[float, str | None, Any]:
 async def report_progress(ops: Operations, events: Events, job_id: Any, body: Any) -> dict:
     value, message, data = progress_value(body)
 
-    def move(job: J.Job) -> J.Job:
-        if job.state != J.State.ACTIVE:
+    def move(job: Job) -> Job:
+        if job.state != State.ACTIVE:
             raise conflict(f"cannot report progress of job {job.id}: it is {job.state.value}, not active")
-        return J.replace(job, extra={**job.extra, "progress": value, "progress_message": message,
+        return replace(job, extra={**job.extra, "progress": value, "progress_message": message,
                                    "progress_data": data, "progress_updated_at": iso(utcnow())})
 
     _, _, record = await ops.change(job_id, move)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from seamq.jobs import job as J
+from seamq.jobs.job import from_record
 from seamq.jobs import workflows
 from seamq.jobs.admission import Admission
 from seamq.jobs.model import OjsError, conflict, is_job_id
@@ -39,7 +39,7 @@ class Flows:
         if moved is None:
             return [], [], None
         for job in started:
-            await self.admission.ready(J.from_record(job))
+            await self.admission.ready(from_record(job))
         writes = [Write(moved["_key"], moved, held.revision, finished=moved["state"] != workflows.RUNNING),
                   *(Write(job["id"], job) for job in started)]
         return writes, started, moved
