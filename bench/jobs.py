@@ -162,7 +162,7 @@ def _p(values: list[float], q: float) -> float:
 
 
 async def server_scenarios(svc, count: int, waiting: int, result: Result, raw: dict) -> dict[str, float]:
-    from tests.jobs_harness import JobServer
+    from seamq.embedded import JobServer
 
     server = JobServer(svc.nats.url, svc.root / "jobs-server.log", test_mode=True).start()
     http = Http(server.url)
@@ -221,7 +221,7 @@ async def server_scenarios(svc, count: int, waiting: int, result: Result, raw: d
 
 async def processed_synced(svc, count: int) -> float:
     """Processed end to end with nats-server fsyncing every write, as PostgreSQL does every commit."""
-    from tests.jobs_harness import JobServer
+    from seamq.embedded import JobServer
 
     nats_server = NatsServer(svc.root / "nats-synced", sync="always")
     nats_server.start()

@@ -63,7 +63,7 @@ def redis_server(root: Path):
 
 
 async def seamq_row(svc, count: int) -> dict:
-    from tests.jobs_harness import JobServer
+    from seamq.embedded import JobServer
 
     server = JobServer(svc.nats.url, svc.root / "peers-jobs-server.log", test_mode=True).start()
     http = Http(server.url)

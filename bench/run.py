@@ -49,10 +49,13 @@ async def main() -> None:
     count = 2_000 if args.quick else 100_000
     results = []
     started = time.time()
+    took: dict[str, float] = {}  # seconds per scenario, services and all: where a run's time goes
     for name in args.only.split(","):
         module = __import__(f"bench.{name}", fromlist=["run"])
         console.print(f"[bold]{name}[/bold] ...")
+        began = time.time()
         produced = await module.run(count=count, size=args.size)
+        took[name] = round(time.time() - began, 1)
         for result in produced if isinstance(produced, list) else [produced]:  # a scenario may have tables
             results.append(result)
             show(console, result, f"{result.scenario} ({count} events, {args.size} B payloads)")
@@ -61,10 +64,12 @@ async def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     report = {"machine": machine(), "quick": args.quick, "count": count, "payload_bytes": args.size,
-              "seconds": round(time.time() - started, 1), "scenarios": [asdict(r) for r in results]}
+              "seconds": round(time.time() - started, 1), "seconds_per_scenario": took,
+              "scenarios": [asdict(r) for r in results]}
     text = json.dumps(report, indent=2)
     (out / "latest.json").write_text(text)
     (out / f"bench-{time.strftime('%Y%m%d-%H%M%S')}.json").write_text(text)
+    console.print("seconds per scenario: " + ", ".join(f"{name} {seconds:g}" for name, seconds in took.items()))
     console.print(f"wrote {out / 'latest.json'} in {report['seconds']}s")
 
 

@@ -12,7 +12,7 @@ N = int(sys.argv[1]) if len(sys.argv) > 1 else 20000
 
 
 async def main():
-    from tests.jobs_harness import JobServer
+    from seamq.embedded import JobServer
     with services() as svc:
         server = JobServer(svc.nats.url, svc.root / "jobs.log").start()
         http = Http(server.url)

@@ -33,7 +33,7 @@ async def drain(client, queue: str, pids: dict) -> str:
 
 
 async def main():
-    from tests.jobs_harness import JobServer
+    from seamq.embedded import JobServer
     with services(nats_sync=SYNC) as svc:
         server = JobServer(svc.nats.url, svc.root / "jobs.log").start()
         http = Http(server.url)

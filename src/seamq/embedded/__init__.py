@@ -15,9 +15,10 @@ binaries when theirs is private, and the data dir when the one asked for is.
 
 from __future__ import annotations
 
+from seamq.embedded.job_server import JobServer
 from seamq.embedded.nats_server import NatsCluster, NatsServer, nats_server_binary
 from seamq.embedded.postgres import PostgresServer, postgres_bin_dir
 from seamq.embedded.process import free_port, port_is_free, running
 
-__all__ = ["NatsCluster", "NatsServer", "PostgresServer", "free_port", "nats_server_binary", "port_is_free",
+__all__ = ["JobServer", "NatsCluster", "NatsServer", "PostgresServer", "free_port", "nats_server_binary", "port_is_free",
            "postgres_bin_dir", "running"]

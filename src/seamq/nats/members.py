@@ -77,7 +77,10 @@ class Roll:
             except ValueError:  # the console's look, or an older seamq's count
                 asking = None
             if isinstance(asking, dict) and asking.get("pulls") and asking.get("id") != self.me:
-                self._set(max(self.count, 2))  # a newcomer, before its first pull
+                # A newcomer, before its first pull; heard as a round that saw it, so that one next
+                # round without its answer (it is still starting) is no process gone.
+                self._last_round = max(self._last_round, 2)
+                self._set(max(self.count, 2))
             if msg.reply:
                 await msg.respond(json.dumps({"process": PROCESS, **self.says(), "id": self.me}).encode())
 

@@ -67,7 +67,7 @@ async def test_worker_runs_every_job_once_with_retries_and_survives_sigterm(nats
         if int(n) % 10:
             assert int(attempt) == 1 and not job.get("errors")
             continue
-        assert int(attempt) == 2 and len(job["errors"]) == 1 and job["errors"][0]["type"] == "jobs_handlers.Flaky"
+        assert int(attempt) == 2 and len(job["errors"]) == 1 and job["errors"][0]["type"] == "helpers.jobs_handlers.Flaky"
         failed_at = parse_time(job["errors"][0]["occurred_at"])
         assert job["retry_delay_ms"] == 300
         assert (parse_time(job["started_at"]) - failed_at).total_seconds() >= 0.29, "retried before its backoff"

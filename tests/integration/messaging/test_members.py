@@ -56,6 +56,7 @@ async def test_one_answer_late_is_no_process_gone(nats_server):
 
     try:
         await other_nc.subscribe(subject("c"), cb=answer)
+        await other_nc.flush()  # the server has the subscription before the first count asks
         first = await Roll(first_nc, "c", changed=told.append).start()
         assert told == [False] and first.count == 2
         await wait_for(lambda: late.is_set(), timeout=10 * COUNT_EVERY, what="the late answer")

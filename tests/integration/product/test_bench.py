@@ -38,3 +38,7 @@ def test_quick_bench_runs_every_scenario(tmp_path):
     peers = {row["case"].split()[0] for row in scenarios["peers_relay"]["rows"] + scenarios["peers_jobs"]["rows"]}
     assert {"seamq", "faststream-outbox", "nats-outbox", "procrastinate", "PgQueuer", "saq", "arq"} <= peers
     assert report["machine"]["cores"] >= 1
+    took = report["seconds_per_scenario"]  # where the run's time went, each scenario with its services
+    assert list(took) == ["relay", "history", "retention", "scale", "consumer", "e2e", "delayed", "http", "spark", "peer",
+                          "peers_relay", "jobs", "peers_jobs", "floors"], took
+    assert all(seconds > 0 for seconds in took.values()), took
