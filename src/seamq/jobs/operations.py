@@ -21,7 +21,8 @@ from datetime import datetime, timedelta
 from typing import Any, Callable
 
 from seamq.backoff import NO_JITTER, Backoff
-from seamq.jobs import job as J
+from seamq.jobs import job as moves  # one pure function per change of state: moves.claimed(job, now, ...)
+from seamq.jobs.job import WAITING, Job, State, aftermath, counted, from_record, public, timer_key, to_record
 from seamq.jobs import attempts, model, unique
 from seamq.jobs.activity import Workers
 from seamq.jobs.admission import Admission
@@ -53,31 +54,31 @@ class Operations:
         self.rng, self.test_mode, self.workers = rng or random.Random(), test_mode, Workers()
         # The jobs handed out here, as stored: their ack, which usually comes back here, needs no read
         # (a copy another server moved on since fails its CAS, and is then read).
-        self.handed_out: dict[str, tuple[J.Job, int]] = {}
+        self.handed_out: dict[str, tuple[Job, int]] = {}
 
     # ---- the record -------------------------------------------------------------------------------
 
-    async def load(self, job_id: Any) -> tuple[J.Job, int]:
+    async def load(self, job_id: Any) -> tuple[Job, int]:
         if not isinstance(job_id, str) or not job_id:
             raise model.invalid("job_id is required")
         held = await self.store.get(job_id) if model.is_job_id(job_id) else None
         if held is None:
             raise not_found(job_id)
-        return J.from_record(held.record), held.revision
+        return from_record(held.record), held.revision
 
     async def exists(self, job_id: Any) -> bool:
         return model.is_job_id(job_id) and await self.store.get(job_id) is not None
 
     async def record(self, job_id: Any) -> dict:
         """A job's whole record (internal fields too), for the extensions that read beside the envelope."""
-        return J.to_record(await self._current(job_id))
+        return to_record(await self._current(job_id))
 
-    async def _current(self, job_id: Any) -> J.Job:
+    async def _current(self, job_id: Any) -> Job:
         """The job as it is now: one whose lease ran out goes back to its queue as it is read (else it
         would wait for the next fetch of its queue to meet its entry, as the rescuers of River and Oban
         wait for their next round)."""
         job, revision = await self.load(job_id)
-        if job.state == J.State.ACTIVE and job.lease_until and job.lease_until <= self.clock():
+        if job.state == State.ACTIVE and job.lease_until and job.lease_until <= self.clock():
             released = self._lease_expired(job)
             try:
                 await self._store(released, revision, job)
@@ -86,14 +87,14 @@ class Operations:
                 return (await self.load(job_id))[0]
         return job
 
-    def _lease_expired(self, job: J.Job) -> J.Job:
+    def _lease_expired(self, job: Job) -> Job:
         log.warning("job_lease_expired", job_id=job.id, worker_id=job.worker_id or "?", attempt=job.attempt)
-        return J.released(job, self.clock(), {
+        return moves.released(job, self.clock(), {
             "code": "lease_expired", "type": "LeaseExpired", "message": f"worker {job.worker_id or '?'} sent no "
             "ack, nack or heartbeat within the visibility timeout: the job went back to its queue"})
 
-    async def change(self, job_id: Any, move: Callable[[J.Job], J.Job], *,
-                     may_wait: float = 0.0) -> tuple[J.Job, J.Job, dict]:
+    async def change(self, job_id: Any, move: Callable[[Job], Job], *,
+                     may_wait: float = 0.0) -> tuple[Job, Job, dict]:
         """Apply `move` to the job as last stored here (else as read) and store it. (before, after,
         after's record.) A copy held here that moved on through another server is read again; a
         compare-and-set lost to a write made meanwhile (the same worker's heartbeat, a timer) is read
@@ -113,15 +114,15 @@ class Operations:
                 held = None
         raise conflict(f"job {job_id} kept changing while this request tried to change it; try again")
 
-    async def _store(self, job: J.Job, revision: int, before: J.Job, may_wait: float = 0.0) -> tuple[int, dict]:
+    async def _store(self, job: Job, revision: int, before: Job, may_wait: float = 0.0) -> tuple[int, dict]:
         """Write a job's next state by CAS, with its workflow's next move when it ended. What the new
         state needs comes first: its entry in the ready order when it became available, its clocks
         (an entry or a timer whose change was never stored is dropped when it comes). Then what its
         old state held and its new one does not, and its event (seamq.jobs.job.aftermath)."""
-        record, after = J.to_record(job), J.aftermath(before, job)
+        record, after = to_record(job), aftermath(before, job)
         await self.admission.ready(job)
         for attempt in range(CAS_TRIES):
-            writes, started, moved = [Write(job.id, record, revision, after.finished, J.counted(before), may_wait)], [], None
+            writes, started, moved = [Write(job.id, record, revision, after.finished, counted(before), may_wait)], [], None
             if after.workflow and self.flows is not None:
                 extra, started, moved = await self.flows.ending(record)
                 writes += extra
@@ -136,11 +137,11 @@ class Operations:
                     raise Lost(409, "conflict", f"job {job.id} changed meanwhile; read it again") from None
                 # the job is as it was: its workflow moved on meanwhile (another of its jobs ended)
         stored = revisions[0]
-        if job.state == J.State.ACTIVE:
+        if job.state == State.ACTIVE:
             self._hand_out(job, stored)
         else:
             self.handed_out.pop(job.id, None)
-        data = {} if job.state != J.State.COMPLETED else dict(result=job.result, duration_ms=round(
+        data = {} if job.state != State.COMPLETED else dict(result=job.result, duration_ms=round(
             (job.completed_at - before.started_at).total_seconds() * 1000) if before.started_at else 0)
         await self.admission.let_go(job, after, record, **data)
         for new, revision in zip(started, revisions[2:]):
@@ -149,18 +150,18 @@ class Operations:
             await self.flows.ended(moved)
         return stored, record
 
-    def _hand_out(self, job: J.Job, revision: int) -> None:
+    def _hand_out(self, job: Job, revision: int) -> None:
         self.handed_out[job.id] = (job, revision)
         if len(self.handed_out) > HANDED_OUT_KEPT:  # acked through another server: forget the oldest
             del self.handed_out[next(iter(self.handed_out))]
 
     @staticmethod
-    def _lease(job: J.Job, visibility: Any) -> timedelta:
+    def _lease(job: Job, visibility: Any) -> timedelta:
         return timedelta(milliseconds=model.visibility_ms({"options": job.options}, visibility))
 
     async def _cancelled(self, job_id: Any) -> bool:
         try:
-            return (await self.load(job_id))[0].state == J.State.CANCELLED
+            return (await self.load(job_id))[0].state == State.CANCELLED
         except OjsError:
             return False
 
@@ -196,10 +197,10 @@ class Operations:
         await self.events.emit("job.discarded", record)
 
     async def info(self, job_id: str) -> dict:
-        return J.public(await self._current(job_id))
+        return public(await self._current(job_id))
 
     async def cancel(self, job_id: str) -> dict:
-        _, job, record = await self.change(job_id, lambda job: J.cancelled(job, self.clock()))
+        _, job, record = await self.change(job_id, lambda job: moves.cancelled(job, self.clock()))
         return model.public(record)
 
     # ---- workers ----------------------------------------------------------------------------------
@@ -239,16 +240,16 @@ class Operations:
         for latest in (False, True, True):  # the hint, then the record as last stored (again if a CAS lost)
             if latest:
                 held = await self.store.get(taken.job_id)
-            read, revision = (J.from_record(held.record), held.revision) if held else (None, 0)
+            read, revision = (from_record(held.record), held.revision) if held else (None, 0)
             job, now = read, self.clock()
-            if job is not None and job.state == J.State.ACTIVE and job.entry == taken.entry:
+            if job is not None and job.state == State.ACTIVE and job.entry == taken.entry:
                 if job.lease_until and job.lease_until > now:  # a lease longer than the hold, or extended
                     if latest:
                         await self.store.hold(taken.hold, (job.lease_until - now).total_seconds())
                         return None
                     continue
                 job = self._lease_expired(job)
-            elif job is None or job.state != J.State.AVAILABLE:
+            elif job is None or job.state != State.AVAILABLE:
                 if not latest:
                     continue
                 # Entries are offered before the record that says so: the change may be on its way (it
@@ -266,54 +267,54 @@ class Operations:
         await self.store.settle(taken.hold)  # claimed through another entry of it, or moved on, as it was read
         return None
 
-    async def _claimed(self, job: J.Job, revision: int, taken: Taken, worker_id: str | None,
-                       visibility: Any, read: J.Job) -> dict | None:
+    async def _claimed(self, job: Job, revision: int, taken: Taken, worker_id: str | None,
+                       visibility: Any, read: Job) -> dict | None:
         """The claim's CAS; None when it lost (claimed through another entry of it, or moved on). A lease
         shorter than the entry's hold holds it for the lease; a longer one (the default, 30 minutes) meets
         its entry again when the hold ends, and is held then for what remains of it (`_claim`)."""
         lease = self._lease(job, visibility)
-        claimed = J.claimed(job, self.clock(), worker_id, lease, taken.entry, taken.hold)
-        record = J.to_record(claimed)
+        claimed = moves.claimed(job, self.clock(), worker_id, lease, taken.entry, taken.hold)
+        record = to_record(claimed)
         if claimed.timeout_ms:  # armed first: one that comes before the claim is stored waits for it
             at = claimed.started_at + timedelta(milliseconds=claimed.timeout_ms)
-            await self.admission.arm("timeout", J.timer_key(claimed), at, {"attempt": claimed.attempt})
+            await self.admission.arm("timeout", timer_key(claimed), at, {"attempt": claimed.attempt})
         try:
-            [stored] = await self.store.commit([Write(job.id, record, revision, before=J.counted(read))])
+            [stored] = await self.store.commit([Write(job.id, record, revision, before=counted(read))])
         except Conflict:
             return None
         self._hand_out(claimed, stored)
         if lease.total_seconds() < TAKEN_HOLD:
             await self.store.hold(taken.hold, lease.total_seconds())
-        await self.events.emit(J.aftermath(read, claimed).event, record)
+        await self.events.emit(aftermath(read, claimed).event, record)
         return record
 
-    async def _expire_taken(self, job: J.Job, revision: int, taken: Taken, read: J.Job) -> bool:
+    async def _expire_taken(self, job: Job, revision: int, taken: Taken, read: Job) -> bool:
         """Expire a job met in its entry past its time (`read` as stored); False when it moved on meanwhile."""
         try:
-            await self._store(J.expired(job, self.clock()), revision, read)
+            await self._store(moves.expired(job, self.clock()), revision, read)
         except OjsError:
             return False
         await self.store.settle(taken.hold)
         return True
 
     async def ack(self, job_id: Any, result: Any = None, *, may_wait: float = 0.0) -> dict:
-        _, done, record = await self.change(job_id, lambda job: J.completed(job, self.clock(), result),
+        _, done, record = await self.change(job_id, lambda job: moves.completed(job, self.clock(), result),
                                             may_wait=may_wait)
         return {"acknowledged": True, "id": done.id, "job_id": done.id, "state": "completed",
                 "completed_at": record["completed_at"], "job": model.public(record)}
 
     async def nack(self, job_id: Any, error: Any = None, requeue: Any = False, *, may_wait: float = 0.0) -> dict:
-        def move(job: J.Job) -> J.Job:
+        def move(job: Job) -> Job:
             now = self.clock()
-            return J.released(job, now, error) if requeue is True else J.failed(job, now, error, self.rng)
+            return moves.released(job, now, error) if requeue is True else moves.failed(job, now, error, self.rng)
         _, failed, record = await self.change(job_id, move, may_wait=may_wait)
         return self._failed(failed, record)
 
     @staticmethod
-    def _failed(failed: J.Job, record: dict) -> dict:
+    def _failed(failed: Job, record: dict) -> dict:
         answer = {"id": failed.id, "job_id": failed.id, "state": failed.state.value, "attempt": failed.attempt,
                   "max_attempts": failed.max_attempts, "job": model.public(record)}
-        keys = ("retry_delay_ms", "next_attempt_at") if failed.state == J.State.RETRYABLE else ()
+        keys = ("retry_delay_ms", "next_attempt_at") if failed.state == State.RETRYABLE else ()
         for key in (*keys, "discarded_at", "completed_at"):
             if record.get(key) is not None:
                 answer[key] = record[key]
@@ -333,7 +334,7 @@ class Operations:
         for job_id in ids:
             try:
                 before, longer, _ = await self.change(
-                    job_id, lambda job: J.extended(job, now, self._lease(job, visibility)))
+                    job_id, lambda job: moves.extended(job, now, self._lease(job, visibility)))
             except OjsError:  # not active (finished, cancelled, released), or no such job: not extended
                 if await self._cancelled(job_id):
                     cancelled.append(job_id)
@@ -358,23 +359,23 @@ class Operations:
         attempt = fired.token.get("attempt")
         if held is None:
             return fired.kind not in ("scheduled", "expire")  # a push not stored yet, or never
-        job, revision = J.from_record(held.record), held.revision
-        if (fired.kind == "retry" and job.state == J.State.ACTIVE and job.attempt == attempt) or \
-                (fired.kind == "timeout" and job.state == J.State.AVAILABLE and job.attempt + 1 == attempt):
+        job, revision = from_record(held.record), held.revision
+        if (fired.kind == "retry" and job.state == State.ACTIVE and job.attempt == attempt) or \
+                (fired.kind == "timeout" and job.state == State.AVAILABLE and job.attempt + 1 == attempt):
             return False  # the failure, or the claim, not stored yet
         if attempt == job.attempt:
             await self._due(fired.kind, job, revision)
         return True
 
-    async def _due(self, kind: str, job: J.Job, revision: int) -> None:
+    async def _due(self, kind: str, job: Job, revision: int) -> None:
         now = self.clock()
         try:
-            if kind in ("scheduled", "retry") and job.state in (J.State.SCHEDULED, J.State.RETRYABLE):
-                await self._store(J.due(job, now), revision, job)
-            elif kind == "expire" and job.state in J.WAITING:
-                await self._store(J.expired(job, now), revision, job)
-            elif kind == "timeout" and job.state == J.State.ACTIVE:
+            if kind in ("scheduled", "retry") and job.state in (State.SCHEDULED, State.RETRYABLE):
+                await self._store(moves.due(job, now), revision, job)
+            elif kind == "expire" and job.state in WAITING:
+                await self._store(moves.expired(job, now), revision, job)
+            elif kind == "timeout" and job.state == State.ACTIVE:
                 error = {"code": "timeout", "type": "timeout", "message": f"exceeded timeout_ms={job.timeout_ms}"}
-                await self._store(J.failed(job, now, error, self.rng), revision, job)
+                await self._store(moves.failed(job, now, error, self.rng), revision, job)
         except OjsError:  # another server or request moved it first: the timer no longer applies
             pass
