@@ -5,8 +5,9 @@ shared/ojs/DESIGN-BRIEF.md, Appendix B.
 No official runner or SDK can be installed here, so this port is the independent
 check of `seamq jobs serve`. By default it gives the Go runner's verdicts, quirks
 included (`ASSERT` steps unevaluated, `raw_body` dropped, `null` counted as
-absent). `--strict` also sends `raw_body` and evaluates the `exclusive_claim` and
-`equality` assertions the Go runner skips.
+absent). `--strict` also sends `raw_body`, evaluates the `exclusive_claim` and
+`equality` assertions the Go runner skips, reads the newer suites' `expect`, `${name}` and
+`repeat`, and fails a case with anything it does not understand (tests/helpers/ojs_strict.py).
 
     python -m tests.helpers.ojs_runner --url URL --suites DIR [--reset-url URL] [--level N]
         [--category C] [--test ID] [--strict] [--report-file F]
@@ -30,8 +31,13 @@ from typing import Any
 
 import aiohttp
 
+try:  # as the tests import it, or as `python -m tests.helpers.ojs_runner` from the checkout
+    from helpers.ojs_strict import assertions, judged, not_understood
+except ImportError:
+    from tests.helpers.ojs_strict import assertions, judged, not_understood
+
 TEMPLATE = re.compile(r"\{\{steps\.([^.]+)\.response\.body\.([^}]+)\}\}")
-CAPTURED = re.compile(r"\{\{([A-Za-z_][\w-]*)\}\}")  # `{{job_id}}`: a step's `capture` (the ext suites)
+CAPTURED = re.compile(r"\{\{([A-Za-z_][\w-]*)\}\}|\$\{([A-Za-z_][\w-]*)\}")  # `{{job_id}}`, `${job_id}`: a step's capture
 UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 UUIDV7 = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
 DATETIME = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})$")
@@ -353,7 +359,7 @@ def _template_value(value: Any) -> str:
 
 def substitute(text: str, responses: dict[str, Response], captured: dict[str, Any] | None = None) -> str:
     if captured:
-        text = CAPTURED.sub(lambda m: _template_value(captured[m.group(1)]) if m.group(1) in captured
+        text = CAPTURED.sub(lambda m: _template_value(captured[name]) if (name := m.group(1) or m.group(2)) in captured
                             else m.group(0), text)
 
     def one(found: re.Match) -> str:
@@ -402,6 +408,14 @@ class Runner:
                     return result
         responses: dict[str, Response] = {}
         data = case.data
+        if self.strict:
+            refused = not_understood(data)
+            steps = [*(data.get("setup") or {}).get("steps", []), *data["steps"]]
+            if not refused and not judged(steps):
+                refused = ["no assertion the runner could judge"]
+            if refused:
+                result.status, result.failures = "fail", [f"not understood: {why}" for why in refused]
+                return result
         setup = (data.get("setup") or {}).get("steps", [])
         if setup and await self._steps(session, setup, responses, result) is False:
             result.status = "error"
@@ -442,14 +456,22 @@ class Runner:
             return []
         if action == "ASSERT":
             if self.strict:
-                return self._strict_assert(step.get("assertions") or {}, responses)
+                return self._strict_assert(assertions(step), responses)
             try:  # the Go runner sends it as an HTTP request to the base URL and ignores the answer
                 async with session.request("ASSERT", self.url) as response:
                     await response.read()
             except aiohttp.ClientError as exc:
                 return [f"ASSERT request failed: {exc}"]
             return []
+        failures: list[str] = []
+        for _ in range(step.get("repeat", 1) if self.strict else 1):  # `repeat`: the same request, each judged
+            failures += await self._request(session, step, action, responses)
+        return failures
+
+    async def _request(self, session, step: dict, action: str, responses: dict[str, Response]) -> list[str]:
         path = substitute(step.get("path", ""), responses, self.captured)
+        if self.strict and (unresolved := CAPTURED.search(path)):
+            return [f"{action} {path}: {unresolved.group(0)} was never captured"]
         headers = dict(step.get("headers") or {})
         body: bytes | None = None
         if self.strict and "raw_body" in step:
@@ -476,15 +498,16 @@ class Runner:
         recorded = Response(status, response_headers, text, parsed, duration)
         if step.get("id"):
             responses[step["id"]] = recorded
-        for name, where in (step.get("capture") or {}).items():
+        for name, where in {**(step.get("capture") or {}), **(step.get("captures") or {})}.items():
             try:
                 value = resolve_path(where, parsed) if parsed is not None else None
             except PathError:
                 value = None
             if value is not None:
                 self.captured[name] = value
-        assertions = json.loads(substitute(json.dumps(step.get("assertions") or {}), responses, self.captured))
-        failures = check(assertions, recorded)
+        checks = assertions(step) if self.strict else step.get("assertions") or {}
+        failures = check(json.loads(substitute(json.dumps(checks), responses, self.captured)), recorded,
+                         strict=self.strict)
         if self.verbose and failures:
             print(f"    {action} {path} -> {status} {text[:300]}", file=sys.stderr)
         return failures
@@ -537,7 +560,9 @@ def _whole_body(reference: str, responses: dict[str, Response]) -> Any:
     return responses[found.group(1)].parsed
 
 
-def check(assertions: dict, response: Response) -> list[str]:
+def check(assertions: dict, response: Response, *, strict: bool = False) -> list[str]:
+    """`strict`: `{"$empty": true}` among `$or`'s alternatives is an empty body (a 204), as the
+    suites mean it; the Go runner never matches it."""
     failures = []
     if "status" in assertions:
         want = assertions["status"]
@@ -563,8 +588,9 @@ def check(assertions: dict, response: Response) -> list[str]:
     if isinstance(body, dict):
         alternatives = body.get("$or")
         if alternatives is not None:
-            if not any(response.parsed is not None and all(
-                    _path_ok(path, m, response.parsed)[0] for path, m in alt.items()) for alt in alternatives):
+            if not any(strict and alt == {"$empty": True} and not response.text.strip() or response.parsed is not None
+                       and all(_path_ok(path, m, response.parsed)[0] for path, m in alt.items())
+                       for alt in alternatives):
                 failures.append("none of the $or alternatives matched")
         if response.parsed is not None:
             for path, matcher in body.items():
@@ -586,6 +612,8 @@ def check(assertions: dict, response: Response) -> list[str]:
             ok = have is not None and re.search(want["$match"], have) is not None
         elif isinstance(want, dict) and "$eq" in want:
             ok = have == want["$eq"]
+        elif strict and isinstance(want, dict) and "$exists" in want:
+            ok = (have is not None) == bool(want["$exists"])
         else:
             ok = have == want
         if not ok:

@@ -3,6 +3,7 @@ restarted on the same port; and free ports on 127.0.0.1."""
 
 from __future__ import annotations
 
+import random
 import signal
 import socket
 import subprocess
@@ -15,9 +16,30 @@ from seamq.model import ErrorCode, SeamqError
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free now on 127.0.0.1, below the kernel's ephemeral range where one is known. A service
+    restarted on its port (kill -9, then start) must find it free again, and a port of that range
+    may meanwhile be the local end of any process's outgoing connection on the machine (a restarted
+    job server once found its port taken so, under a busy test run)."""
+    low = _ephemeral_low()
+    for _ in range(200):
+        port = random.randrange(FIXED_PORTS, low) if low > FIXED_PORTS + 1000 else 0
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return s.getsockname()[1]
+    raise SeamqError(ErrorCode.EMBEDDED_SERVICE, "no free port on 127.0.0.1")
+
+
+FIXED_PORTS = 10_000  # below: ports people give services by hand (5432, 4222, 8080, ...)
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0  # unknown: the kernel's choice
 
 
 def port_is_free(port: int) -> bool:
