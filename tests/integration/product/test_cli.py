@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import resource
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from seamq.cli.common import INPUT_ERRORS
+from seamq.embedded import free_port
 from seamq.model import ErrorCode
 
 from helpers import SEAMQ
@@ -64,10 +66,17 @@ def test_every_error_code_is_documented_with_its_exit_code():
         assert int(documented[code.value]) == (2 if code in INPUT_ERRORS else 1), code
 
 
-def _closed_port() -> int:
-    from seamq.embedded import free_port
+_HELD: list[socket.socket] = []
 
-    return free_port()
+
+def _closed_port() -> int:
+    """A port where connections are refused for as long as the tests run: bound here and never
+    listened on, so no other test's server can take it meanwhile (a free port, once handed out, was
+    once taken by another worker's server, and `seamq audit` ran against it until killed)."""
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    _HELD.append(held)
+    return held.getsockname()[1]
 
 
 def test_the_documented_registry_import_works_from_the_project_folder(tmp_path):
@@ -156,7 +165,7 @@ def test_every_command_without_its_service_ends_in_a_coded_error_within_10s(scen
     for command, needs in NEEDS.items():
         if scenario != "nothing configured" and down not in needs:
             continue
-        args = command.format(port=_closed_port()).split()
+        args = command.format(port=free_port()).split()  # a port to listen on
         clean = {k: v for k, v in os.environ.items() if not k.startswith("SEAMQ_")}
         try:
             result, wall, cpu = _timed([*SEAMQ, *args], env={**clean, **env}, timeout=120, cwd=tmp_path)
