@@ -23,15 +23,19 @@ def free_port() -> int:
     low = _ephemeral_low()
     for _ in range(200):
         port = random.randrange(FIXED_PORTS, low) if low > FIXED_PORTS + 1000 else 0
+        if port in _HANDED:  # handed out here before, maybe not yet bound by the service it was for
+            continue
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
+            _HANDED.add(s.getsockname()[1])
             return s.getsockname()[1]
     raise SeamqError(ErrorCode.EMBEDDED_SERVICE, "no free port on 127.0.0.1")
 
 
+_HANDED: set[int] = set()  # by this process: never handed out twice
 FIXED_PORTS = 10_000  # below: ports people give services by hand (5432, 4222, 8080, ...)
 
 
