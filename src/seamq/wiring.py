@@ -87,7 +87,9 @@ async def _refused_at_once(dsn: str) -> None:
         if "FATAL:" in text and not any(passing in text for passing in _PASSING):
             raise SeamqError(ErrorCode.DATABASE_UNAVAILABLE, f"PostgreSQL refused the connection: "
                              f"{text.split('FATAL:', 1)[1].strip()} (check SEAMQ_DATABASE_URL)") from None
-        return  # away or busy: the pool waits for it, as before
+        if "Connection refused" in text:  # nothing listens there: said at once, as a connection of its own said it
+            raise SeamqError(ErrorCode.DATABASE_UNAVAILABLE, f"{text.strip()} (check SEAMQ_DATABASE_URL)") from None
+        return  # busy or starting: the pool waits for it, as before
     await conn.close()
 
 
