@@ -125,14 +125,30 @@ def resolve_path(path: str, data: Any) -> Any:
     return _resolve(_split(path), data)
 
 
+def _dotted(parts: list[str], i: int, current: dict) -> tuple[list[str], int] | None:
+    """A key with dots in it (the encryption suite's `meta["ojs.codec.key_id"]`, which it spells
+    `$.job.meta.ojs.codec.key_id`): the shortest run of parts from `i` that names a key, the parts
+    rewritten to hold it as one. Only where no key is named by the part alone."""
+    for end in range(i + 1, len(parts)):
+        joined = ".".join(parts[i:end + 1])
+        key = joined[:joined.index("[")] if "[" in joined else joined
+        if key in current:
+            return parts[:i] + [joined] + parts[end + 1:], i
+    return None
+
+
 def _resolve(parts: list[str], current: Any) -> Any:
     for i, part in enumerate(parts):
+        if current is None:  # under an absent field: absent too (`$exists: false` holds), never an error
+            return None
+        name = part[:part.index("[")] if "[" in part else part
+        if isinstance(current, dict) and name and name not in current and (found := _dotted(parts, i, current)):
+            return _resolve(found[0][i:], current)
         if "[" not in part:
             if not isinstance(current, dict):
                 raise PathError(f"{part}: not an object")
             current = current.get(part)
             continue
-        name = part[:part.index("[")]
         if name:
             if not isinstance(current, dict):
                 raise PathError(f"{name}: not an object")

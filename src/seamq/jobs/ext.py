@@ -1,4 +1,5 @@
-"""The extensions' operations, over the engine's records: the schema registry and job progress.
+"""The extensions' operations, over the engine's records: the schema registry, job progress and
+checkpoints.
 
 Kept beside the engine rather than in it: they read and write records through
 the store's compare-and-set, and add no clock and no transition. The schemas
@@ -11,9 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 from seamq.jobs.job import Job, State, replace
-from seamq.jobs import schemas
+from seamq.jobs import checkpoints, schemas
 from seamq.jobs.events import Events
-from seamq.jobs.model import OjsError, conflict, invalid, iso, utcnow
+from seamq.jobs.model import CHECKPOINT, OjsError, conflict, invalid, iso, utcnow
 from seamq.jobs.operations import Operations
 from seamq.jobs.ports import Conflict, JobStore, Write
 from seamq.jobs.queues import Queues
@@ -130,3 +131,24 @@ def progress_of(record: dict) -> dict:
               "updated_at": record.get("progress_updated_at")}
     return {k: v for k, v in answer.items() if v is not None or k == "progress"}
 
+
+
+async def save_checkpoint(ops: Operations, events: Events, job_id: Any, body: Any) -> dict:
+    save = checkpoints.given(body)
+    _, job, record = await ops.change(job_id, lambda job: checkpoints.saved(job, save, ops.clock()))
+    held = job.extra[CHECKPOINT]
+    await events.emit("job.checkpointed", record, sequence=held["sequence"])
+    return checkpoints.shown(job.id, held, with_state=False)
+
+
+async def checkpoint_of(ops: Operations, job_id: Any) -> tuple[str, dict | None]:
+    record = await ops.record(job_id)
+    return record["id"], record.get(CHECKPOINT)
+
+
+async def delete_checkpoint(ops: Operations, job_id: Any) -> dict:
+    """Idempotent: a job without a checkpoint answers `deleted: false`, and nothing is written."""
+    found, held = await checkpoint_of(ops, job_id)
+    if held is not None:
+        await ops.change(found, checkpoints.cleared)
+    return {"deleted": held is not None, "job_id": found}

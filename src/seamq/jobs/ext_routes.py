@@ -1,5 +1,6 @@
-"""The extension routes: job progress (`urn:ojs:ext:progress`) and the schema registry
-(`urn:ojs:ext:schema-registry`), each as both the conformance suite and the SDKs address them."""
+"""The extension routes: job progress (`urn:ojs:ext:progress`), the schema registry
+(`urn:ojs:ext:schema-registry`) and checkpoints (`urn:ojs:ext:durable-execution`), each as both the
+conformance suites and the SDKs address them."""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from seamq.jobs import ext, schemas
+from seamq.jobs import checkpoints, ext, schemas
 from seamq.jobs.api import answer, body_of
 from seamq.jobs.engine import Engine
-from seamq.jobs.model import utcnow
+from seamq.jobs.model import OjsError, utcnow
 from seamq.jobs.routes import page
 
 
@@ -29,6 +30,22 @@ def extensions(engine: Engine) -> list[Route]:
 
     async def progress(request: Request) -> Response:
         return answer(ext.progress_of(await engine.ops.record(request.path_params["job_id"])))
+
+    async def save_checkpoint(request: Request) -> Response:  # the suite: PUT; the spec and the SDKs: POST
+        return answer(await ext.save_checkpoint(engine.ops, engine.events, request.path_params["job_id"],
+                                                await body_of(request)))
+
+    async def checkpoint(request: Request) -> Response:
+        job_id, held = await ext.checkpoint_of(engine.ops, request.path_params["job_id"])
+        if held is None:
+            raise OjsError(404, "not_found", f"job {job_id} has no checkpoint")
+        return answer(checkpoints.shown(job_id, held))
+
+    async def resume(request: Request) -> Response:  # the SDKs' durable context, as it starts
+        return answer(checkpoints.resume(*await ext.checkpoint_of(engine.ops, request.path_params["job_id"])))
+
+    async def delete_checkpoint(request: Request) -> Response:
+        return answer(await ext.delete_checkpoint(engine.ops, request.path_params["job_id"]))
 
     async def list_schemas(request: Request) -> Response:
         found, pagination = page(registry.list(), request, default=50)
@@ -71,6 +88,10 @@ def extensions(engine: Engine) -> list[Route]:
         Route("/ojs/v1/jobs/{job_id}/progress", report_progress, methods=["PUT", "POST"]),
         Route("/ojs/v1/jobs/{job_id}/progress", progress, methods=["GET"]),
         Route("/ojs/v1/workers/progress", worker_progress, methods=["POST"]),
+        *(route for path in ("/ojs/v1/jobs/{job_id}/checkpoint", "/ojs/v1/checkpoints/{job_id}") for route in (
+            Route(path, save_checkpoint, methods=["PUT", "POST"]), Route(path, checkpoint, methods=["GET"]),
+            Route(path, delete_checkpoint, methods=["DELETE"]))),
+        Route("/ojs/v1/checkpoints/{job_id}/resume", resume, methods=["GET"]),
         Route("/ojs/v1/schemas", list_schemas, methods=["GET"]),
         Route("/ojs/v1/schemas", register, methods=["POST"]),
         Route("/ojs/v1/schemas/{uri:path}", by_uri, methods=["GET"]),

@@ -58,7 +58,8 @@ MAX_ARGS_BYTES = 512 * 1024  # a job's args; the record must fit one KV message 
 SYSTEM_FIELDS = frozenset({
     "state", "attempt", "created_at", "enqueued_at", "started_at", "completed_at", "cancelled_at", "discarded_at",
     "error", "errors", "result", "retry_delay_ms", "next_attempt_at", "worker_id", "workflow_id", "workflow_index",
-    "parent_results"})
+    "parent_results", "checkpoint"})
+CHECKPOINT = "_checkpoint"  # a job's checkpoint (seamq.jobs.checkpoints), shown as `checkpoint`
 
 
 class OjsError(Exception):
@@ -141,8 +142,6 @@ def resolve_time(text: Any, now: datetime, what: str) -> datetime:
         except OjsError as exc:
             raise invalid(exc.message) from None
     return parse_time(text)
-
-
 
 
 def is_job_id(value: Any) -> bool:
@@ -247,8 +246,7 @@ def check_fetch(queues: Any, count: Any) -> None:
 
 
 def encode(record: Record) -> bytes:
-    """A record as stored in KV: compact JSON without a job's
-    usual nulls; decode() gives back exactly the record."""
+    """A record as stored in KV: compact JSON without a job's usual nulls; decode() gives back exactly the record."""
     if "_kind" not in record:
         record = {k: v for k, v in record.items() if v is not None or k not in NULLABLE}
     return codec.dumps(record)
@@ -263,8 +261,11 @@ def decode(data: bytes) -> Record:
 
 
 def public(record: Record) -> Record:
-    """The envelope a client sees: internal fields (`_…`) and nulls dropped."""
-    return {k: v for k, v in record.items() if not k.startswith("_") and v is not None}
+    """The envelope a client sees: internal fields (`_…`) and nulls dropped, a checkpoint as a next attempt reads it."""
+    shown = {k: v for k, v in record.items() if not k.startswith("_") and v is not None}
+    if (held := record.get(CHECKPOINT)) is not None:
+        shown["checkpoint"] = {"state": held["state"], "sequence": held["sequence"]}
+    return shown
 
 
 def new_record(body: Any, now: datetime) -> Record:
@@ -323,6 +324,8 @@ def new_record(body: Any, now: datetime) -> Record:
     if unique is not None:
         validate_unique(unique)
     scheduled = run_time is not None and run_time > now
+    if internal := sorted(k for k in body if k.startswith("_")):
+        raise invalid(f"{internal[0]}: fields starting with _ are the server's own")
     record = {k: v for k, v in body.items() if k not in SYSTEM_FIELDS and k not in ("options",)}
     record.update({
         "id": job_id or uuid7(),

@@ -10,6 +10,7 @@ guessed from who is asking.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -25,9 +26,11 @@ EXTENSIONS = [
     {"name": "schema-registry", "uri": "urn:ojs:ext:schema-registry", "version": "1.0"},
     {"name": "dead-letter", "uri": "urn:ojs:ext:dead-letter", "version": "1.0"},
     {"name": "admin-api", "uri": "urn:ojs:ext:admin-api", "version": "1.0"},
+    {"name": "durable-execution", "uri": "urn:ojs:ext:durable-execution", "version": "0.1"},
 ]
 CAPABILITIES = {"cron": True, "workflows": True, "dead_letter": True, "unique_jobs": True, "rate_limiting": True,
-                "events": True, "batch_enqueue": True, "priority": True, "progress": True, "job_versioning": True}
+                "events": True, "batch_enqueue": True, "priority": True, "progress": True, "job_versioning": True,
+                "durable_execution": True}
 
 
 def offset_of(text: str | None) -> int:
@@ -57,10 +60,21 @@ def queue_answer(stats: dict) -> dict:
     return {"queue": stats, **stats, "status": status, "stats": counts}
 
 
+def named(request: Request, body: dict) -> Any:
+    """The job an ack or a nack is about: the body's `job_id` (/workers/ack), or the path's
+    (/jobs/{id}/ack, as the newer suites send them), which a body naming another contradicts."""
+    job_id = request.path_params.get("job_id")
+    if job_id is None:
+        return body.get("job_id")
+    if body.get("job_id") not in (None, job_id):
+        raise invalid(f"the body's job_id {body.get('job_id')!r} is not the job of the path, {job_id}")
+    return job_id
+
+
 def core(engine: Engine, conformance_level: int) -> list[Route]:
     async def push(request: Request) -> Response:
         status, job = await engine.ops.push(await body_of(request))
-        return answer({"job": job}, status)
+        return answer({"job": job, "id": job["id"]}, status)  # `$.id`: what the newer suites capture
 
     async def push_batch(request: Request) -> Response:
         jobs = await engine.ops.push_batch(await body_of(request))
@@ -80,11 +94,11 @@ def core(engine: Engine, conformance_level: int) -> list[Route]:
 
     async def ack(request: Request) -> Response:
         body = await body_of(request)
-        return answer(await engine.ops.ack(body.get("job_id"), body.get("result")))
+        return answer(await engine.ops.ack(named(request, body), body.get("result")))
 
     async def nack(request: Request) -> Response:
         body = await body_of(request)
-        return answer(await engine.ops.nack(body.get("job_id"), body.get("error"), body.get("requeue", False)))
+        return answer(await engine.ops.nack(named(request, body), body.get("error"), body.get("requeue", False)))
 
     async def heartbeat(request: Request) -> Response:
         body = await body_of(request)
@@ -177,6 +191,9 @@ def core(engine: Engine, conformance_level: int) -> list[Route]:
         Route("/ojs/v1/jobs/batch", push_batch, methods=["POST"]),
         Route("/ojs/v1/jobs/{job_id}", info, methods=["GET"]),
         Route("/ojs/v1/jobs/{job_id}", cancel, methods=["DELETE"]),
+        Route("/ojs/v1/jobs/{job_id}/cancel", cancel, methods=["POST"]),
+        Route("/ojs/v1/jobs/{job_id}/ack", ack, methods=["POST"]),
+        Route("/ojs/v1/jobs/{job_id}/nack", nack, methods=["POST"]),
         Route("/ojs/v1/workers/nack", nack, methods=["POST"]),
         Route("/ojs/v1/workers/heartbeat", heartbeat, methods=["POST"]),
         Route("/ojs/v1/events", events, methods=["GET"]),

@@ -38,6 +38,12 @@ EXT_SUITES = SUITES.parent.parent / "ojs-conformance-ext" / "suites" if SUITES e
 EXTENSIONS = ("ext-admin-api", "ext-dead-letter", "ext-progress", "ext-schema-registry")
 EXT_CASES = [c for c in (load_cases(EXT_SUITES) if EXT_SUITES and EXT_SUITES.is_dir() else [])
              if c.path.split("/")[0] in EXTENSIONS]
+# Issue 49's suites (ojs-conformance-ext-more), each added here once seamq passes it whole; each case runs
+# against one server and again spread over two (a job saved through one is read through the other).
+MORE_SUITES = SUITES.parent.parent / "ojs-conformance-ext-more" / "suites" if SUITES else None
+MORE = ("ext-durable-execution", "ext-encryption", "ext-job-versioning")
+MORE_CASES = [c for c in (load_cases(MORE_SUITES) if MORE_SUITES and MORE_SUITES.is_dir() else [])
+              if c.path.split("/")[0] in MORE]
 
 
 _FAILED_START: list[str] = []
@@ -77,10 +83,25 @@ def test_the_extension_suites_are_there():
     assert {c.path.split("/")[0] for c in EXT_CASES} == set(EXTENSIONS) and len(EXT_CASES) == 25
 
 
+def test_the_newer_extension_suites_are_there():
+    assert MORE_SUITES is not None and MORE_SUITES.is_dir(), "expected ../shared/ojs-conformance-ext-more beside the clone"
+    assert {c.path.split("/")[0] for c in MORE_CASES} == set(MORE) and len(MORE_CASES) == 38
+
+
 def counts_after_ack(case) -> bool:
     paths = [step.get("path", "") for step in case.data["steps"]]
     acked = [i for i, path in enumerate(paths) if path.endswith("/workers/ack")]
     return bool(acked) and any(path.endswith("/stats") for path in paths[acked[0]:])
+
+
+def run(runner: Runner, case):
+    async def one():
+        import aiohttp
+
+        async with aiohttp.ClientSession(timeout=runner.timeout) as session:
+            return await runner.run_case(session, case)
+
+    return asyncio.run(one())
 
 
 @pytest.mark.parametrize("case", CASES + EXT_CASES, ids=[c.path for c in CASES + EXT_CASES])
@@ -91,12 +112,14 @@ def test_conformance_case(ojs_server, case):
     # its events cases, the counts read right after an ack, and the extensions' per-server parts go to one server.
     spread = [] if case in EXT_CASES or case.category == "events" or counts_after_ack(case) else [second]
     runner = Runner(first, strict=True, reset_url=f"{first}/ojs/v1/admin/reset", spread=spread)
-
-    async def one():
-        import aiohttp
-
-        async with aiohttp.ClientSession(timeout=runner.timeout) as session:
-            return await runner.run_case(session, case)
-
-    result = asyncio.run(one())
+    result = run(runner, case)
     assert result.status == "pass", f"{case.test_id} {case.path}:\n" + "\n".join(result.failures)
+
+
+@pytest.mark.parametrize("servers", ["one", "two"])
+@pytest.mark.parametrize("case", MORE_CASES, ids=[c.path for c in MORE_CASES])
+def test_newer_extension_case(ojs_server, case, servers):
+    first, second = ojs_server
+    runner = Runner(first, strict=True, reset_url=f"{first}/ojs/v1/admin/reset", spread=[second] if servers == "two" else [])
+    result = run(runner, case)
+    assert result.status == "pass", f"{case.test_id} {case.path} ({servers} server(s)):\n" + "\n".join(result.failures)
