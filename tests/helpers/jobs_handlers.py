@@ -79,3 +79,16 @@ async def flaky_once(n: int, flaky: bool, *, job: dict) -> dict:
         raise Flaky(f"job {n} fails its first run")
     _note(f"end {job['id']} {job['attempt']} {os.getpid()} {time.time()}")
     return {"n": n}
+
+
+async def count_to(n: int, *, job: dict, checkpoint) -> dict:
+    """Counts to n, saving each step as its checkpoint; the first run stops after step 3 and waits
+    (for a kill -9) once it has noted that step 3 is stored. A later run starts where it was left."""
+    start = checkpoint.state or 0
+    _note(f"start {job['id']} {job['attempt']} {os.getpid()} from {start}")
+    for step in range(start + 1, n + 1):
+        await checkpoint.save(step)
+        if step == 3 and not checkpoint.resumed:
+            _note(f"saved {job['id']} 3")
+            await asyncio.sleep(3600)
+    return {"from": start, "to": n, "attempt": job["attempt"]}

@@ -98,6 +98,12 @@ class JobsClient:
         return await self._call("POST", "/workers/nack", {"job_id": job_id, "error": error_body(error),
                                                           "requeue": requeue})
 
+    async def save_checkpoint(self, job_id: str, state: Any, *, worker_id: str | None = None) -> dict:
+        return await self._call("PUT", f"/jobs/{job_id}/checkpoint", {"state": state, "worker_id": worker_id})
+
+    async def delete_checkpoint(self, job_id: str) -> dict:
+        return await self._call("DELETE", f"/jobs/{job_id}/checkpoint")
+
     async def heartbeat(self, worker_id: str, active_jobs: list[str], *,
                         visibility_timeout_ms: int | None = None) -> dict:
         body = {"worker_id": worker_id, "active_jobs": active_jobs}

@@ -17,6 +17,9 @@ from seamq.jobs.model import OjsError, utcnow
 from seamq.jobs.routes import page
 
 
+SDK_CHECKPOINTS = ("/ojs/v1/checkpoints/{job_id}", "/ojs/v1/ojs/v1/checkpoints/{job_id}")
+
+
 def extensions(engine: Engine) -> list[Route]:
     registry = engine.schemas
 
@@ -88,10 +91,12 @@ def extensions(engine: Engine) -> list[Route]:
         Route("/ojs/v1/jobs/{job_id}/progress", report_progress, methods=["PUT", "POST"]),
         Route("/ojs/v1/jobs/{job_id}/progress", progress, methods=["GET"]),
         Route("/ojs/v1/workers/progress", worker_progress, methods=["POST"]),
-        *(route for path in ("/ojs/v1/jobs/{job_id}/checkpoint", "/ojs/v1/checkpoints/{job_id}") for route in (
+        # The official SDKs' durable contexts (Python ojs/durable.py, JS durable.ts) put /ojs/v1 before a
+        # path their transport prefixes with /ojs/v1 again: served at both, or their checkpoints go nowhere.
+        *(route for path in ("/ojs/v1/jobs/{job_id}/checkpoint", *SDK_CHECKPOINTS) for route in (
             Route(path, save_checkpoint, methods=["PUT", "POST"]), Route(path, checkpoint, methods=["GET"]),
             Route(path, delete_checkpoint, methods=["DELETE"]))),
-        Route("/ojs/v1/checkpoints/{job_id}/resume", resume, methods=["GET"]),
+        *(Route(f"{path}/resume", resume, methods=["GET"]) for path in SDK_CHECKPOINTS),
         Route("/ojs/v1/schemas", list_schemas, methods=["GET"]),
         Route("/ojs/v1/schemas", register, methods=["POST"]),
         Route("/ojs/v1/schemas/{uri:path}", by_uri, methods=["GET"]),

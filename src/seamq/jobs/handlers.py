@@ -5,7 +5,7 @@ procrastinate route tasks by name):
 
     @jobs.handler("email.send")
     async def send_email(to, subject, *, job):   # `job` (the envelope) is optional
-        ...
+        ...                                      # as is `checkpoint` (seamq.jobs.durable)
 
 `seamq jobs worker --handler app.tasks:jobs` runs them; `--handler
 email.send=app.mail:send_email` adds one by hand; a plain `--handler
@@ -28,12 +28,14 @@ class Handler:
     function: Callable
     in_thread: bool  # a sync function runs in a thread, which cannot be cancelled once it runs
     passes_job: bool
+    passes_checkpoint: bool = False
 
     @classmethod
     def of(cls, function: Callable) -> "Handler":
         if not callable(function):
             raise SeamqError(ErrorCode.INVALID_CONFIG, f"{function!r} is not a function")
-        return cls(function, not inspect.iscoroutinefunction(function), "job" in inspect.signature(function).parameters)
+        named = inspect.signature(function).parameters
+        return cls(function, not inspect.iscoroutinefunction(function), "job" in named, "checkpoint" in named)
 
 
 class UnknownJobType(Exception):

@@ -22,6 +22,7 @@ import nats.errors
 import nats.js.errors
 
 from seamq.backoff import Backoff
+from seamq.jobs import ext
 from seamq.jobs.client import JobsError, error_body
 from seamq.jobs.engine import Engine
 from seamq.jobs.handlers import JobHandlers
@@ -58,6 +59,13 @@ class EngineClient:
     async def nack(self, job_id: str, error: BaseException | dict | str, *, requeue: bool = False) -> dict:
         return await _settled(functools.partial(self.engine.ops.nack, may_wait=ACK_WAIT), job_id,
                               error_body(error), requeue)
+
+    async def save_checkpoint(self, job_id: str, state: Any, *, worker_id: str | None = None) -> dict:
+        return await _asked(ext.save_checkpoint, self.engine.ops, self.engine.events, job_id,
+                            {"state": state, "worker_id": worker_id})
+
+    async def delete_checkpoint(self, job_id: str) -> dict:
+        return await _asked(ext.delete_checkpoint, self.engine.ops, job_id)
 
     async def heartbeat(self, worker_id: str, active_jobs: list[str], *,
                         visibility_timeout_ms: int | None = None) -> dict:

@@ -33,6 +33,7 @@ from typing import Any, Callable
 import aiohttp
 
 from seamq.jobs.client import JobsClient, JobsError
+from seamq.jobs.durable import Checkpoint
 from seamq.jobs.handlers import JobHandlers, UnknownJobType
 from seamq.model import ErrorCode, SeamqError, describe
 from seamq.observability import log
@@ -107,7 +108,9 @@ class Worker:
         try:
             try:
                 handler = self.handlers.route(job["type"])
-                kwargs = {"job": job} if handler.passes_job else {}
+                kwargs: dict[str, Any] = {"job": job} if handler.passes_job else {}
+                if handler.passes_checkpoint:
+                    kwargs["checkpoint"] = Checkpoint(self.client, job, self.worker_id)
                 if not handler.in_thread:
                     result = await handler.function(*job.get("args", []), **kwargs)
                 else:

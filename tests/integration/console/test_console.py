@@ -245,6 +245,7 @@ def test_a_dead_job_is_retried_from_the_jobs_page(stack, browser):
         async with JobsClient(stack.jobs.url) as jobs:
             job = await jobs.push("report.build", [1], queue="reports", options={"retry": {"max_attempts": 1, "on_exhaustion": "dead_letter"}})
             [taken] = await jobs.fetch(["reports"])
+            await jobs.save_checkpoint(taken["id"], {"printed_pages": 12})
             await jobs.nack(taken["id"], RuntimeError("the printer is on fire"))
             return job["id"]
     job_id = asyncio.run(dead_job())
@@ -254,6 +255,9 @@ def test_a_dead_job_is_retried_from_the_jobs_page(stack, browser):
     row = next(r for r in b.driver.find_elements(By.CSS_SELECTOR, "#dead-jobs tbody tr") if job_id in r.text)
     button(b, "Retry", row).click()
     b.wait_for("state: available")
+    assert "saved 1 time(s)" in b.driver.find_element(By.ID, "job-checkpoint").text  # kept through the retry
+    assert '"printed_pages": 12' in b.driver.find_element(By.ID, "job-checkpoint").find_element(
+        By.XPATH, "following-sibling::pre").text
     with urllib.request.urlopen(f"{stack.jobs.url}/ojs/v1/jobs/{job_id}") as answer:
         assert json.loads(answer.read())["job"]["state"] == "available"
     assert ("console:ada", "jobs.retry", 1) in stack.sql("SELECT actor, action, done FROM operator_actions")

@@ -3,6 +3,7 @@ port instead of 8080 (in the files too), against the harness's nats-server), and
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -80,3 +81,40 @@ def test_the_quick_start_runs_as_written(nats_server, tmp_path):
         for process in started:
             process.terminate()
             process.wait(30)
+
+
+async def test_the_checkpoint_example_resumes_as_written(nats_server, tmp_path):
+    """docs/jobs.md's checkpoint example, its file as written, run by `seamq jobs worker --nats` on a job
+    whose last attempt (here: a save through the API before it runs) got to row 2 of 5."""
+    from seamq.jobs.client import JobsClient
+
+    from helpers.jobs_harness import JobServer
+
+    [block] = [b for b in re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S) if b.startswith("# myapp/migrate.py:")]
+    (tmp_path / "myapp").mkdir()
+    (tmp_path / "myapp" / "migrate.py").write_text(block)
+    server = JobServer(nats_server.url, tmp_path / "server.log").start()
+    worker = None
+    try:
+        async with JobsClient(server.url) as client:
+            [job] = await client.push_batch([{"type": "rows.copy", "args": [5], "options": {"queue": "rows"}}])
+            await client.save_checkpoint(job["id"], 2)
+            env = {**{k: v for k, v in os.environ.items() if not k.startswith("SEAMQ_")},
+                   "SEAMQ_NATS__URL": nats_server.url}
+            with open(tmp_path / "worker.log", "wb") as log:
+                worker = subprocess.Popen([sys.executable, "-m", "seamq", "jobs", "worker", "--nats", "--queue", "rows",
+                                           "--handler", "myapp.migrate:jobs"], cwd=tmp_path, env=env, stdout=log,
+                                          stderr=subprocess.STDOUT)
+            for _ in range(1200):  # a liveness bound only
+                shown = await client.job(job["id"])
+                if shown["state"] == "completed":
+                    break
+                assert worker.poll() is None, (tmp_path / "worker.log").read_text()
+                await asyncio.sleep(0.05)
+            assert shown["result"] == {"copied": 3, "resumed_from": 2}, shown
+            assert shown["checkpoint"] == {"state": 5, "sequence": 4}
+    finally:
+        if worker is not None:
+            worker.terminate()
+            worker.wait(30)
+        server.stop()

@@ -46,7 +46,7 @@ SRC = TESTS.parent / "src" / "seamq"
 CORE = {"ids", "stopping", "units", "backoff", "health", "model", "envelope", "dead_letter", "holds", "verdict", "redact",
         "typed", "compat", "republish", "codec", "tables"}
 JOBS_CORE = {"jobs.model", "jobs.job", "jobs.attempts", "jobs.cron", "jobs.workflows", "jobs.schemas", "jobs.admin",
-             "jobs.activity", "jobs.tally"}
+             "jobs.activity", "jobs.tally", "jobs.checkpoints"}
 WORKERS = {"relay", "consumer", "handling", "metered", "dlq_replay", "dlq_desk", "jobs.operations", "jobs.admission",
            "jobs.flows", "jobs.crontab", "jobs.queues", "jobs.events", "jobs.unique", "jobs.ext", "jobs.engine",
            "jobs.intake", "jobs.tallied", "tables_desk"}
@@ -102,7 +102,7 @@ SHARED = {"topology", "settings", "observability", "registry"}  # read by every 
 PORTS = {"ports", "jobs.ports"}
 ADAPTERS = ("nats.", "pg.", "http.", "embedded.", "pipeline.", "jobs.nats_")
 ADAPTER_MODULES = {"memory", "memory_dead_letters", "memory_outbox", "inprocess", "outbox", "jobs.memory_store", "jobs.transactional", "jobs.route", "jobs.client"}
-MORE_WORKERS = {"audit", "jobs.worker", "jobs.handlers"}
+MORE_WORKERS = {"audit", "jobs.worker", "jobs.handlers", "jobs.durable"}
 FACES = ("cli.", "console.", "dev.")
 FACE_MODULES = {"__main__", "wiring", "doors", "testing", "asyncapi", "jobs.native", "jobs.app", "jobs.api", "jobs.auth",
                 "jobs.routes", "jobs.admin_routes", "jobs.console_routes", "jobs.ext_routes", "jobs.serve"}
