@@ -116,3 +116,21 @@ async def test_a_case_with_nothing_to_judge_fails(server):
         step.pop("expect")
     result = await run(url, bare)
     assert result.failures == ["not understood: no assertion the runner could judge"] and seen == []
+
+
+@pytest.mark.parametrize("want, status", [("k1", "pass"), ("k2", "fail")])
+async def test_a_key_with_dots_is_found_by_the_path_that_spells_it(server, want, status):
+    """The encryption suite's `$.job.meta.ojs.codec.key_id` names `meta["ojs.codec.key_id"]`."""
+    url, _, _ = server
+    dotted = copy.deepcopy(SAVE_AND_READ)
+    dotted["steps"][1]["body"]["state"] = {"ojs.codec.key_id": "k1", "ojs_encoded": True}
+    dotted["steps"][2]["expect"] = {"status": 200, "body.state.ojs.codec.key_id": want}
+    assert (await run(url, dotted)).status == status
+
+
+@pytest.mark.parametrize("exists, status", [(False, "pass"), (True, "fail")])
+async def test_a_field_under_an_absent_one_is_absent(server, exists, status):
+    url, _, _ = server
+    absent = copy.deepcopy(SAVE_AND_READ)
+    absent["steps"][2]["expect"] = {"status": 200, "body.meta.ojs_encoded": {"$exists": exists}}
+    assert (await run(url, absent)).status == status
