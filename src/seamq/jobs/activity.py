@@ -21,6 +21,7 @@ FORGET_AFTER = timedelta(hours=24)
 KEPT_MINUTES = 24 * 60
 PERIODS = {"1m": 1, "5m": 5, "1h": 60, "1d": 1440}
 KINDS = ("processed", "failed", "enqueued")
+SAID = frozenset({"running", "quiet", "drain", "terminate"})  # the states a worker says of itself
 
 
 @dataclass
@@ -32,11 +33,19 @@ class Worker:
     last_heartbeat_at: datetime | None = None
     active_jobs: int = 0
     asked: str | None = None  # "quiet" or "terminate", said in its next heartbeat answer
+    said: str = "running"  # what the worker said of itself in its last beat: quiet, drain, terminate
 
     def state(self, now: datetime) -> str:
         if self.asked:
             return self.asked
+        if self.said != "running":
+            return self.said
         return "stale" if now - self.last_seen_at > STALE_AFTER else "running"
+
+    @property
+    def stopping(self) -> bool:
+        """It said it is quiet, draining or stopping: it is handed no new job (graceful shutdown)."""
+        return self.said in SAID - {"running"}
 
     def public(self, now: datetime) -> dict[str, Any]:
         return {"id": self.id, "state": self.state(now), "queues": sorted(self.queues),
@@ -60,12 +69,16 @@ class Workers:
         worker.queues.update(queues)
         return worker
 
-    def beat(self, worker_id: str, active_jobs: int, now: datetime) -> str | None:
-        """A heartbeat: returns what the worker was asked to do, if anything."""
+    def beat(self, worker_id: str, active_jobs: int, now: datetime, said: str | None = None) -> str | None:
+        """A heartbeat, with the state the worker says it is in: returns what it was asked to do, if anything."""
         worker = self.seen(worker_id, now)
         if worker is None:  # no id: no one to list, nothing asked
             return None
         worker.last_heartbeat_at, worker.active_jobs = now, active_jobs
+        if said is not None:
+            if said not in SAID:
+                raise invalid(f"state must be one of {', '.join(sorted(SAID))}, not {said!r}")
+            worker.said = said
         return worker.asked
 
     def ask(self, worker_id: str, what: str) -> Worker | None:
@@ -96,15 +109,21 @@ class Meter:
     def __init__(self) -> None:
         self.counts: dict[tuple[str, str], Counter[int]] = {}  # (queue, kind) -> minute -> jobs
         self.pruned = 0  # the minute of the last pruning
+        self.total: Counter[tuple[str, str]] = Counter()  # (queue, kind) -> jobs since this process started
 
     def count(self, kind: str, queue: str, now: datetime) -> None:
         minute = _minute(now)
         self.counts.setdefault((queue, kind), Counter())[minute] += 1
+        self.total[(queue, kind)] += 1
         if minute != self.pruned:  # once a minute: drop what is older than a day
             self.pruned = minute
             for minutes in self.counts.values():
                 for old in [m for m in minutes if m <= minute - KEPT_MINUTES]:
                     del minutes[old]
+
+    def totals(self, kind: str) -> dict[str, int]:
+        """Per queue, never pruned: what a Prometheus counter needs."""
+        return {queue: n for (queue, k), n in self.total.items() if k == kind}
 
     def _in(self, kind: str, minute: int, queue: str | None) -> int:
         return sum(c.get(minute, 0) for (q, k), c in self.counts.items() if k == kind and queue in (None, q))

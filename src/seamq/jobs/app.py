@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from seamq.jobs import ext_routes, routes
+from seamq.jobs import ext_routes, probe_routes, routes
 from seamq.jobs.admin_routes import admin_routes
 from seamq.jobs.api import OjsHeaders, answer
 from seamq.jobs.auth import Guard, Tokens
@@ -32,7 +32,7 @@ def build_app(engine: Engine, *, test_mode: bool = False, conformance_level: int
         return answer({"reset": True})
 
     table = [*routes.core(engine, conformance_level), *ext_routes.extensions(engine), *admin_routes(engine),
-             *console_routes(engine)]
+             *console_routes(engine), *probe_routes.probes(engine)]
     if test_mode:
         table.append(Route("/ojs/v1/admin/reset", reset, methods=["POST"]))
     if admin_ui is not None:

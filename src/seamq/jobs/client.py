@@ -98,6 +98,11 @@ class JobsClient:
         return await self._call("POST", "/workers/nack", {"job_id": job_id, "error": error_body(error),
                                                           "requeue": requeue})
 
+    async def beat(self, worker_id: str, state: str, active_jobs: int) -> dict:
+        """Say this worker's state (graceful shutdown: quiet, drain, terminate); said once, not retried."""
+        return await self._call("POST", "/workers/beat", {"worker_id": worker_id, "state": state,
+                                                          "active_jobs": active_jobs}, retry=False)
+
     async def save_checkpoint(self, job_id: str, state: Any, *, worker_id: str | None = None) -> dict:
         return await self._call("PUT", f"/jobs/{job_id}/checkpoint", {"state": state, "worker_id": worker_id})
 

@@ -73,7 +73,11 @@ class Schemas:
         return {"deleted": True, **schemas.public(record)}
 
     def check(self, record: dict) -> None:
-        """A job naming a schema (`"schema": uri`) is enqueued only with args that match it."""
+        """A job naming a schema (`"schema": uri`) is enqueued only with args that match it; one whose
+        meta asks for validation (`ojs_validate: true`, the middleware suite's validating middleware)
+        only with args that match its type's latest schema, which must be registered (else 422)."""
+        if (record.get("meta") or {}).get("ojs_validate") is True:
+            self._validated(record)
         uri = record.get("schema")
         if uri is None:
             return
@@ -83,6 +87,16 @@ class Schemas:
         if found is None:
             raise invalid(f"schema {uri} is not registered: register it first (POST /ojs/v1/schemas)")
         schemas.check_args(found, record["args"])
+
+    def _validated(self, record: dict) -> None:
+        known = self.list(record["type"])
+        if not known:
+            raise OjsError(422, "validation_failed", f"meta.ojs_validate asks that the args of {record['type']} be "
+                                                     "checked, and no schema is registered for that type")
+        try:
+            schemas.check_args(known[-1], record["args"])
+        except OjsError as exc:
+            raise OjsError(422, "validation_failed", exc.message, details=exc.details) from None
 
 
 def progress_value(body: Any) -> tuple[float, str | None, Any]:

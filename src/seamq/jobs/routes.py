@@ -19,7 +19,7 @@ from starlette.routing import Route
 from seamq.jobs import admin
 from seamq.jobs.api import VERSION, answer, body_of, limit_of
 from seamq.jobs.engine import EVENTS_KEPT, Engine
-from seamq.jobs.model import invalid
+from seamq.jobs.model import OjsError, invalid
 
 EXTENSIONS = [
     {"name": "progress", "uri": "urn:ojs:ext:progress", "version": "1.0"},
@@ -60,6 +60,16 @@ def queue_answer(stats: dict) -> dict:
     return {"queue": stats, **stats, "status": status, "stats": counts}
 
 
+def with_request_id(body: Any, request: Request) -> Any:
+    """A job pushed over HTTP keeps the request that made it in `meta.request_id` (X-Request-ID, as
+    the client sent it or as this server made it), so a trace can go from the job back to the call;
+    a client's own `request_id` in meta is kept."""
+    meta = body.get("meta") if isinstance(body, dict) else None
+    if not isinstance(body, dict) or (meta is not None and not isinstance(meta, dict)) or "request_id" in (meta or {}):
+        return body
+    return {**body, "meta": {**(meta or {}), "request_id": request.state.request_id}}
+
+
 def named(request: Request, body: dict) -> Any:
     """The job an ack or a nack is about: the body's `job_id` (/workers/ack), or the path's
     (/jobs/{id}/ack, as the newer suites send them), which a body naming another contradicts."""
@@ -73,7 +83,7 @@ def named(request: Request, body: dict) -> Any:
 
 def core(engine: Engine, conformance_level: int) -> list[Route]:
     async def push(request: Request) -> Response:
-        status, job = await engine.ops.push(await body_of(request))
+        status, job = await engine.ops.push(with_request_id(await body_of(request), request))
         return answer({"job": job, "id": job["id"]}, status)  # `$.id`: what the newer suites capture
 
     async def push_batch(request: Request) -> Response:
@@ -99,6 +109,20 @@ def core(engine: Engine, conformance_level: int) -> list[Route]:
     async def nack(request: Request) -> Response:
         body = await body_of(request)
         return answer(await engine.ops.nack(named(request, body), body.get("error"), body.get("requeue", False)))
+
+    async def beat(request: Request) -> Response:  # graceful shutdown: the state a worker says it is in
+        body = await body_of(request)
+        return answer(engine.ops.beat(body.get("worker_id"), body.get("state"), body.get("active_jobs")))
+
+    async def worker_health(request: Request) -> Response:
+        """A worker as this server last heard it: 200 while it runs, 503 while it is quiet, draining
+        or stopping (no job goes to it), 404 for one this server has not heard from."""
+        worker_id = request.path_params["worker_id"]
+        worker = engine.ops.workers.known.get(worker_id)
+        if worker is None:
+            raise OjsError(404, "not_found", f"this server has not heard from worker {worker_id}")
+        shown = worker.public(engine.ops.clock())
+        return answer({"worker_id": worker_id, **shown}, 200 if shown["state"] == "running" else 503)
 
     async def heartbeat(request: Request) -> Response:
         body = await body_of(request)
@@ -167,14 +191,6 @@ def core(engine: Engine, conformance_level: int) -> list[Route]:
         await engine.set_paused(request.path_params["name"], False)
         return answer(queue_answer(await engine.queues.stats(request.path_params["name"])))
 
-    async def health(request: Request) -> Response:
-        """200 while NATS answers; 503 while it is away, so a load balancer sends requests elsewhere
-        (the process is not broken: NATS' client connects again by itself)."""
-        up = engine.store.reachable()
-        return answer({"status": "ok" if up else "degraded", "version": VERSION,
-                       "backend": {"type": "nats", "status": "connected" if up else "disconnected"}},
-                      200 if up else 503)
-
     async def manifest(request: Request) -> Response:
         return answer({
             "specversion": VERSION, "ojs_version": VERSION,
@@ -196,6 +212,8 @@ def core(engine: Engine, conformance_level: int) -> list[Route]:
         Route("/ojs/v1/jobs/{job_id}/nack", nack, methods=["POST"]),
         Route("/ojs/v1/workers/nack", nack, methods=["POST"]),
         Route("/ojs/v1/workers/heartbeat", heartbeat, methods=["POST"]),
+        Route("/ojs/v1/workers/beat", beat, methods=["POST"]),
+        Route("/ojs/v1/workers/{worker_id}/health", worker_health, methods=["GET"]),
         Route("/ojs/v1/events", events, methods=["GET"]),
         Route("/ojs/v1/dead-letter", dead_letters, methods=["GET"]),
         Route("/ojs/v1/dead-letter/{job_id}", delete_dead_letter, methods=["DELETE"]),
@@ -210,7 +228,6 @@ def core(engine: Engine, conformance_level: int) -> list[Route]:
         Route("/ojs/v1/queues/{name}/stats", queue_stats, methods=["GET"]),
         Route("/ojs/v1/queues/{name}/pause", pause, methods=["POST"]),
         Route("/ojs/v1/queues/{name}/resume", resume, methods=["POST"]),
-        Route("/ojs/v1/health", health, methods=["GET"]),
         Route("/ojs/manifest", manifest, methods=["GET"]),
     ]
 

@@ -41,6 +41,7 @@ from seamq.redact import redact
 from seamq.stopping import wait_event
 
 STARTUP_WAIT = 5.0  # seconds the job server may take to answer a starting worker
+SAY_WAIT = 2.0  # seconds a stopping worker gives the server to hear that it drains, then that it ends
 
 
 @dataclass(frozen=True)
@@ -182,8 +183,18 @@ class Worker:
                 self.stop()
 
     async def _drain(self) -> None:
+        await self._say("drain")
         await self._drain_running()
         await asyncio.gather(*list(self.settling), return_exceptions=True)  # every ack said before we go
+        await self._say("terminate")
+
+    async def _say(self, state: str) -> None:
+        """Graceful shutdown, as the OJS spec has a worker say it: the server hands a draining worker no
+        new job, and shows it draining. Said once: a server away must not hold the stop up."""
+        try:
+            await asyncio.wait_for(self.client.beat(self.worker_id, state, len(self.running)), SAY_WAIT)
+        except Exception as exc:
+            log.warning("jobs_worker_state_unsaid", state=state, error=describe(exc))
 
     async def _drain_running(self) -> None:
         if not self.running:

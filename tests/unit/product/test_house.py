@@ -105,7 +105,7 @@ ADAPTER_MODULES = {"memory", "memory_dead_letters", "memory_outbox", "inprocess"
 MORE_WORKERS = {"audit", "jobs.worker", "jobs.handlers", "jobs.durable"}
 FACES = ("cli.", "console.", "dev.")
 FACE_MODULES = {"__main__", "wiring", "doors", "testing", "asyncapi", "jobs.native", "jobs.app", "jobs.api", "jobs.auth",
-                "jobs.routes", "jobs.admin_routes", "jobs.console_routes", "jobs.ext_routes", "jobs.serve"}
+                "jobs.routes", "jobs.probe_routes", "jobs.admin_routes", "jobs.console_routes", "jobs.ext_routes", "jobs.serve"}
 LAYERS = ("core", "ports", "adapters", "workers", "faces")
 
 
