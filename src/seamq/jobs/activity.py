@@ -42,10 +42,10 @@ class Worker:
             return self.said
         return "stale" if now - self.last_seen_at > STALE_AFTER else "running"
 
-    @property
-    def stopping(self) -> bool:
-        """It said it is quiet, draining or stopping: it is handed no new job (graceful shutdown)."""
-        return self.said in SAID - {"running"}
+    def draining(self, now: datetime) -> bool:
+        """It said lately that it is quiet or draining: it is handed no new job (graceful shutdown). Said
+        longer ago than STALE_AFTER, by a worker killed while it drained, it no longer holds."""
+        return self.said in ("quiet", "drain") and now - (self.last_heartbeat_at or now) <= STALE_AFTER
 
     def public(self, now: datetime) -> dict[str, Any]:
         return {"id": self.id, "state": self.state(now), "queues": sorted(self.queues),
@@ -68,6 +68,31 @@ class Workers:
         worker.last_seen_at = now
         worker.queues.update(queues)
         return worker
+
+    def heard(self, worker_id: object, shared: dict[str, Any] | None, now: datetime) -> Worker | None:
+        """A worker as this server knows it, with what it said through another server (`shared`, the
+        record every server follows: seamq.jobs.queues.say) when that is newer."""
+        worker = self.known.get(worker_id) if isinstance(worker_id, str) else None
+        if shared is None:
+            return worker
+        at = datetime.fromisoformat(shared["at"])
+        if worker is None:
+            worker = self.known[shared["id"]] = Worker(shared["id"], at, at)
+        if worker.last_heartbeat_at is None or at > worker.last_heartbeat_at:
+            worker.said, worker.last_heartbeat_at = shared["said"], at
+        return worker
+
+    def fetching(self, worker_id: object, now: datetime, queues: Iterable[str],
+                 shared: dict[str, Any] | None = None) -> bool:
+        """A fetch: whether the worker may be handed jobs. One that said it ended (`terminate`) and
+        fetches again is a new life under the same id (a supervisor restarted it)."""
+        self.heard(worker_id, shared, now)
+        worker = self.seen(worker_id, now, queues)
+        if worker is None:
+            return True
+        if worker.said == "terminate":
+            worker.said = "running"
+        return not worker.draining(now)
 
     def beat(self, worker_id: str, active_jobs: int, now: datetime, said: str | None = None) -> str | None:
         """A heartbeat, with the state the worker says it is in: returns what it was asked to do, if anything."""

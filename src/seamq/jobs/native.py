@@ -61,7 +61,7 @@ class EngineClient:
                               error_body(error), requeue)
 
     async def beat(self, worker_id: str, state: str, active_jobs: int) -> dict:
-        return await _asked(_now, self.engine.ops.beat, worker_id, state, active_jobs)
+        return await _asked(self.engine.ops.beat, worker_id, state, active_jobs)
 
     async def save_checkpoint(self, job_id: str, state: Any, *, worker_id: str | None = None) -> dict:
         return await _asked(ext.save_checkpoint, self.engine.ops, self.engine.events, job_id,
@@ -85,10 +85,6 @@ async def _settled(call: Callable[..., Awaitable[Any]], *args: Any) -> Any:
             log.warning("job_settle_retrying", job_id=args[0], attempt=attempt, error=describe(exc))
             await asyncio.sleep(SETTLE_BACKOFF.delay(attempt))
     raise AssertionError("unreachable")
-
-
-async def _now(call: Callable[..., Any], *args: Any) -> Any:
-    return call(*args)
 
 
 async def _asked(call: Callable[..., Awaitable[Any]], *args: Any) -> Any:

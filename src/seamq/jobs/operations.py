@@ -207,8 +207,7 @@ class Operations:
 
     async def fetch(self, queues: Any, count: Any = 1, worker_id: Any = None, visibility: Any = None) -> list[dict]:
         model.check_fetch(queues, count)
-        seen = self.workers.seen(worker_id, self.clock(), queues)
-        if seen is not None and seen.stopping:
+        if not self.workers.fetching(worker_id, self.clock(), queues, self.queues.said_by(worker_id)):
             return []
         worker = worker_id if isinstance(worker_id, str) else None
         out: list[dict] = []
@@ -351,18 +350,21 @@ class Operations:
         return {"state": directive, "jobs_extended": extended, "jobs_cancelled": cancelled,
                 "server_time": model.iso(now)}
 
-    def beat(self, worker_id: Any, said: Any, active_jobs: Any) -> dict:
+    async def beat(self, worker_id: Any, said: Any, active_jobs: Any) -> dict:
         """A worker says its state (`/workers/beat`: running, quiet, drain, terminate) and how many jobs
-        it runs; one that is quiet, draining or stopping is handed no new job. Its leases are extended
-        by `heartbeat`, which names them."""
+        it runs; one that is quiet or draining is handed no new job by any server (the state is kept
+        for all to follow when it changes). Its leases are extended by `heartbeat`, which names them."""
         if not isinstance(worker_id, str) or not worker_id:
             raise model.invalid("worker_id is required")
         count = len(active_jobs) if isinstance(active_jobs, list) else active_jobs if active_jobs is not None else 0
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
             raise model.invalid("active_jobs must be a count or a list of job ids")
-        now = self.clock()
-        asked = self.workers.beat(worker_id, count, now, said if said is not None else "running")
-        return {"acknowledged": True, "worker_id": worker_id, "state": asked or said or "running",
+        now, said, shared = self.clock(), said if said is not None else "running", self.queues.said_by(worker_id)
+        self.workers.heard(worker_id, shared, now)
+        asked = self.workers.beat(worker_id, count, now, said)
+        if said != (shared or {}).get("said", "running"):
+            await self.queues.say(worker_id, said, model.iso(now))
+        return {"acknowledged": True, "worker_id": worker_id, "state": asked or said,
                 "server_time": model.iso(now)}
 
     # ---- timers, as they fire ---------------------------------------------------------------------

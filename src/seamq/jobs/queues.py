@@ -25,12 +25,16 @@ from seamq.observability import log
 from seamq.model import describe
 
 MAINTENANCE = "system.maintenance"
-FOLLOWED = ["queue.", "system.", "limit.", "schema."]
+FOLLOWED = ["queue.", "system.", "limit.", "schema.", "worker."]
 TRIES = 5  # compare-and-set of a rate bucket racing other servers
 
 
 def queue_key(queue: str) -> str:
     return f"queue.{queue}"
+
+
+def worker_key(worker_id: str) -> str:
+    return f"worker.{worker_id.encode().hex()}"
 
 
 class Queues:
@@ -91,6 +95,18 @@ class Queues:
         key = queue_key(model.check_queue(queue))
         await self._put(key, {"_key": key, "_kind": "queue", "name": queue, "paused": paused}, f"queue {queue}")
         return {"name": queue, "paused": paused}
+
+    def said_by(self, worker_id: object) -> dict | None:
+        """What a worker last said of itself (graceful shutdown) through any server."""
+        return self.flags.get(worker_key(worker_id)) if isinstance(worker_id, str) and worker_id else None
+
+    async def say(self, worker_id: str, said: str, at: str) -> None:
+        """Kept for every server to follow, so a drain said through one holds on the others (and an end,
+        so that each knows a fetch after it is a new life); for the records' retention at most."""
+        key = worker_key(worker_id)
+        record = {"_key": key, "_kind": "worker", "id": worker_id, "said": said, "at": at}
+        await self.store.commit([Write(key, record, None, finished=True)])
+        self.kept(key, record)
 
     def maintenance(self) -> dict:
         held = self.flags.get(MAINTENANCE)

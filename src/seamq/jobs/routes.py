@@ -112,16 +112,16 @@ def core(engine: Engine, conformance_level: int) -> list[Route]:
 
     async def beat(request: Request) -> Response:  # graceful shutdown: the state a worker says it is in
         body = await body_of(request)
-        return answer(engine.ops.beat(body.get("worker_id"), body.get("state"), body.get("active_jobs")))
+        return answer(await engine.ops.beat(body.get("worker_id"), body.get("state"), body.get("active_jobs")))
 
     async def worker_health(request: Request) -> Response:
         """A worker as this server last heard it: 200 while it runs, 503 while it is quiet, draining
         or stopping (no job goes to it), 404 for one this server has not heard from."""
-        worker_id = request.path_params["worker_id"]
-        worker = engine.ops.workers.known.get(worker_id)
+        worker_id, now = request.path_params["worker_id"], engine.ops.clock()
+        worker = engine.ops.workers.heard(worker_id, engine.queues.said_by(worker_id), now)
         if worker is None:
             raise OjsError(404, "not_found", f"this server has not heard from worker {worker_id}")
-        shown = worker.public(engine.ops.clock())
+        shown = worker.public(now)
         return answer({"worker_id": worker_id, **shown}, 200 if shown["state"] == "running" else 503)
 
     async def heartbeat(request: Request) -> Response:

@@ -41,7 +41,8 @@ EXT_CASES = [c for c in (load_cases(EXT_SUITES) if EXT_SUITES and EXT_SUITES.is_
 # Issue 49's suites (ojs-conformance-ext-more), each added here once seamq passes it whole; each case runs
 # against one server and again spread over two (a job saved through one is read through the other).
 MORE_SUITES = SUITES.parent.parent / "ojs-conformance-ext-more" / "suites" if SUITES else None
-MORE = ("ext-durable-execution", "ext-encryption", "ext-job-versioning")
+MORE = ("ext-durable-execution", "ext-encryption", "ext-job-versioning", "ext-observability", "ext-graceful-shutdown",
+        "ext-middleware")
 MORE_CASES = [c for c in (load_cases(MORE_SUITES) if MORE_SUITES and MORE_SUITES.is_dir() else [])
               if c.path.split("/")[0] in MORE]
 
@@ -85,7 +86,7 @@ def test_the_extension_suites_are_there():
 
 def test_the_newer_extension_suites_are_there():
     assert MORE_SUITES is not None and MORE_SUITES.is_dir(), "expected ../shared/ojs-conformance-ext-more beside the clone"
-    assert {c.path.split("/")[0] for c in MORE_CASES} == set(MORE) and len(MORE_CASES) == 38
+    assert {c.path.split("/")[0] for c in MORE_CASES} == set(MORE) and len(MORE_CASES) == 50
 
 
 def counts_after_ack(case) -> bool:
