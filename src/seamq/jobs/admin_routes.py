@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from seamq.jobs import admin
+from seamq.jobs import admin, backpressure
 from seamq.jobs.admin import Filter
 from seamq.jobs.api import answer, body_of
 from seamq.jobs.engine import Engine
@@ -69,15 +69,24 @@ def admin_routes(engine: Engine) -> list[Route]:
             row["oldest_available_at"] = min(waiting)
         return answer(row)
 
+    async def configure(request: Request) -> Response:  # ext-backpressure: {"backpressure": {max_depth, ...}}
+        name, body = check_queue(request.path_params["name"]), await body_of(request)
+        if set(body) - {"backpressure"}:
+            raise invalid(f"a queue's config holds its backpressure only, not {sorted(set(body) - {'backpressure'})}: "
+                          "concurrency is each worker's (--concurrency), a rate limit a job option (options.rate_limit)")
+        await engine.queues.configure(name, backpressure.bound_of(body.get("backpressure", {})))
+        return await config(request)
+
+    async def config(request: Request) -> Response:
+        name = check_queue(request.path_params["name"])
+        bound = engine.queues.bound(name)
+        return answer({"queue": name, "config": {"backpressure": bound.public() if bound else None}})
+
     async def pause(request: Request) -> Response:
         return answer({**await engine.set_paused(request.path_params["name"], True), "paused_at": iso(utcnow())})
 
     async def resume(request: Request) -> Response:
         return answer({**await engine.set_paused(request.path_params["name"], False), "resumed_at": iso(utcnow())})
-
-    async def configure(request: Request) -> Response:
-        raise OjsError(501, "unsupported", "seamq keeps no per-queue configuration: concurrency is each worker's "
-                                           "(--concurrency), a rate limit is a job option (options.rate_limit)")
 
     async def purge(request: Request) -> Response:
         name = check_queue(request.path_params["name"])
@@ -193,6 +202,7 @@ def admin_routes(engine: Engine) -> list[Route]:
         Route(f"{prefix}/queues", queues, methods=["GET"]),
         Route(f"{prefix}/queues/{{name}}", queue, methods=["GET"]),
         Route(f"{prefix}/queues/{{name}}/pause", pause, methods=["POST"]),
+        Route(f"{prefix}/queues/{{name}}/config", config, methods=["GET"]),
         Route(f"{prefix}/queues/{{name}}/resume", resume, methods=["POST"]),
         Route(f"{prefix}/queues/{{name}}/jobs", purge, methods=["DELETE"]),
         Route(f"{prefix}/queues/{{name}}/config", configure, methods=["PUT"]),

@@ -39,7 +39,9 @@ def build_app(engine: Engine, *, test_mode: bool = False, conformance_level: int
         table.extend(admin_ui_routes(admin_ui))
 
     async def ojs_error(request: Request, exc: OjsError) -> Response:
-        return answer(exc.body(getattr(request.state, "request_id", None)), exc.status)
+        said = answer(exc.body(getattr(request.state, "request_id", None)), exc.status)
+        said.headers.update(exc.headers or {})
+        return said
 
     async def http_error(request: Request, exc: HTTPException) -> Response:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "invalid_request")

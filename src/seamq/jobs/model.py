@@ -66,12 +66,12 @@ class OjsError(Exception):
     """An error with the OJS error body: {"error": {code, message, retryable, type, ...}}."""
 
     def __init__(self, status: int, code: str, message: str, *, type: str | None = None,
-                 details: dict[str, Any] | None = None) -> None:
+                 details: dict[str, Any] | None = None, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status, self.code, self.message = status, code, message
         self.type = type or {400: "validation_error", 404: "not_found", 409: "conflict",
                              422: "validation_error"}.get(status, "server_error")
-        self.details = details
+        self.details, self.headers = details, headers  # headers: what the answer carries besides (429's)
 
     def body(self, request_id: str | None = None) -> dict[str, Any]:
         retryable = self.status >= 500 and self.status != 501  # 501: asking again changes nothing

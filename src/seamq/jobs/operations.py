@@ -45,10 +45,10 @@ class Lost(OjsError):
 
 class Operations:
     def __init__(self, store: JobStore, queues: Queues, events: Events, admission: Admission, *,
-                 flows: WorkflowMoves | None = None, check_schema: Callable[[dict], None] = lambda record: None,
+                 flows: WorkflowMoves | None = None,  # what a job's end does to its workflow
+                 check_schema: Callable[[dict], None] = lambda record: None,  # the registry's check of new args
                  clock: Callable[[], datetime] = model.utcnow, rng: random.Random | None = None,
                  test_mode: bool = False) -> None:
-        """`flows`: what a job's end does to its workflow; `check_schema`: the schema registry's check of a new job's args."""
         self.store, self.queues, self.events, self.admission = store, queues, events, admission
         self.flows, self.check_schema, self.clock = flows, check_schema, clock
         self.rng, self.test_mode, self.workers = rng or random.Random(), test_mode, Workers()
@@ -170,20 +170,21 @@ class Operations:
     async def push(self, body: Any) -> tuple[int, dict]:
         record = model.new_record(body, self.clock())
         self.check_schema(record)
+        await self.queues.bounded([record])
         existing = await unique.apply(self.store, record, self.cancel)
         if existing is not None:
             return 200, model.public(existing)
         await self.admission.create([record])
         return 201, model.public(record)
 
-    async def push_batch(self, body: Any) -> list[dict]:
-        """All or nothing: every item is validated, then all are stored in one atomic batch."""
+    async def push_batch(self, body: Any) -> list[dict]:  # all or nothing: validated, then stored in one atomic batch
         records = model.new_records(body, self.clock())
         for index, record in enumerate(records):
             try:
                 self.check_schema(record)
             except OjsError as exc:
                 raise OjsError(exc.status, exc.code, f"jobs[{index}]: {exc.message}", details=exc.details) from None
+        await self.queues.bounded(records)  # past a queue's bound, the whole batch is refused
         await self.admission.create(records)
         return [model.public(r) for r in records]
 

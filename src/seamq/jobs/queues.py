@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Callable
 
-from seamq.jobs import model, tally
+from seamq.jobs import backpressure, model, tally
 from seamq.jobs.model import conflict, iso
 from seamq.jobs.ports import Conflict, JobStore, Write
 from seamq.observability import log
@@ -92,9 +92,40 @@ class Queues:
         self.kept(key, record)
 
     async def set_paused(self, queue: str, paused: bool) -> dict:
-        key = queue_key(model.check_queue(queue))
-        await self._put(key, {"_key": key, "_kind": "queue", "name": queue, "paused": paused}, f"queue {queue}")
+        await self._queue(queue, paused=paused)
         return {"name": queue, "paused": paused}
+
+    async def configure(self, queue: str, bound: backpressure.Bound | None) -> None:
+        await self._queue(queue, backpressure=bound.public() if bound else None)
+
+    async def _queue(self, queue: str, **fields: Any) -> None:
+        """A queue's record (its flag and its bound), changed in the fields given."""
+        key = queue_key(model.check_queue(queue))
+        held = await self.store.get(key)
+        record = {"paused": False, **(held.record if held else {}), "_key": key, "_kind": "queue", "name": queue, **fields}
+        try:
+            await self.store.commit([Write(key, record, held.revision if held else 0)])
+        except Conflict:
+            raise conflict(f"queue {queue} changed meanwhile; try again") from None
+        self.kept(key, record)
+
+    def bound(self, queue: str) -> backpressure.Bound | None:
+        held = (self.flags.get(queue_key(queue)) or {}).get("backpressure")
+        return backpressure.Bound(held["max_depth"], held["warning_threshold"]) if held else None
+
+    async def bounded(self, records: list[dict]) -> None:
+        """Refuse jobs that would take a bounded queue past its bound (seamq.jobs.backpressure)."""
+        adding: dict[str, int] = {}
+        for record in records:
+            adding[record["queue"]] = adding.get(record["queue"], 0) + 1
+        for queue, count in adding.items():
+            if (bound := self.bound(queue)) is not None:
+                backpressure.admitted(queue, bound, backpressure.depth(await self.stats(queue)), count)
+
+    async def pressure(self, queue: str) -> dict[str, str]:
+        """The headers an enqueue's answer carries past a bounded queue's warning threshold."""
+        bound = self.bound(queue)
+        return backpressure.headers(bound, backpressure.depth(await self.stats(queue)), False) if bound else {}
 
     def said_by(self, worker_id: object) -> dict | None:
         """What a worker last said of itself (graceful shutdown) through any server."""
@@ -177,7 +208,9 @@ class Queues:
         queue = model.check_queue(queue)
         counts = tally.summed([record for record, _ in (await self.store.get_many(tally.keys(queue))).values()],
                               self.clock())
-        return {"name": queue, **{state: counts[state] for state in model.STATES}, "paused": self.paused(queue)}
+        bound = self.bound(queue)
+        return {"name": queue, **{state: counts[state] for state in model.STATES}, "paused": self.paused(queue),
+                "depth": backpressure.depth(counts), **({"max_depth": bound.max_depth} if bound else {})}
 
     async def names(self) -> list[str]:
         """Every queue that holds or held a job (within the retention period), was paused, and `default`."""

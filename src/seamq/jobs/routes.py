@@ -55,7 +55,7 @@ def page(items: list, request: Request, default: int = 100) -> tuple[list, dict]
 
 
 def queue_answer(stats: dict) -> dict:
-    counts = {k: v for k, v in stats.items() if k not in ("name", "paused")}
+    counts = {"queue": stats["name"], **{k: v for k, v in stats.items() if k not in ("name", "paused")}}
     status = "paused" if stats["paused"] else "active"
     return {"queue": stats, **stats, "status": status, "stats": counts}
 
@@ -84,7 +84,9 @@ def named(request: Request, body: dict) -> Any:
 def core(engine: Engine, conformance_level: int) -> list[Route]:
     async def push(request: Request) -> Response:
         status, job = await engine.ops.push(with_request_id(await body_of(request), request))
-        return answer({"job": job, "id": job["id"]}, status)  # `$.id`: what the newer suites capture
+        said = answer({"job": job, "id": job["id"]}, status)  # `$.id`: what the newer suites capture
+        said.headers.update(await engine.queues.pressure(job["queue"]))
+        return said
 
     async def push_batch(request: Request) -> Response:
         jobs = await engine.ops.push_batch(await body_of(request))

@@ -134,3 +134,17 @@ async def test_a_field_under_an_absent_one_is_absent(server, exists, status):
     absent = copy.deepcopy(SAVE_AND_READ)
     absent["steps"][2]["expect"] = {"status": 200, "body.meta.ojs_encoded": {"$exists": exists}}
     assert (await run(url, absent)).status == status
+
+
+@pytest.mark.parametrize("first, held", [
+    ({"action": "PUT", "path": "/ojs/v1/admin/queues/q/config", "body": {"backpressure": {"max_depth": 2}}}, True),
+    ({"action": "PUT", "path": "/ojs/v1/admin/queues/q/config", "body": {"backpressure": {"max_depth": 3}}}, False),
+    ({"action": "PUT", "path": "/ojs/v1/admin/queues/other/config", "body": {"backpressure": {"max_depth": 2}}}, False),
+    ({"action": "POST", "path": "/ojs/v1/jobs", "body": {"type": "t", "args": []}}, False),
+])
+def test_a_precondition_is_understood_only_when_the_case_makes_it_true_first(first, held):
+    from helpers.ojs_strict import not_understood
+
+    case = {"test_id": "T", "name": "n", "preconditions": "Queue 'q' must have max_depth=2 configured via admin API",
+            "steps": [{"id": "config", **first, "expect": {"status": 200}}]}
+    assert ("case key 'preconditions'" not in not_understood(case)) is held
