@@ -13,7 +13,7 @@ from typing import Any, Literal, get_args
 from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, PositiveFloat, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 from pydantic_settings.exceptions import SettingsError
 
@@ -161,6 +161,9 @@ class JobsSettings(BaseModel):
     read_tokens: SecretStr | None = Field(None, description="bearer tokens that may only read, comma-separated")
     replicas: int | None = Field(None, ge=1, le=5, description="copies of the job streams and buckets in a NATS "
                                                              "cluster; default 3 in a cluster of 3 or more, else 1")
+    webhook_retry_delays: tuple[PositiveFloat, ...] = Field(
+        (30.0, 120.0, 600.0, 3600.0, 14400.0, 43200.0, 86400.0), min_length=1, max_length=20,
+        description="seconds before each retry of a webhook delivery, as JSON ([30, 120, ...]); the OJS spec's by default")
 
     @field_validator("tokens", "read_tokens")
     @classmethod

@@ -12,6 +12,7 @@ from starlette.responses import FileResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from seamq.jobs import ext_routes, probe_routes, routes
+from seamq.jobs.hook_routes import hook_routes
 from seamq.jobs.admin_routes import admin_routes
 from seamq.jobs.api import OjsHeaders, answer
 from seamq.jobs.auth import Guard, Tokens
@@ -32,7 +33,8 @@ def build_app(engine: Engine, *, test_mode: bool = False, conformance_level: int
         return answer({"reset": True})
 
     table = [*routes.core(engine, conformance_level), *ext_routes.extensions(engine), *admin_routes(engine),
-             *console_routes(engine), *probe_routes.probes(engine)]
+             *console_routes(engine), *probe_routes.probes(engine),
+             *hook_routes(engine)]
     if test_mode:
         table.append(Route("/ojs/v1/admin/reset", reset, methods=["POST"]))
     if admin_ui is not None:

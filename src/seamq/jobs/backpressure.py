@@ -12,9 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from seamq.jobs.model import OjsError, invalid
-
-WAITING = ("available", "scheduled", "retryable")  # the spec's depth: what is not running or finished
+from seamq.jobs.model import WAITING, OjsError, invalid  # WAITING: the spec's depth, what is neither running nor finished
 RETRY_AFTER = 5  # seconds a refused producer is told to wait
 
 
@@ -46,7 +44,7 @@ def bound_of(body: Any) -> Bound | None:
 
 
 def depth(counts: dict[str, int]) -> int:
-    return sum(counts[state] for state in WAITING)
+    return sum(counts[state.value] for state in WAITING)
 
 
 def admitted(queue: str, bound: Bound, now_deep: int, adding: int) -> None:

@@ -34,6 +34,7 @@ from seamq.jobs.crontab import Crontab
 from seamq.jobs.events import EVENTS_KEPT, Events
 from seamq.jobs.ext import Schemas
 from seamq.jobs.flows import Flows
+from seamq.jobs.hooks import Subscriptions
 from seamq.jobs.model import OjsError, conflict
 from seamq.jobs.operations import Operations
 from seamq.jobs.ports import Conflict, Fired, JobStore, Write
@@ -60,6 +61,7 @@ class Engine:
         admission = Admission(store, self.queues, self.events, clock=clock, armed=self._keep_if_due_soon)
         self.flows, self.crontab = Flows(admission), Crontab(admission)
         self.schemas = Schemas(store, self.queues)
+        self.webhooks = Subscriptions(store, self.queues, clock)
         self.ops = Operations(store, self.queues, self.events, admission, flows=self.flows, check_schema=self.schemas.check,
                               rng=rng, test_mode=test_mode, clock=clock)
         self._deadlines: list[tuple[float, int, Fired]] = []  # timers due within SOON, armed here

@@ -88,11 +88,8 @@ class Events:
         while len(found) <= limit:
             batches = await self.store.logged(start, READ)
             for seq, data in batches:
-                body = codec.loads(data[data.index(b"\n") + 1:])
-                for place, e in enumerate(body["e"]):
-                    cursor = seq * PLACES + place
-                    if cursor > after and (not types or e[0] in types) and (not queues or e[1] in queues):
-                        found.append((cursor, _cloud_event(e, cursor, body["n"])))
+                found += [(cursor, event) for cursor, event in cloud_events(seq, data) if cursor > after and
+                          (not types or event["type"] in types) and (not queues or event["data"]["queue"] in queues)]
             if len(batches) < READ:
                 break
             start = batches[-1][0]
@@ -112,6 +109,13 @@ class Events:
                     return seq - 1
             lowest = start
         return max(first - 1, 0)
+
+
+def cloud_events(seq: int, data: bytes) -> list[tuple[int, dict]]:
+    """A batch of the log as stored (at sequence `seq`): its events as CloudEvents, each with its
+    cursor; the same ids however often it is read (webhook deliveries are named after them)."""
+    body = codec.loads(data[data.index(b"\n") + 1:])
+    return [(seq * PLACES + place, _cloud_event(e, seq * PLACES + place, body["n"])) for place, e in enumerate(body["e"])]
 
 
 def _parts(nonce: int, events: list[list]) -> list[bytes]:

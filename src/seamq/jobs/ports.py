@@ -181,3 +181,45 @@ class WorkflowMoves(Protocol):
         """The writes to commit with the job's end, the jobs they create, the workflow's new record."""
 
     async def ended(self, moved: Record | None) -> None: ...
+
+
+@dataclass(frozen=True)
+class EventBatch:
+    """A batch of the event log as stored (seamq.jobs.events reads it), and how to say it is done."""
+    handle: object
+    seq: int
+    data: bytes
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """A webhook delivery waiting its turn: what to send (seamq.jobs.hooks), and its attempt (1 first)."""
+    handle: object
+    data: bytes
+    attempt: int
+
+
+class HookQueue(Protocol):
+    """Webhook deliveries (seamq.jobs.nats_hooks): the event log read once by all servers together,
+    and a queue of deliveries, each held by one server at a time."""
+
+    async def batches(self, most: int, timeout: float) -> list[EventBatch]: ...
+
+    async def queue(self, delivery_id: str, sub_id: str, payload: bytes) -> None:
+        """A delivery to make; the same id queued again is one delivery."""
+
+    async def deliveries(self, most: int, timeout: float) -> list[Delivery]: ...
+
+    async def done(self, handle: object) -> None:
+        """A batch turned into deliveries, or a delivery made: it never comes again."""
+
+    async def again(self, handle: object, seconds: float) -> None: ...
+
+    async def dropped(self, handle: object) -> None:
+        """A delivery that will not be tried again (dead, or its subscription gone)."""
+
+
+class Post(Protocol):
+    """An HTTP POST (seamq.jobs.poster): the answer's status, or None and why there was none."""
+
+    async def __call__(self, url: str, body: bytes, headers: dict[str, str], timeout: float) -> tuple[int | None, str | None]: ...

@@ -25,7 +25,7 @@ from seamq.observability import log
 from seamq.model import describe
 
 MAINTENANCE = "system.maintenance"
-FOLLOWED = ["queue.", "system.", "limit.", "schema.", "worker."]
+FOLLOWED = ["queue.", "system.", "limit.", "schema.", "worker.", "webhook."]
 TRIES = 5  # compare-and-set of a rate bucket racing other servers
 
 

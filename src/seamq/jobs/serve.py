@@ -12,7 +12,10 @@ from seamq.http.listen import config as uvicorn_config, listening_socket, server
 from seamq.jobs.app import build_app
 from seamq.jobs.auth import Tokens
 from seamq.jobs.engine import Engine
+from seamq.jobs.hooks import Deliverer
+from seamq.jobs.nats_hooks import NatsHooks
 from seamq.jobs.nats_store import NatsJobStore
+from seamq.jobs.poster import Poster
 from seamq.nats.connect import connect
 from seamq.observability import log
 from seamq.settings import Settings
@@ -27,6 +30,9 @@ async def serve(settings: Settings, *, host: str, port: int, test_mode: bool = F
     try:
         store = await NatsJobStore(nc, replicas=settings.jobs.replicas).start()
         engine = await Engine(store, test_mode=test_mode).start()
+        hooks, post = await NatsHooks(nc, replicas=store.replicas).start(), Poster()
+        delivering = asyncio.create_task(Deliverer(hooks, engine.store, engine.webhooks, post,
+                                                   schedule=settings.jobs.webhook_retry_delays).run())
         try:
             tokens = Tokens.parse(*(t.get_secret_value() if t else None for t in (settings.jobs.tokens,
                                                                                    settings.jobs.read_tokens)))
@@ -42,6 +48,10 @@ async def serve(settings: Settings, *, host: str, port: int, test_mode: bool = F
             log.info("jobs_serving", host=host, port=port, test_mode=test_mode, auth=tokens.required)
             await server.serve(sockets=[sock])
         finally:
+            delivering.cancel()
+            await asyncio.gather(delivering, return_exceptions=True)
+            await post.close()
+            await hooks.close()
             await engine.stop()
     finally:
         await nc.close()

@@ -46,10 +46,10 @@ SRC = TESTS.parent / "src" / "seamq"
 CORE = {"ids", "stopping", "units", "backoff", "health", "model", "envelope", "dead_letter", "holds", "verdict", "redact",
         "typed", "compat", "republish", "codec", "tables"}
 JOBS_CORE = {"jobs.model", "jobs.job", "jobs.attempts", "jobs.cron", "jobs.workflows", "jobs.schemas", "jobs.admin",
-             "jobs.activity", "jobs.tally", "jobs.checkpoints"}
+             "jobs.activity", "jobs.tally", "jobs.checkpoints", "jobs.webhooks", "jobs.backpressure"}
 WORKERS = {"relay", "consumer", "handling", "metered", "dlq_replay", "dlq_desk", "jobs.operations", "jobs.admission",
            "jobs.flows", "jobs.crontab", "jobs.queues", "jobs.events", "jobs.unique", "jobs.ext", "jobs.engine",
-           "jobs.intake", "jobs.tallied", "tables_desk"}
+           "jobs.intake", "jobs.tallied", "jobs.hooks", "tables_desk"}
 DRIVERS = ("nats", "psycopg", "psycopg_pool", "sqlalchemy", "asyncpg", "aiohttp", "httptools", "seamq.nats", "seamq.pg",
            "seamq.http", "seamq.jobs.nats_store", "seamq.jobs.nats_records", "seamq.jobs.nats_ready",
            "seamq.jobs.nats_clocks", "seamq.jobs.memory_store", "seamq.memory_dead_letters", "seamq.memory_outbox", "seamq.wiring", "seamq.cli")
@@ -101,11 +101,11 @@ def test_workers_see_ports_never_a_driver():
 SHARED = {"topology", "settings", "observability", "registry"}  # read by every layer: configuration, logs
 PORTS = {"ports", "jobs.ports"}
 ADAPTERS = ("nats.", "pg.", "http.", "embedded.", "pipeline.", "jobs.nats_")
-ADAPTER_MODULES = {"memory", "memory_dead_letters", "memory_outbox", "inprocess", "outbox", "jobs.memory_store", "jobs.transactional", "jobs.route", "jobs.client"}
+ADAPTER_MODULES = {"memory", "memory_dead_letters", "memory_outbox", "inprocess", "outbox", "jobs.memory_store", "jobs.transactional", "jobs.route", "jobs.client", "jobs.poster"}
 MORE_WORKERS = {"audit", "jobs.worker", "jobs.handlers", "jobs.durable"}
 FACES = ("cli.", "console.", "dev.")
 FACE_MODULES = {"__main__", "wiring", "doors", "testing", "asyncapi", "jobs.native", "jobs.app", "jobs.api", "jobs.auth",
-                "jobs.routes", "jobs.probe_routes", "jobs.admin_routes", "jobs.console_routes", "jobs.ext_routes", "jobs.serve"}
+                "jobs.routes", "jobs.probe_routes", "jobs.hook_routes", "jobs.admin_routes", "jobs.console_routes", "jobs.ext_routes", "jobs.serve"}
 LAYERS = ("core", "ports", "adapters", "workers", "faces")
 
 
