@@ -227,6 +227,7 @@ def templates() -> Environment:
     env.filters["known"] = lambda v: "unknown" if v is None else v
     env.filters["q"] = lambda v: quote(str(v), safe="")
     env.filters["epoch"] = lambda v: datetime.fromtimestamp(v, timezone.utc).strftime("%H:%M:%S UTC")
+    env.filters["redacted"] = lambda v: redact(str(v))  # a URL with a password or a token in it
     return env
 
 

@@ -60,7 +60,8 @@ def routes(console: Console, desk: DeadLetterDesk, jobs: JobsClient) -> list[Rou
         return RedirectResponse("/jobs", 303)
 
     async def scheduled(ctx: Ctx) -> Response:
-        return console.render("jobs_more.html", ctx, crons=await jobs.crons(), workflows=await jobs.workflows())
+        return console.render("jobs_more.html", ctx, crons=await jobs.crons(), workflows=await jobs.workflows(),
+                              webhooks=await jobs.webhooks())
 
     return [
         Route("/jobs", console.page(queues)),

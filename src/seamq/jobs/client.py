@@ -143,6 +143,14 @@ class JobsClient:
     async def crons(self) -> list[dict]:
         return (await self._call("GET", "/crons?per_page=1000"))["items"]
 
+    async def webhooks(self) -> list[dict]:
+        """Each webhook subscription with its latest deliveries (`deliveries`, newest first)."""
+        found = (await self._call("GET", "/webhooks/subscriptions"))["subscriptions"]
+        for subscription in found:
+            subscription["deliveries"] = (await self._call(
+                "GET", f"/webhooks/subscriptions/{quote(subscription['id'], safe='')}/deliveries"))["deliveries"][:20]
+        return found
+
     async def workflows(self) -> list[dict]:
         return (await self._call("GET", "/workflows?per_page=200"))["items"]
 

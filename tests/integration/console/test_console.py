@@ -269,9 +269,13 @@ def test_a_dead_job_is_retried_from_the_jobs_page(stack, browser):
                 {"type": "report.fetch", "args": [1]}, {"type": "report.print", "args": [2]}]})
             await jobs._call("POST", "/cron", {"name": "hourly-report", "expression": "0 * * * *",
                                                "job_template": {"type": "report.build", "args": [3]}})
+            await jobs._call("POST", "/webhooks/subscriptions", {
+                "url": "http://hooks:hook-pass-9@127.0.0.1:9/never", "events": ["job.*"], "secret": "s" * 16})
     asyncio.run(more())
     b.open(stack.url + "/jobs/cron-and-workflows", "hourly-report")
     assert "0 * * * *" in b.driver.find_element(By.ID, "crons").text
+    hooks = b.driver.find_element(By.CSS_SELECTOR, "[id^=webhook-]").text
+    assert "127.0.0.1:9/never" in hooks and "job.*" in hooks and "hook-pass-9" not in b.driver.page_source
     steps = b.driver.find_element(By.ID, "workflows").text
     assert "nightly" in steps and "(report.fetch)" in steps and "(report.print)" in steps
     b.open(stack.url + "/jobs?type=report.build&since=2000-01-01T00:00", "Search")
