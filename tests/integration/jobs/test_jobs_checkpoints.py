@@ -28,6 +28,35 @@ def noted(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
 
+async def killed_and_resumed(client: JobsClient, job_id: str, start, saved: str, effects: Path, tmp_path: Path,
+                             spawned: list[subprocess.Popen]) -> tuple[dict, dict]:
+    """A first worker killed -9 once it noted `saved`, then a second: the job between them, and as it ended."""
+    spawned.append(start("first"))
+    for _ in range(1200):  # a liveness bound only
+        if saved in noted(effects):
+            break
+        assert spawned[0].poll() is None, (tmp_path / "first.log").read_text()
+        await asyncio.sleep(0.05)
+    spawned[0].send_signal(signal.SIGKILL)
+    spawned[0].wait()
+    between = await client.job(job_id)
+    spawned.append(start("second"))
+    for _ in range(1200):
+        shown = await client.job(job_id)
+        if shown["state"] == "completed":
+            break
+        await asyncio.sleep(0.05)
+    assert shown["state"] == "completed", (shown, (tmp_path / "second.log").read_text())
+    return between, shown
+
+
+def stopped(spawned: list[subprocess.Popen]) -> None:
+    for process in spawned:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
 @pytest.mark.parametrize("how", ["http", "native"])
 async def test_a_job_killed_after_a_checkpoint_resumes_from_it(nats_server, tmp_path, how):
     server = JobServer(nats_server.url, tmp_path / "server.log").start()
@@ -37,39 +66,21 @@ async def test_a_job_killed_after_a_checkpoint_resumes_from_it(nats_server, tmp_
     def worker(name: str):
         return start_worker(via, queue="durable", handler="count_to", effects=effects, log=tmp_path / f"{name}.log",
                             nats_url=nats_server.url, extra=("--visibility-timeout", str(LEASE)))
-    first = second = None
+    spawned: list[subprocess.Popen] = []
     try:
         async with JobsClient(server.url) as client:
             [job] = await client.push_batch([{"type": "test.count", "args": [6], "options": {
                 "queue": "durable", "retry": {"max_attempts": 3, "initial_interval": "PT0.1S", "jitter": False}}}])
-            first = worker("first")
-            for _ in range(1200):  # a liveness bound only
-                if f"saved {job['id']} 3" in noted(effects):
-                    break
-                assert first.poll() is None, (tmp_path / "first.log").read_text()
-                await asyncio.sleep(0.05)
-            first.send_signal(signal.SIGKILL)
-            first.wait()
-            shown = await client.job(job["id"])
-            assert shown["checkpoint"] == {"state": 3, "sequence": 3}
-            second = worker("second")
-            for _ in range(1200):
-                shown = await client.job(job["id"])
-                if shown["state"] == "completed":
-                    break
-                await asyncio.sleep(0.05)
-            assert shown["state"] == "completed", (shown, (tmp_path / "second.log").read_text())
+            between, shown = await killed_and_resumed(client, job["id"], worker, f"saved {job['id']} 3", effects,
+                                                      tmp_path, spawned)
+            assert between["checkpoint"] == {"state": 3, "sequence": 3}
             assert shown["result"] == {"from": 3, "to": 6, "attempt": 2}
             assert [line.split()[-1] for line in noted(effects) if line.startswith("start")] == ["0", "3"]
             assert len(shown["errors"]) == 1, shown  # the killed attempt: its lease ran out, kept in history
             assert shown["checkpoint"] == {"state": 6, "sequence": 6}  # kept, read-only, once the job ended
     finally:
-        for process in (first, second):
-            if process is not None and process.poll() is None:
-                process.kill()
-                process.wait()
+        stopped(spawned)
         server.stop()
-
 
 JS_DURABLE_WORKER = """
 import { OJSWorker } from './dist/esm/index.js';
@@ -112,34 +123,17 @@ async def test_an_sdks_durable_job_replays_its_checkpoint_after_a_kill(nats_serv
     def worker(name: str) -> subprocess.Popen:
         with open(tmp_path / f"{name}.log", "ab") as out:
             return subprocess.Popen([*command, server.url, str(effects)], stdout=out, stderr=subprocess.STDOUT)
-    first = second = None
+    spawned: list[subprocess.Popen] = []
     try:
         async with JobsClient(server.url) as client:
             [job] = await client.push_batch([{"type": "test.durable-steps", "args": [], "options": {
                 "queue": "sdk-durable", "retry": {"max_attempts": 3, "initial_interval": "PT0.1S", "jitter": False}}}])
-            first = worker("first")
-            for _ in range(1200):  # a liveness bound only
-                if "saved 3" in noted(effects):
-                    break
-                assert first.poll() is None, (tmp_path / "first.log").read_text()
-                await asyncio.sleep(0.05)
-            first.send_signal(signal.SIGKILL)
-            first.wait()
-            second = worker("second")
-            for _ in range(1200):
-                shown = await client.job(job["id"])
-                if shown["state"] == "completed":
-                    break
-                await asyncio.sleep(0.05)
-            assert shown["state"] == "completed", (shown, (tmp_path / "second.log").read_text())
+            _, shown = await killed_and_resumed(client, job["id"], worker, "saved 3", effects, tmp_path, spawned)
             assert shown["result"] == {"steps": 6, "attempt": 2}
+            first, second = (str(p.pid) for p in spawned)
             ran = [line.split()[1:] for line in noted(effects) if line.startswith("effect")]
-            assert ran == [["1", str(first.pid)], ["2", str(first.pid)], ["3", str(first.pid)],
-                           ["4", str(second.pid)], ["5", str(second.pid)], ["6", str(second.pid)]]
+            assert ran == [["1", first], ["2", first], ["3", first], ["4", second], ["5", second], ["6", second]]
             assert "checkpoint" not in shown  # the SDK deletes its checkpoint once the job is done
     finally:
-        for process in (first, second):
-            if process is not None and process.poll() is None:
-                process.kill()
-                process.wait()
+        stopped(spawned)
         server.stop()
