@@ -24,7 +24,7 @@ def hook_routes(engine: Engine) -> list[Route]:
         return answer({"subscriptions": [webhooks.public(r) for r in subscriptions.all()]})
 
     async def one(request: Request) -> Response:
-        return answer({"subscription": webhooks.public(subscriptions.get(request.path_params["sub_id"]))})
+        return answer({"subscription": webhooks.public(await subscriptions.get(request.path_params["sub_id"]))})
 
     async def update(request: Request) -> Response:
         record = await subscriptions.update(request.path_params["sub_id"], await body_of(request))

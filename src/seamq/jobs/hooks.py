@@ -42,11 +42,15 @@ class Subscriptions:
     def all(self) -> list[dict]:
         return sorted(self.queues.of(webhooks.PREFIX), key=lambda r: r["created_at"])
 
-    def find(self, sub_id: str) -> dict | None:
-        return self.queues.flags.get(webhooks.key(sub_id))
+    async def find(self, sub_id: str) -> dict | None:
+        """As this server follows it, else as stored (made through another server a moment ago)."""
+        found = self.queues.flags.get(webhooks.key(sub_id))
+        if found is None and (held := await self.store.get(webhooks.key(sub_id))) is not None:
+            found = held.record
+        return found
 
-    def get(self, sub_id: str) -> dict:
-        found = self.find(sub_id)
+    async def get(self, sub_id: str) -> dict:
+        found = await self.find(sub_id)
         if found is None:
             raise webhooks.not_found(sub_id)
         return found
@@ -71,12 +75,12 @@ class Subscriptions:
 
     async def delete(self, sub_id: str) -> None:
         """Gone at once for every server: its waiting deliveries are dropped as they come."""
-        self.get(sub_id)
+        await self.get(sub_id)
         await self.store.delete(webhooks.key(sub_id))
         self.queues.kept(webhooks.key(sub_id), None)
 
     async def deliveries(self, sub_id: str) -> list[dict]:
-        self.get(sub_id)
+        await self.get(sub_id)
         found = [stored.record for stored in await self.store.scan(f"whd.{sub_id}.")]
         return sorted(found, key=lambda r: r["first_at"], reverse=True)
 
@@ -123,7 +127,7 @@ class Deliverer:
 
     async def _attempt(self, delivery: Delivery) -> None:
         wanted = codec.loads(delivery.data)
-        subscription = self.subscriptions.find(wanted["sub"])
+        subscription = await self.subscriptions.find(wanted["sub"])
         if subscription is None or not subscription.get("active", True):
             await self.queue.dropped(delivery.handle)  # deleted or paused meanwhile: nobody wants it
             return

@@ -355,8 +355,8 @@ class Operations:
         """A worker says its state (`/workers/beat`: running, quiet, drain, terminate) and how many jobs
         it runs; one that is quiet or draining is handed no new job by any server (the state is kept
         for all to follow when it changes). Its leases are extended by `heartbeat`, which names them."""
-        if not isinstance(worker_id, str) or not worker_id:
-            raise model.invalid("worker_id is required")
+        if not isinstance(worker_id, str) or not 0 < len(worker_id) <= 255:
+            raise model.invalid("worker_id is required, 255 characters at most")
         count = len(active_jobs) if isinstance(active_jobs, list) else active_jobs if active_jobs is not None else 0
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
             raise model.invalid("active_jobs must be a count or a list of job ids")

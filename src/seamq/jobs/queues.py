@@ -26,6 +26,7 @@ from seamq.model import describe
 
 MAINTENANCE = "system.maintenance"
 FOLLOWED = ["queue.", "system.", "limit.", "schema.", "worker.", "webhook."]
+LOOKED_MOST = 10_000  # queues remembered as read once (then forgotten together, and read again)
 TRIES = 5  # compare-and-set of a rate bucket racing other servers
 
 
@@ -41,6 +42,7 @@ class Queues:
     def __init__(self, store: JobStore, clock: Callable = model.utcnow) -> None:
         self.store, self.clock = store, clock
         self.flags: dict[str, dict] = {}  # the followed records, by key
+        self._looked: set[str] = set()  # queues whose record was read here once (Queues._known)
         self.ready = asyncio.Event()
 
     async def follow(self) -> None:
@@ -119,8 +121,28 @@ class Queues:
         for record in records:
             adding[record["queue"]] = adding.get(record["queue"], 0) + 1
         for queue, count in adding.items():
+            await self._known(queue)
             if (bound := self.bound(queue)) is not None:
                 backpressure.admitted(queue, bound, backpressure.depth(await self.stats(queue)), count)
+
+    async def _known(self, queue: str) -> None:
+        """A queue's record read once from the store when this server follows none: a bound set through
+        another server a moment ago holds here before the change reaches this server."""
+        key = queue_key(queue)
+        if key in self.flags or queue in self._looked:
+            return
+        if len(self._looked) >= LOOKED_MOST:
+            self._looked.clear()
+        self._looked.add(queue)
+        if (held := await self.store.get(key)) is not None:
+            self.kept(key, held.record)
+
+    async def said_stored(self, worker_id: str) -> dict | None:
+        """What a worker said as stored, for one this server has not heard of yet."""
+        if len(worker_id) > 255:  # no beat names one so long
+            return None
+        held = await self.store.get(worker_key(worker_id))
+        return held.record if held else None
 
     async def pressure(self, queue: str) -> dict[str, str]:
         """The headers an enqueue's answer carries past a bounded queue's warning threshold."""

@@ -120,7 +120,8 @@ def core(engine: Engine, conformance_level: int) -> list[Route]:
         """A worker as this server last heard it: 200 while it runs, 503 while it is quiet, draining
         or stopping (no job goes to it), 404 for one this server has not heard from."""
         worker_id, now = request.path_params["worker_id"], engine.ops.clock()
-        worker = engine.ops.workers.heard(worker_id, engine.queues.said_by(worker_id), now)
+        shared = engine.queues.said_by(worker_id) or await engine.queues.said_stored(worker_id)
+        worker = engine.ops.workers.heard(worker_id, shared, now)
         if worker is None:
             raise OjsError(404, "not_found", f"this server has not heard from worker {worker_id}")
         shown = worker.public(now)

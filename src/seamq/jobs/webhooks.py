@@ -19,6 +19,7 @@ from datetime import datetime
 from typing import Any
 from urllib.parse import urlsplit
 
+from seamq import codec
 from seamq.jobs.model import OjsError, invalid, iso, uuid7
 
 PREFIX = "webhook."  # subscriptions: records every server follows
@@ -27,6 +28,7 @@ TIMEOUT = 30.0  # seconds a receiver has to answer
 USER_AGENT = "seamq-OJS-Webhook/1.0"
 EVENT = re.compile(r"^(\*|[a-z][a-z_]*(\.([a-z][a-z_]*|\*))*)$")
 FIELDS = {"url", "events", "active", "secret", "metadata", "filter"}
+MOST_BYTES = 16 * 1024  # a subscription, which every server keeps in memory
 
 
 def key(sub_id: str) -> str:
@@ -41,13 +43,19 @@ def created(body: Any, now: datetime) -> tuple[dict[str, Any], str | None]:
     sub_id = f"sub_{uuid7()}"
     record = {"_key": key(sub_id), "_kind": "webhook", "id": sub_id, "active": True, "created_at": iso(now),
               **_checked({"secret": made, **body}, require=True)}
-    return record, made
+    return _sized(record), made
 
 
 def updated(record: dict[str, Any], body: Any, now: datetime) -> dict[str, Any]:
     if not isinstance(body, dict) or not body:
         raise invalid("the request body must be a JSON object with the fields to change")
-    return {**record, **_checked(body, require=False), "updated_at": iso(now)}
+    return _sized({**record, **_checked(body, require=False), "updated_at": iso(now)})
+
+
+def _sized(record: dict[str, Any]) -> dict[str, Any]:
+    if len(codec.dumps(record)) > MOST_BYTES:
+        raise invalid(f"a subscription holds at most {MOST_BYTES} bytes (its url, events, filter and metadata)")
+    return record
 
 
 def _checked(body: dict[str, Any], *, require: bool) -> dict[str, Any]:

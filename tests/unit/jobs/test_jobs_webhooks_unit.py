@@ -74,3 +74,9 @@ def test_what_an_answer_means(status, verdict):
 
 def test_the_retry_schedule_is_the_specs_then_none():
     assert [webhooks.retry_in(n) for n in range(1, 9)] == [30, 120, 600, 3600, 14400, 43200, 86400, None]
+
+
+def test_a_subscription_too_large_for_every_servers_memory_is_refused():
+    with pytest.raises(OjsError) as refused:
+        webhooks.created({"url": "https://x/h", "events": ["*"], "metadata": {"note": "x" * 20_000}}, NOW)
+    assert "at most" in refused.value.message
