@@ -146,7 +146,6 @@ def progress_of(record: dict) -> dict:
     return {k: v for k, v in answer.items() if v is not None or k == "progress"}
 
 
-
 async def save_checkpoint(ops: Operations, events: Events, job_id: Any, body: Any) -> dict:
     save = checkpoints.given(body)
     _, job, record = await ops.change(job_id, lambda job: checkpoints.saved(job, save, ops.clock()))

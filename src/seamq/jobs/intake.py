@@ -75,8 +75,8 @@ async def take_in(engine, data: bytes) -> str:
     except OjsError as exc:
         if exc.code == "duplicate":
             return "duplicate"
-        if exc.status >= 500 or exc.status == 409:
-            raise  # transient (a racing writer): again later
+        if exc.status >= 500 or exc.status in (409, 429):
+            raise  # transient (a racing writer, a queue at its bound): again later, never discarded
         try:
             record = refused(body, exc)
         except OjsError:

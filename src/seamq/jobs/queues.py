@@ -85,8 +85,10 @@ class Queues:
         return bool((self.flags.get(queue_key(queue)) or {}).get("paused")) or \
             bool((self.flags.get(MAINTENANCE) or {}).get("enabled"))
 
-    async def _put(self, key: str, record: dict, what: str) -> None:
+    async def _put(self, key: str, change: Callable[[dict | None], dict], what: str) -> None:
+        """A followed record changed from what is stored (`change` of it, or of None), by CAS."""
         held = await self.store.get(key)
+        record = change(held.record if held else None)
         try:
             await self.store.commit([Write(key, record, held.revision if held else 0)])
         except Conflict:
@@ -103,13 +105,8 @@ class Queues:
     async def _queue(self, queue: str, **fields: Any) -> None:
         """A queue's record (its flag and its bound), changed in the fields given."""
         key = queue_key(model.check_queue(queue))
-        held = await self.store.get(key)
-        record = {"paused": False, **(held.record if held else {}), "_key": key, "_kind": "queue", "name": queue, **fields}
-        try:
-            await self.store.commit([Write(key, record, held.revision if held else 0)])
-        except Conflict:
-            raise conflict(f"queue {queue} changed meanwhile; try again") from None
-        self.kept(key, record)
+        await self._put(key, lambda held: {"paused": False, **(held or {}), "_key": key, "_kind": "queue", "name": queue,
+                                           **fields}, f"queue {queue}")
 
     def bound(self, queue: str) -> backpressure.Bound | None:
         held = (self.flags.get(queue_key(queue)) or {}).get("backpressure")
@@ -170,7 +167,7 @@ class Queues:
         ones become available on time, to run when it ends."""
         record = {"_key": MAINTENANCE, "_kind": "system", "enabled": enabled, "reason": reason,
                   "started_at": iso(self.clock()) if enabled else None, "ends_at": ends_at if enabled else None}
-        await self._put(MAINTENANCE, record, "maintenance mode")
+        await self._put(MAINTENANCE, lambda held: record, "maintenance mode")
         return self.maintenance()
 
     # ---- rate limits ------------------------------------------------------------------------------

@@ -418,3 +418,21 @@ async def test_a_workflows_cancel_lets_each_job_go_as_any_cancel_does(engine, st
     assert store.timers == {} and await engine.ops.fetch(["b"], 5, "w") == []  # disarmed, withdrawn
     stats = await engine.queues.stats("b")
     assert (stats["available"], stats["scheduled"], stats["cancelled"]) == (0, 0, 2)
+
+
+async def test_a_relayed_job_meeting_a_full_queue_waits_for_room_and_is_never_discarded(engine):
+    """A job relayed from an outbox was committed with its producer's transaction: a bound refuses it
+    for now (taken in again later), never keeps it as discarded."""
+    import json
+
+    from seamq.jobs import backpressure, intake
+
+    await engine.queues.configure("q", backpressure.Bound(1))
+    await push(engine, job())
+    relayed = {**job(), "id": "01a247e2-8140-72fb-b1c4-4d524a34687a"}
+    with pytest.raises(OjsError) as full:
+        await intake.take_in(engine, json.dumps(relayed).encode())
+    assert full.value.status == 429 and not await engine.ops.exists(relayed["id"])
+    await engine.ops.fetch(["q"], 1, "w1")  # the queue has room again
+    assert await intake.take_in(engine, json.dumps(relayed).encode()) == "created"
+    assert (await engine.ops.info(relayed["id"]))["state"] == "available"
