@@ -92,3 +92,11 @@ async def count_to(n: int, *, job: dict, checkpoint) -> dict:
             _note(f"saved {job['id']} 3")
             await asyncio.sleep(3600)
     return {"from": start, "to": n, "attempt": job["attempt"]}
+
+
+async def paced(n: int, seconds: float, *, job: dict) -> dict:
+    """`span`'s lines for a run of `seconds`, for tests/integration/jobs/test_jobs_rate_limits.py."""
+    _note(f"start {job['id']} {job['attempt']} {os.getpid()} {time.time()}")
+    await asyncio.sleep(seconds)
+    _note(f"end {job['id']} {job['attempt']} {os.getpid()} {time.time()}")
+    return {"n": n}

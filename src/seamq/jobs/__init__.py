@@ -2,7 +2,7 @@
 docs/jobs.md): `model` (no I/O), `store` (NATS), `engine` (operations and clocks), `api` (HTTP),
 `serve` (wiring, `seamq jobs serve`)."""
 from seamq.jobs.durable import Checkpoint
-from seamq.jobs.handlers import JobHandlers
+from seamq.jobs.handlers import JobHandlers, RateLimited
 from seamq.jobs.transactional import enqueue, enqueue_async
 
-__all__ = ["Checkpoint", "JobHandlers", "enqueue", "enqueue_async"]
+__all__ = ["Checkpoint", "JobHandlers", "RateLimited", "enqueue", "enqueue_async"]

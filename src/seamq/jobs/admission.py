@@ -21,6 +21,7 @@ from seamq.jobs.job import (
 )
 from seamq.jobs import model
 from seamq.jobs.events import Events
+from seamq.jobs.limiter import Limiter
 from seamq.jobs.model import OjsError, conflict
 from seamq.jobs.ports import Conflict, JobStore, Stored, Write
 from seamq.jobs.queues import Queues
@@ -30,10 +31,11 @@ Armed = Callable[[str, str, datetime, dict], None]
 
 
 class Admission:
-    def __init__(self, store: JobStore, queues: Queues, events: Events, *,
+    def __init__(self, store: JobStore, queues: Queues, events: Events, limiter: Limiter, *,
                  clock: Callable[[], datetime] = model.utcnow, armed: Armed = lambda *timer: None) -> None:
         """`armed`: told of each timer armed here (the engine fires those due soon itself, on time)."""
-        self.store, self.queues, self.events, self.clock, self.armed = store, queues, events, clock, armed
+        self.store, self.queues, self.events, self.limiter, self.clock = store, queues, events, limiter, clock
+        self.armed = armed
 
     async def arm(self, kind: str, key: str, at: datetime, token: dict) -> None:
         """In the store (fires once, to one server, whatever dies); if due soon, also here, on time."""
@@ -64,8 +66,18 @@ class Admission:
         for record, revision in zip(records, revisions[len(also):]):
             await self.admitted(record, revision)
 
+    async def refused(self, record: dict) -> None:
+        """A relayed job the server refused (seamq.jobs.intake), kept as discarded."""
+        try:
+            await self.store.commit([Write(record["id"], record, 0, finished=True)])
+        except Conflict:
+            return
+        await self.store.finished(record["queue"], record["state"])
+        await self.events.emit("job.discarded", record)
+
     async def admitted(self, record: dict, revision: int) -> None:
         await self.queues.learn(record)
+        await self.limiter.learn(record)
         await self.events.emit("job.enqueued", record)
 
     async def cancel_all(self, held: list[Stored], also: list[Write]) -> None:
@@ -89,5 +101,7 @@ class Admission:
             await self.store.disarm(after.disarm, timer_key(job))
         if after.finished:
             await self.store.finished(job.queue, job.state.value)
+        if after.release:
+            await self.limiter.release(job)
         if after.event:
             await self.events.emit(after.event, record or to_record(job), **data)

@@ -8,7 +8,7 @@ import re
 from datetime import datetime
 from typing import Any
 
-from seamq.jobs.model import MAX_BATCH, invalid, iso
+from seamq.jobs.model import MAX_BATCH, State, invalid, iso, public
 
 RAISED = re.compile(r"^([A-Za-z_][\w.]*)(?::|$)")  # `ValueError: bad`, `mod.Error`, JS `TypeError: x`
 
@@ -53,6 +53,8 @@ def error_entry(error: Any, attempt: int, now: datetime) -> dict[str, Any]:
     }
     if isinstance(error.get("details"), dict):
         entry["details"] = error["details"]
+    if isinstance(error.get("rate_limit_until"), str):  # the job's rate limit key waits until then (seamq.jobs.limiter)
+        entry["rate_limit_until"] = error["rate_limit_until"][:64]
     return entry
 
 
@@ -74,3 +76,14 @@ def heartbeat_ids(active_jobs: Any, active_job_ids: Any) -> list[str]:
     if len(ids) > MAX_BATCH:
         raise invalid(f"a heartbeat names at most {MAX_BATCH} jobs")
     return list(dict.fromkeys(ids))
+
+
+def nack_answer(record: dict[str, Any]) -> dict[str, Any]:
+    """A nack's answer: the job as stored after it, and when it runs again or why it will not."""
+    answer = {"id": record["id"], "job_id": record["id"], "state": record["state"], "attempt": record["attempt"],
+              "max_attempts": record["max_attempts"], "job": public(record)}
+    keys = ("retry_delay_ms", "next_attempt_at") if record["state"] == State.RETRYABLE else ()
+    for key in (*keys, "discarded_at", "completed_at"):
+        if record.get(key) is not None:
+            answer[key] = record[key]
+    return answer

@@ -13,6 +13,7 @@ visibility timeout).
 from __future__ import annotations
 
 import asyncio
+from datetime import datetime
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -133,6 +134,10 @@ class JobsClient:
             page += 1
         return out[:limit]
 
+    async def rate_limit(self, key: str) -> dict:
+        """A rate limit key as it stands: its limits, the jobs it lets run now, the starts in its window."""
+        return await self._call("GET", f"/rate-limits/{key}")
+
     async def queues(self) -> list[dict]:
         """Every queue with its counts by state and whether it is paused."""
         return (await self._call("GET", "/admin/queues?per_page=1000"))["items"]
@@ -150,6 +155,10 @@ class JobsClient:
             subscription["deliveries"] = (await self._call(
                 "GET", f"/webhooks/subscriptions/{quote(subscription['id'], safe='')}/deliveries"))["deliveries"][:20]
         return found
+
+    async def rate_limits(self) -> list[dict]:
+        """Every rate limit key as it stands (and the queues' own rates)."""
+        return (await self._call("GET", "/rate-limits?per_page=200"))["items"]
 
     async def workflows(self) -> list[dict]:
         return (await self._call("GET", "/workflows?per_page=200"))["items"]
@@ -214,6 +223,8 @@ def error_body(error: BaseException | dict | str) -> dict:
     if isinstance(error, BaseException):
         kind = type(error)
         name = kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__name__}"
-        return {"code": "handler_error", "type": name, "message": str(error) or name,
+        body = {"code": "handler_error", "type": name, "message": str(error) or name,
                 "retryable": not getattr(error, "non_retryable", False)}
+        until = getattr(error, "rate_limit_until", None)  # seamq.jobs.RateLimited: its key waits until then
+        return {**body, "rate_limit_until": until.isoformat()} if isinstance(until, datetime) else body
     return {"code": "handler_error", "message": str(error)}

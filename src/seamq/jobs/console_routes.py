@@ -50,7 +50,13 @@ def console_routes(engine: Engine) -> list[Route]:
             stats = await engine.queues.stats(limit["queue"])
             rows.append({"key": limit["queue"], "limit": limit["rate"], "period": "PT1S", "active": stats["active"],
                          "waiting": stats["available"]})
-        return answer(admin.paged(rows, request.query_params))
+        return answer(admin.paged([*rows, *await engine.limiter.listing()], request.query_params))
+
+    async def rate_limit(request: Request) -> Response:
+        return answer(await engine.limiter.inspect(request.path_params["key"]))
+
+    async def override_rate_limit(request: Request) -> Response:
+        return answer(await engine.limiter.override(request.path_params["key"], await body_of(request)))
 
     async def unique_jobs(request: Request) -> Response:
         rows = [{"key": fingerprint(r), "job_id": r["id"], "type": r["type"], "queue": r["queue"], "state": r["state"]}
@@ -79,6 +85,8 @@ def console_routes(engine: Engine) -> list[Route]:
         Route("/ojs/v1/crons/{name}", delete_cron, methods=["DELETE"]),
         Route("/ojs/v1/workflows", workflows, methods=["GET"]),
         Route("/ojs/v1/rate-limits", rate_limits, methods=["GET"]),
+        Route("/ojs/v1/rate-limits/{key}", rate_limit, methods=["GET"]),
+        Route("/ojs/v1/rate-limits/{key}", override_rate_limit, methods=["PUT"]),
         Route("/ojs/v1/unique-jobs", unique_jobs, methods=["GET"]),
         Route("/ojs/v1/middleware", middleware, methods=["GET"]),
         Route("/ojs/v1/admin/system/maintenance", maintenance, methods=["GET"]),

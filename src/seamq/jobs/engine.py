@@ -38,6 +38,7 @@ from seamq.jobs.hooks import Subscriptions
 from seamq.jobs.model import OjsError, conflict
 from seamq.jobs.operations import Operations
 from seamq.jobs.ports import Conflict, Fired, JobStore, Write
+from seamq.jobs.limiter import Limiter
 from seamq.jobs.queues import Queues
 from seamq.jobs.tallied import Tallied
 from seamq.model import ErrorCode, SeamqError, describe
@@ -58,11 +59,12 @@ class Engine:
         self.store, self.clock = store, clock
         self.events = Events(store, clock)
         self.queues = Queues(store, clock)
-        admission = Admission(store, self.queues, self.events, clock=clock, armed=self._keep_if_due_soon)
+        self.limiter = Limiter(store, clock)
+        admission = Admission(store, self.queues, self.events, self.limiter, clock=clock, armed=self._keep_if_due_soon)
         self.flows, self.crontab = Flows(admission), Crontab(admission)
         self.schemas = Schemas(store, self.queues)
         self.webhooks = Subscriptions(store, self.queues, clock)
-        self.ops = Operations(store, self.queues, self.events, admission, flows=self.flows, check_schema=self.schemas.check,
+        self.ops = Operations(store, self.queues, self.events, admission, self.limiter, flows=self.flows, check_schema=self.schemas.check,
                               rng=rng, test_mode=test_mode, clock=clock)
         self._deadlines: list[tuple[float, int, Fired]] = []  # timers due within SOON, armed here
         self._wake, self._count = asyncio.Event(), itertools.count()
@@ -152,6 +154,7 @@ class Engine:
         self.queues.flags.clear()
         self.ops.handed_out.clear()
         self.events.clear()
+        self.limiter.forget()
 
     # ---- what joins two parts; the routes call the parts themselves for the rest -------------------
 

@@ -15,6 +15,7 @@ app.mail:send_email` takes every type (the catch-all, `*`).
 from __future__ import annotations
 
 import inspect
+from datetime import datetime, timezone
 from dataclasses import dataclass
 from typing import Callable
 
@@ -36,6 +37,15 @@ class Handler:
             raise SeamqError(ErrorCode.INVALID_CONFIG, f"{function!r} is not a function")
         named = inspect.signature(function).parameters
         return cls(function, not inspect.iscoroutinefunction(function), "job" in named, "checkpoint" in named)
+
+
+class RateLimited(Exception):
+    """Raised by a job function that met a downstream limit (a partner's 429): the attempt fails as any
+    error does, and the job's rate limit key (`options.rate_limit`) starts none of its jobs before `until`."""
+
+    def __init__(self, message: str, until: datetime) -> None:
+        super().__init__(message)
+        self.rate_limit_until = until if until.tzinfo else until.replace(tzinfo=timezone.utc)
 
 
 class UnknownJobType(Exception):

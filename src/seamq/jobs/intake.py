@@ -81,6 +81,6 @@ async def take_in(engine, data: bytes) -> str:
             record = refused(body, exc)
         except OjsError:
             return "not a job"
-        await engine.ops.admit_refused(record)
+        await engine.ops.admission.refused(record)
         log.warning("jobs_intake_refused", job_id=body["id"], code=exc.code, error=exc.message)
         return "refused"

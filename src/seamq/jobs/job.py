@@ -243,6 +243,19 @@ def expired(job: Job, now: datetime) -> Job:
     return replace(job, state=State.DISCARDED, discarded_at=now)
 
 
+def deferred(job: Job, until: datetime) -> Job:
+    """Its rate limit key lets it start no sooner than `until`, and its policy says reschedule."""
+    _from(job, {State.AVAILABLE}, "reschedule")
+    return replace(job, state=State.SCHEDULED, scheduled_at=until)
+
+
+def dropped(job: Job, now: datetime, error: dict[str, Any]) -> Job:
+    """Its rate limit key does not let it start, and its policy says drop: discarded, saying why."""
+    _from(job, {State.AVAILABLE}, "drop")
+    entry = error_entry(error, job.attempt, now)
+    return replace(job, state=State.DISCARDED, discarded_at=now, error=_last(entry), errors=(*job.errors, entry))
+
+
 def due(job: Job, now: datetime) -> Job:
     """A scheduled job's time, or a retry's, has come."""
     _from(job, {State.SCHEDULED, State.RETRYABLE}, "make available")
@@ -258,7 +271,7 @@ def retried(job: Job, now: datetime) -> Job:
 
 
 def _last(entry: dict[str, Any]) -> dict[str, Any]:
-    return {k: entry[k] for k in ("code", "type", "message", "retryable", "details") if k in entry}
+    return {k: entry[k] for k in ("code", "type", "message", "retryable", "details", "rate_limit_until") if k in entry}
 
 
 # ---- clocks ----------------------------------------------------------------------------------------
@@ -306,6 +319,7 @@ class Aftermath:
     finished: bool = False  # it ended: its queue counts one more finished job of its state
     workflow: bool = False  # it ended in a workflow: the workflow's next step is written with it
     dead_letter: bool = False  # it was discarded for good and kept as a dead letter, written with it
+    release: bool = False  # it stopped running: the permit of its rate limit key goes back (seamq.jobs.limiter)
     event: str | None = None  # what the event log says of it
 
 
@@ -318,6 +332,7 @@ def aftermath(before: Job, job: Job) -> Aftermath:
                      disarm=waited if finished else None, finished=finished,
                      workflow=finished and job.workflow_id is not None,
                      dead_letter=job.dead_letter and job.state == State.DISCARDED,
+                     release=before.state == State.ACTIVE and job.state != State.ACTIVE,
                      event=_event(before, job))
 
 
@@ -327,7 +342,8 @@ def _event(before: Job, job: Job) -> str | None:
     if job.state == before.state:
         return None
     if job.state == State.DISCARDED:
-        return "job.expired" if before.state in WAITING else "job.discarded"
+        expired = before.state in WAITING and len(job.errors) == len(before.errors)  # dropped ones say why
+        return "job.expired" if expired else "job.discarded"
     return _EVENTS.get(job.state)
 
 

@@ -21,6 +21,7 @@ from enum import StrEnum
 from typing import Any
 
 from seamq import codec, ids
+from seamq.jobs import limits
 from seamq.backoff import NO_JITTER, Backoff, Growth
 
 Record = dict[str, Any]  # a job, a count or a workflow as stored: JSON
@@ -307,11 +308,8 @@ def new_record(body: Any, now: datetime) -> Record:
     tags = options.get("tags")
     if tags is not None and (not isinstance(tags, list) or not all(isinstance(t, str) for t in tags)):
         raise invalid("options.tags must be a list of strings")
-    limit = options.get("rate_limit")
-    if limit is not None:
-        rate = limit.get("max_per_second") if isinstance(limit, dict) else None
-        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not rate > 0:
-            raise invalid("options.rate_limit.max_per_second must be a positive number")
+    if (why := limits.problem(options.get("rate_limit"))) is not None:
+        raise invalid(why)
     policy = RetryPolicy.from_options(options.get("retry"), options.get("max_attempts"))
     run_at = options.get("scheduled_at", options.get("delay_until"))
     run_time = resolve_time(run_at, now, "scheduled_at") if run_at is not None else None

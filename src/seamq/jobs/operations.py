@@ -23,10 +23,11 @@ from typing import Any, Callable
 from seamq.backoff import NO_JITTER, Backoff
 from seamq.jobs import job as moves  # one pure function per change of state: moves.claimed(job, now, ...)
 from seamq.jobs.job import WAITING, Job, State, aftermath, counted, from_record, public, timer_key, to_record
-from seamq.jobs import attempts, model, unique
+from seamq.jobs import attempts, limits, model, unique
 from seamq.jobs.activity import Workers
 from seamq.jobs.admission import Admission
 from seamq.jobs.events import Events
+from seamq.jobs.limiter import Limiter
 from seamq.jobs.model import OjsError, conflict, not_found
 from seamq.jobs.ports import CAS_TRIES, TAKEN_HOLD, Conflict, Fired, JobStore, Stored, Taken, WorkflowMoves, Write
 from seamq.jobs.queues import Queues
@@ -44,12 +45,12 @@ class Lost(OjsError):
 
 
 class Operations:
-    def __init__(self, store: JobStore, queues: Queues, events: Events, admission: Admission, *,
+    def __init__(self, store: JobStore, queues: Queues, events: Events, admission: Admission, limiter: Limiter, *,
                  flows: WorkflowMoves | None = None,  # what a job's end does to its workflow
                  check_schema: Callable[[dict], None] = lambda record: None,  # the registry's check of new args
                  clock: Callable[[], datetime] = model.utcnow, rng: random.Random | None = None,
                  test_mode: bool = False) -> None:
-        self.store, self.queues, self.events, self.admission = store, queues, events, admission
+        self.store, self.queues, self.events, self.admission, self.limiter = store, queues, events, admission, limiter
         self.flows, self.check_schema, self.clock = flows, check_schema, clock
         self.rng, self.test_mode, self.workers = rng or random.Random(), test_mode, Workers()
         # The jobs handed out here, as stored: their ack, which usually comes back here, needs no read
@@ -188,15 +189,6 @@ class Operations:
         await self.admission.create(records)
         return [model.public(r) for r in records]
 
-    async def admit_refused(self, record: dict) -> None:
-        """A relayed job the server refused (seamq.jobs.intake), kept as discarded."""
-        try:
-            await self.store.commit([Write(record["id"], record, 0, finished=True)])
-        except Conflict:
-            return
-        await self.store.finished(record["queue"], record["state"])
-        await self.events.emit("job.discarded", record)
-
     async def info(self, job_id: str) -> dict:
         return public(await self._current(job_id))
 
@@ -213,16 +205,15 @@ class Operations:
         worker = worker_id if isinstance(worker_id, str) else None
         out: list[dict] = []
         for queue in queues:
-            if len(out) >= count:
-                break
-            if self.queues.paused(queue):
+            if len(out) >= count or self.queues.paused(queue):
                 continue
             allowed = await self.queues.take_tokens(queue, count - len(out))
-            got = 0
-            while got < allowed:
+            got, seen = 0, 0
+            while got < allowed and seen < 4 * allowed + 64:  # entries held back (rate limits) walked at most
                 taken = await self.store.take(queue, allowed - got)
                 if not taken:
                     break
+                seen += len(taken)
                 held = await self.store.get_many([t.job_id for t in taken])
                 for claimed in await asyncio.gather(*(self._claim(t, held.get(t.job_id), worker, visibility)
                                                       for t in taken)):
@@ -260,22 +251,26 @@ class Operations:
                        if taken.deliveries < EARLY_ENTRY_TRIES else self.store.settle(taken.hold))
                 return None
             if job.expires and job.expires <= now:
-                if await self._expire_taken(job, revision, taken, read):
+                if await self._instead(moves.expired(job, now), revision, taken, read):
                     return None
                 continue
-            claimed = await self._claimed(job, revision, taken, worker_id, visibility, read)
+            if (verdict := await self.limiter.admit(job, now)) is not None:
+                if verdict.wait_ms:
+                    return await self._held_back(job, revision, taken, read, verdict)
+                now = limits.moment(verdict.at_ms)  # the start its key counted
+            claimed = await self._claimed(job, revision, taken, worker_id, visibility, read, now)
             if claimed is not None:
                 return claimed
         await self.store.settle(taken.hold)  # claimed through another entry of it, or moved on, as it was read
         return None
 
     async def _claimed(self, job: Job, revision: int, taken: Taken, worker_id: str | None,
-                       visibility: Any, read: Job) -> dict | None:
+                       visibility: Any, read: Job, now: datetime) -> dict | None:
         """The claim's CAS; None when it lost (claimed through another entry of it, or moved on). A lease
         shorter than the entry's hold holds it for the lease; a longer one (the default, 30 minutes) meets
         its entry again when the hold ends, and is held then for what remains of it (`_claim`)."""
         lease = self._lease(job, visibility)
-        claimed = moves.claimed(job, self.clock(), worker_id, lease, taken.entry, taken.hold)
+        claimed = moves.claimed(job, now, worker_id, lease, taken.entry, taken.hold)  # `now`: its key's start
         record = to_record(claimed)
         if claimed.timeout_ms:  # armed first: one that comes before the claim is stored waits for it
             at = claimed.started_at + timedelta(milliseconds=claimed.timeout_ms)
@@ -290,14 +285,28 @@ class Operations:
         await self.events.emit(aftermath(read, claimed).event, record)
         return record
 
-    async def _expire_taken(self, job: Job, revision: int, taken: Taken, read: Job) -> bool:
-        """Expire a job met in its entry past its time (`read` as stored); False when it moved on meanwhile."""
+    async def _instead(self, moved: Job, revision: int, taken: Taken, read: Job) -> bool:
+        """`moved` stored instead of a claim of the job met in `taken` (`read` as stored); False if it moved on."""
         try:
-            await self._store(moves.expired(job, self.clock()), revision, read)
+            await self._store(moved, revision, read)
         except OjsError:
             return False
         await self.store.settle(taken.hold)
         return True
+
+    async def _held_back(self, job: Job, revision: int, taken: Taken, read: Job, verdict: limits.Verdict) -> None:
+        """A job its rate limit key does not let start yet: as its policy says (`on_limit`), its entry
+        comes again when the key may let it (`wait`), or it is scheduled for then, or discarded."""
+        now, on_limit = self.clock(), verdict.on_limit
+        wait = verdict.held_for(taken.deliveries, self.rng)
+        if on_limit == "wait" and job.state == read.state:
+            await self.store.hold(taken.hold, wait)
+        else:  # a lease that ran out is stored as such first
+            await self._instead(job if on_limit == "wait" else moves.deferred(job, now + timedelta(seconds=wait))
+                                if on_limit == "reschedule" else moves.dropped(job, now, verdict.refusal()), revision, taken, read)
+        if taken.deliveries == 1 or on_limit != "wait":  # a wait told once, not each time it is looked at
+            await self.events.emit(f"rate_limit.{'dropped' if on_limit == 'drop' else 'exceeded'}", to_record(read),
+                                   **verdict.told())
 
     async def ack(self, job_id: Any, result: Any = None, *, may_wait: float = 0.0) -> dict:
         _, done, record = await self.change(job_id, lambda job: moves.completed(job, self.clock(), result),
@@ -310,17 +319,7 @@ class Operations:
             now = self.clock()
             return moves.released(job, now, error) if requeue is True else moves.failed(job, now, error, self.rng)
         _, failed, record = await self.change(job_id, move, may_wait=may_wait)
-        return self._failed(failed, record)
-
-    @staticmethod
-    def _failed(failed: Job, record: dict) -> dict:
-        answer = {"id": failed.id, "job_id": failed.id, "state": failed.state.value, "attempt": failed.attempt,
-                  "max_attempts": failed.max_attempts, "job": model.public(record)}
-        keys = ("retry_delay_ms", "next_attempt_at") if failed.state == State.RETRYABLE else ()
-        for key in (*keys, "discarded_at", "completed_at"):
-            if record.get(key) is not None:
-                answer[key] = record[key]
-        return answer
+        return attempts.nack_answer(record)
 
     async def heartbeat(self, worker_id: Any, active_jobs: Any, visibility: Any = None,
                         active_job_ids: Any = None) -> dict:

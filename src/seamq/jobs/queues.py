@@ -175,7 +175,7 @@ class Queues:
     async def learn(self, record: dict) -> None:
         """A job that names `options.rate_limit` sets its queue's rate (the latest one named wins)."""
         limit = (record.get("options") or {}).get("rate_limit")
-        if not isinstance(limit, dict):
+        if not isinstance(limit, dict) or "max_per_second" not in limit:  # a key's limit is seamq.jobs.limiter's
             return
         key, rate = f"limit.{record['queue']}", float(limit["max_per_second"])
         if (self.flags.get(key) or {}).get("rate") != rate:

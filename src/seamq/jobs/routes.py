@@ -85,7 +85,7 @@ def core(engine: Engine, conformance_level: int) -> list[Route]:
     async def push(request: Request) -> Response:
         status, job = await engine.ops.push(with_request_id(await body_of(request), request))
         said = answer({"job": job, "id": job["id"]}, status)  # `$.id`: what the newer suites capture
-        said.headers.update(await engine.queues.pressure(job["queue"]))
+        said.headers.update({**await engine.queues.pressure(job["queue"]), **await engine.limiter.headers(job)})
         return said
 
     async def push_batch(request: Request) -> Response:

@@ -42,7 +42,7 @@ EXT_CASES = [c for c in (load_cases(EXT_SUITES) if EXT_SUITES and EXT_SUITES.is_
 # against one server and again spread over two (a job saved through one is read through the other).
 MORE_SUITES = SUITES.parent.parent / "ojs-conformance-ext-more" / "suites" if SUITES else None
 MORE = ("ext-durable-execution", "ext-encryption", "ext-job-versioning", "ext-observability", "ext-graceful-shutdown",
-        "ext-middleware", "ext-backpressure", "ext-webhooks")
+        "ext-middleware", "ext-backpressure", "ext-webhooks", "ext-rate-limiting")
 MORE_CASES = [c for c in (load_cases(MORE_SUITES) if MORE_SUITES and MORE_SUITES.is_dir() else [])
               if c.path.split("/")[0] in MORE]
 
@@ -86,7 +86,7 @@ def test_the_extension_suites_are_there():
 
 def test_the_newer_extension_suites_are_there():
     assert MORE_SUITES is not None and MORE_SUITES.is_dir(), "expected ../shared/ojs-conformance-ext-more beside the clone"
-    assert {c.path.split("/")[0] for c in MORE_CASES} == set(MORE) and len(MORE_CASES) == 60
+    assert {c.path.split("/")[0] for c in MORE_CASES} == set(MORE) and len(MORE_CASES) == 65
 
 
 def counts_after_ack(case) -> bool:

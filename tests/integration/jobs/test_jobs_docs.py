@@ -14,6 +14,7 @@ import urllib.request
 from pathlib import Path
 
 from seamq.embedded import free_port
+from seamq.jobs.model import parse_time
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "jobs.md"
 
@@ -118,3 +119,62 @@ async def test_the_checkpoint_example_resumes_as_written(nats_server, tmp_path):
             worker.terminate()
             worker.wait(30)
         server.stop()
+
+
+async def test_the_rate_limit_example_runs_as_written(nats_server, tmp_path):
+    """docs/jobs.md's rate limit example, its file as written and its two commands: 30 invoices enqueued
+    (the key printed as it stands), run by `seamq jobs worker --nats` 10 a second at most, 3 at once."""
+    from seamq.jobs.client import JobsClient
+
+    from helpers.jobs_harness import JobServer, runs_of
+
+    [block] = [b for b in re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S) if b.startswith("# myapp/invoices.py:")]
+    assert "python -m myapp.invoices http://127.0.0.1:8080 30" in DOC.read_text()
+    assert "seamq jobs worker --nats --queue invoices\n--handler myapp.invoices:jobs" in DOC.read_text()
+    assert "    ...  # call the partner's API\n" in block
+    (tmp_path / "myapp").mkdir()
+    # The example as written, its function also noting each run (start and end) for the count below.
+    (tmp_path / "myapp" / "invoices.py").write_text(block.replace("    ...  # call the partner's API\n",
+                                                                  "    await _noted(n)\n") + NOTED)
+    server = JobServer(nats_server.url, tmp_path / "server.log").start()
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("SEAMQ_")}, "SEAMQ_NATS__URL": nats_server.url,
+           "RUNS": str(tmp_path / "runs.txt")}
+    worker = None
+    try:
+        done = subprocess.run([sys.executable, "-m", "myapp.invoices", server.url, "30"], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0 and "'key': 'partner-api'" in done.stdout, done.stdout + done.stderr
+        with open(tmp_path / "worker.log", "wb") as log:
+            worker = subprocess.Popen([sys.executable, "-m", "seamq", "jobs", "worker", "--nats", "--queue", "invoices",
+                                       "--handler", "myapp.invoices:jobs"], cwd=tmp_path, env=env, stdout=log,
+                                      stderr=subprocess.STDOUT)
+        async with JobsClient(server.url) as client:
+            for _ in range(2400):  # a liveness bound only
+                found = await client.jobs(queue="invoices", state="completed")
+                if len(found) == 30:
+                    break
+                assert worker.poll() is None, (tmp_path / "worker.log").read_text()
+                await asyncio.sleep(0.05)
+            starts = sorted([parse_time((await client.info(j["id"]))["started_at"]) for j in found])
+    finally:
+        if worker is not None:
+            worker.terminate()
+            worker.wait(30)
+        server.stop()
+    assert len(starts) == 30
+    assert max(sum(1 for s in starts[i:] if (s - t).total_seconds() < 1) for i, t in enumerate(starts)) <= 10
+    runs = [r for rs in runs_of(tmp_path / "runs.txt").values() for r in rs]
+    edges = sorted([(r["start"], 1) for r in runs] + [(r["end"], -1) for r in runs])
+    assert max(sum(step for _, step in edges[:i + 1]) for i in range(len(edges))) <= 3
+
+
+NOTED = '''
+
+async def _noted(n):  # added by the test
+    import os, time
+    with open(os.environ["RUNS"], "a") as runs:
+        runs.write(f"start {n} 1 {os.getpid()} {time.time()}\\n")
+    await asyncio.sleep(0.1)
+    with open(os.environ["RUNS"], "a") as runs:
+        runs.write(f"end {n} 1 {os.getpid()} {time.time()}\\n")
+'''

@@ -4,13 +4,13 @@ every state, the retry rules, the clocks a job needs, and the stored form round-
 from __future__ import annotations
 
 import dataclasses
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
 from seamq.jobs import job as J
 from seamq.jobs import model
-from seamq.jobs.model import OjsError, parse_time
+from seamq.jobs.model import OjsError, State, parse_time
 
 NOW = parse_time("2026-11-24T12:00:00.000Z")
 LEASE = timedelta(seconds=30)
@@ -144,27 +144,34 @@ def test_each_change_leaves_what_its_old_state_held_and_its_new_one_does_not():
     A = J.Aftermath
     assert J.aftermath(new(), held) == A(event="job.started")  # claimed: its hold begins, nothing ends
     assert J.aftermath(held, J.extended(held, NOW, LEASE)) == A()  # a heartbeat keeps its hold
-    assert J.aftermath(held, J.completed(held, NOW, None)) == A(settle="h1", finished=True, event="job.completed")
-    assert J.aftermath(held, J.failed(held, NOW, "x")) == A(settle="h1", event="job.retrying")  # not finished
-    assert J.aftermath(held, J.released(held, NOW, "x")) == A(settle="h1")  # back in its queue, told as nothing
+    assert J.aftermath(held, J.completed(held, NOW, None)) == A(settle="h1", finished=True, release=True, event="job.completed")
+    assert J.aftermath(held, J.failed(held, NOW, "x")) == A(settle="h1", release=True, event="job.retrying")  # not finished
+    assert J.aftermath(held, J.released(held, NOW, "x")) == A(settle="h1", release=True)  # back in its queue, told as nothing
     assert J.aftermath(new(), J.cancelled(new(), NOW)) == A(withdraw=True, finished=True, event="job.cancelled")
     assert J.aftermath(waiting, J.cancelled(waiting, NOW)) == A(disarm="scheduled", finished=True, event="job.cancelled")
     assert J.aftermath(retrying, J.cancelled(retrying, NOW)) == A(disarm="retry", finished=True, event="job.cancelled")
     assert J.aftermath(waiting, J.due(waiting, NOW)) == A()  # its timer fired: the timer is gone already
     assert J.aftermath(waiting, J.expired(waiting, NOW)) == A(disarm="scheduled", finished=True, event="job.expired")
+    later = datetime(2026, 11, 25, tzinfo=timezone.utc)
+    assert J.aftermath(new(), J.deferred(new(), later)) == A()  # held back by its rate limit key: a run timer, armed first
+    assert J.deferred(new(), later).scheduled_at == later and J.deferred(new(), later).state == State.SCHEDULED
+    dropped = J.dropped(new(), NOW, {"code": "rate_limited", "message": "full"})
+    assert (dropped.state, dropped.error["code"], len(dropped.errors)) == (State.DISCARDED, "rate_limited", 1)
+    assert J.aftermath(new(), dropped) == A(withdraw=True, finished=True, event="job.discarded")
 
 
 def test_an_end_names_its_dead_letter_its_workflow_and_a_claim_after_a_lost_lease_starts_again():
     A = J.Aftermath
     hopeless = active(retry={"max_attempts": 1, "on_exhaustion": "dead_letter"})
-    assert J.aftermath(hopeless, J.failed(hopeless, NOW, "x")) == A(finished=True, dead_letter=True, event="job.discarded")
+    assert J.aftermath(hopeless, J.failed(hopeless, NOW, "x")) == A(finished=True, dead_letter=True, release=True, event="job.discarded")
     plain = active(retry={"max_attempts": 1})
-    assert J.aftermath(plain, J.failed(plain, NOW, "x")) == A(finished=True, event="job.discarded")
+    assert J.aftermath(plain, J.failed(plain, NOW, "x")) == A(finished=True, release=True, event="job.discarded")
     step = J.replace(active(), workflow_id="wf1", workflow_index=0)
-    assert J.aftermath(step, J.completed(step, NOW, 1)) == A(finished=True, workflow=True, event="job.completed")
+    assert J.aftermath(step, J.completed(step, NOW, 1)) == A(finished=True, workflow=True, release=True, event="job.completed")
     assert J.aftermath(step, J.failed(step, NOW, "x")).workflow is False  # retried: the workflow waits
     lost = J.claimed(J.released(active(), NOW, "lease"), NOW, "w2", LEASE)
     assert J.aftermath(active(), lost).event == "job.started"  # the same state, a new attempt
+    assert J.aftermath(active(), lost).release is False  # its rate limit permit is the new attempt's
 
 
 def test_replace_changes_only_what_it_is_given_and_refuses_a_field_a_job_has_not():

@@ -46,10 +46,11 @@ SRC = TESTS.parent / "src" / "seamq"
 CORE = {"ids", "stopping", "units", "backoff", "health", "model", "envelope", "dead_letter", "holds", "verdict", "redact",
         "typed", "compat", "republish", "codec", "tables"}
 JOBS_CORE = {"jobs.model", "jobs.job", "jobs.attempts", "jobs.cron", "jobs.workflows", "jobs.schemas", "jobs.admin",
-             "jobs.activity", "jobs.tally", "jobs.checkpoints", "jobs.webhooks", "jobs.backpressure"}
+             "jobs.activity", "jobs.tally", "jobs.checkpoints", "jobs.webhooks", "jobs.backpressure",
+             "jobs.limits"}
 WORKERS = {"relay", "consumer", "handling", "metered", "dlq_replay", "dlq_desk", "jobs.operations", "jobs.admission",
            "jobs.flows", "jobs.crontab", "jobs.queues", "jobs.events", "jobs.unique", "jobs.ext", "jobs.engine",
-           "jobs.intake", "jobs.tallied", "jobs.hooks", "tables_desk"}
+           "jobs.intake", "jobs.tallied", "jobs.hooks", "jobs.limiter", "tables_desk"}
 DRIVERS = ("nats", "psycopg", "psycopg_pool", "sqlalchemy", "asyncpg", "aiohttp", "httptools", "seamq.nats", "seamq.pg",
            "seamq.http", "seamq.jobs.nats_store", "seamq.jobs.nats_records", "seamq.jobs.nats_ready",
            "seamq.jobs.nats_clocks", "seamq.jobs.memory_store", "seamq.memory_dead_letters", "seamq.memory_outbox", "seamq.wiring", "seamq.cli")
