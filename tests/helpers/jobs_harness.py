@@ -36,7 +36,8 @@ def start_worker(how: list[str], *, queue: str, handler: str, effects: Path, log
                  extra: tuple[str, ...] = (), env: dict[str, str] | None = None) -> subprocess.Popen:
     """`seamq jobs worker` (`how`: ["--url", URL] or ["--nats"]) running tests/helpers/jobs_handlers.py's
     `handler`, which writes its runs to `effects`."""
-    env = {**os.environ, "JOBS_TEST_EFFECTS": str(effects), "PYTHONPATH": str(TESTS),
+    paths = [str(TESTS), *filter(None, [os.environ.get("PYTHONPATH")])]  # a caller's own path kept after
+    env = {**os.environ, "JOBS_TEST_EFFECTS": str(effects), "PYTHONPATH": os.pathsep.join(paths),
            **({"SEAMQ_NATS__URL": nats_url} if nats_url else {}), **(env or {})}
     with open(log, "ab") as out:
         return subprocess.Popen([sys.executable, "-m", "seamq", "jobs", "worker", *how, "--queue", queue,

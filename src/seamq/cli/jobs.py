@@ -13,6 +13,7 @@ import typer
 from rich.table import Table
 
 from seamq.cli.common import JsonOption, console, exit_with, id_prefix, print_json, run, settings, the_one
+from seamq.jobs import tenants
 from seamq.jobs.model import FINISHED
 from seamq.model import ErrorCode, SeamqError, describe
 
@@ -62,6 +63,8 @@ def worker(
     grace: float = typer.Option(25.0, min=0.0, help="On SIGTERM, seconds running jobs get to finish before they "
                                                     "are released to other workers."),
     worker_id: str = typer.Option("", help="Name in the server's records (default: host-pid)."),
+    tenant: Optional[str] = typer.Option(None, help="Run this tenant's jobs alone (X-OJS-Tenant; _default for "
+                                                    "jobs of none). Default: every tenant's, each in turn."),
 ) -> None:
     """Run jobs through Python functions by job type until SIGTERM: ack on return, nack with the exception."""
     from seamq.jobs.worker import WorkerConfig, run_worker
@@ -70,10 +73,12 @@ def worker(
         if bool(url) == nats:
             raise SeamqError(ErrorCode.INVALID_CONFIG, "give the job server (--url URL) or --nats, one of them")
         handlers = _handlers(handler)
+        if tenant is not None and tenant != "_default" and not tenants.PATTERN.fullmatch(tenant):
+            raise SeamqError(ErrorCode.INVALID_CONFIG, f"--tenant must match {tenants.PATTERN.pattern}")
     except SeamqError as exc:
         exit_with(exc)
     config = WorkerConfig(queues=tuple(queue), concurrency=concurrency, visibility_timeout=visibility_timeout,
-                          grace=grace, worker_id=worker_id)
+                          grace=grace, worker_id=worker_id, tenant=tenant)
     if nats:
         from seamq.jobs.native import run_native_worker
 

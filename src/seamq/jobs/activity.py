@@ -155,11 +155,13 @@ class Meter:
 
     def per_minute(self, now: datetime, queue: str | None = None) -> dict[str, Any]:
         """The last 60 seconds: this minute so far, and the part of the last one still inside them."""
-        minute = _minute(now)
-        inside = 1 - (now.timestamp() % 60) / 60
-        def rate(kind: str) -> float:
-            return round(self._in(kind, minute, queue) + inside * self._in(kind, minute - 1, queue), 2)
-        return {"processed_per_minute": rate("processed"), "failed_per_minute": rate("failed")}
+        return {"processed_per_minute": self.rate("processed", now, queue),
+                "failed_per_minute": self.rate("failed", now, queue)}
+
+    def rate(self, kind: str, now: datetime, queue: str | None = None) -> float:
+        """How many of `kind` in the last 60 seconds (this minute so far, and the rest from the last)."""
+        minute, inside = _minute(now), 1 - (now.timestamp() % 60) / 60
+        return round(self._in(kind, minute, queue) + inside * self._in(kind, minute - 1, queue), 2)
 
     def history(self, period: str, since: datetime | None, until: datetime | None, now: datetime,
                 queue: str | None = None) -> dict[str, Any]:

@@ -14,10 +14,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from seamq.jobs import admin, backpressure
+from seamq.jobs import admin, backpressure, tenants
 from seamq.jobs.admin import Filter
 from seamq.jobs.api import answer, body_of
 from seamq.jobs.engine import Engine
+from seamq.jobs.routes import tenant_of
 from seamq.jobs.model import FINISHED, STATES, OjsError, State, check_queue, invalid, iso, utcnow
 
 SCOPE = "server"  # workers and throughput are what this server process saw (seamq.jobs.activity)
@@ -29,6 +30,8 @@ def admin_routes(engine: Engine) -> list[Route]:
         params = request.query_params
         chosen = Filter.of(params, strict=False)
         records = await records(chosen.queue, chosen.state)
+        tenant = tenant_of(request)  # a tenant sees its jobs alone
+        records = [r for r in records if tenant is None or tenants.of(r) == tenant]
         found = admin.sort(chosen.select(records), params.get("sort"), params.get("order"))
         return admin.paged([admin.summary(r) for r in found], params)
 

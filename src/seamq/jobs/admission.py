@@ -19,7 +19,7 @@ from typing import Any, Callable
 from seamq.jobs.job import (
     FINISHED, Aftermath, Job, State, aftermath, cancelled, counted, from_record, timer_key, timers, to_record,
 )
-from seamq.jobs import model
+from seamq.jobs import model, tenants
 from seamq.jobs.events import Events
 from seamq.jobs.limiter import Limiter
 from seamq.jobs.model import OjsError, conflict
@@ -45,7 +45,7 @@ class Admission:
     async def ready(self, job: Job) -> None:
         """Before a job's new state is stored: its entry when it becomes available, and its clocks."""
         if job.state == State.AVAILABLE:
-            await self.store.offer(job.queue, job.priority, job.id)
+            await self.store.offer(job.queue, job.priority, job.id, tenants.of_meta(job.meta))
         for timer in timers(job):
             if timer.kind in WAITING_TIMERS:
                 kind = "expire" if timer.kind == "expire" else \
@@ -96,7 +96,7 @@ class Admission:
         if after.settle:
             await self.store.settle(after.settle)
         if after.withdraw:
-            await self.store.withdraw(job.queue, job.priority, job.id)
+            await self.store.withdraw(job.queue, job.priority, job.id, tenants.of_meta(job.meta))
         if after.disarm:
             await self.store.disarm(after.disarm, timer_key(job))
         if after.finished:

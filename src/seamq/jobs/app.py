@@ -13,6 +13,7 @@ from starlette.routing import Route
 
 from seamq.jobs import ext_routes, probe_routes, routes
 from seamq.jobs.hook_routes import hook_routes
+from seamq.jobs.fair_routes import fair_routes
 from seamq.jobs.admin_routes import admin_routes
 from seamq.jobs.api import OjsHeaders, answer
 from seamq.jobs.auth import Guard, Tokens
@@ -34,7 +35,7 @@ def build_app(engine: Engine, *, test_mode: bool = False, conformance_level: int
 
     table = [*routes.core(engine, conformance_level), *ext_routes.extensions(engine), *admin_routes(engine),
              *console_routes(engine), *probe_routes.probes(engine),
-             *hook_routes(engine)]
+             *hook_routes(engine), *fair_routes(engine)]
     if test_mode:
         table.append(Route("/ojs/v1/admin/reset", reset, methods=["POST"]))
     if admin_ui is not None:

@@ -85,11 +85,13 @@ class JobsClient:
     # ---- workers --------------------------------------------------------------------------------
 
     async def fetch(self, queues: list[str], *, count: int = 1, worker_id: str | None = None,
-                    visibility_timeout_ms: int | None = None) -> list[dict]:
+                    visibility_timeout_ms: int | None = None, tenant: str | None = None) -> list[dict]:
+        """`tenant`: that tenant's jobs alone (X-OJS-Tenant); else every tenant's, in turn."""
         body = {"queues": queues, "count": count, "worker_id": worker_id}
         if visibility_timeout_ms:
             body["visibility_timeout_ms"] = visibility_timeout_ms
-        return (await self._call("POST", "/workers/fetch", body, retry=False))["jobs"]
+        headers = {"X-OJS-Tenant": tenant} if tenant is not None else None
+        return (await self._call("POST", "/workers/fetch", body, retry=False, headers=headers))["jobs"]
 
     async def ack(self, job_id: str, result: Any = None) -> dict:
         return await self._call("POST", "/workers/ack", {"job_id": job_id, "result": result})
@@ -138,6 +140,10 @@ class JobsClient:
         """A rate limit key as it stands: its limits, the jobs it lets run now, the starts in its window."""
         return await self._call("GET", f"/rate-limits/{key}")
 
+    async def tenant(self, tenant_id: str) -> dict:
+        """A tenant's counts, in all and in each queue that holds or held its jobs."""
+        return await self._call("GET", f"/admin/tenants/{quote(tenant_id, safe='')}/stats")
+
     async def queues(self) -> list[dict]:
         """Every queue with its counts by state and whether it is paused."""
         return (await self._call("GET", "/admin/queues?per_page=1000"))["items"]
@@ -181,11 +187,12 @@ class JobsClient:
 
     # ---- the wire ---------------------------------------------------------------------------------
 
-    async def _call(self, method: str, path: str, body: Any = None, *, retry: bool = True) -> dict:
+    async def _call(self, method: str, path: str, body: Any = None, *, retry: bool = True,
+                    headers: dict[str, str] | None = None) -> dict:
         attempts = self.retries if retry else 1
         for attempt in range(1, attempts + 1):
             try:
-                async with self._session.request(method, self.url + path, json=body) as response:
+                async with self._session.request(method, self.url + path, json=body, headers=headers) as response:
                     try:
                         answer = await response.json(content_type=None)
                     except ValueError:

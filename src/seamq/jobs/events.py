@@ -34,7 +34,7 @@ EVERY = 0.1  # seconds between a server's batches
 HELD_MOST = 100_000  # events held while the log cannot be written; older ones are dropped, and said
 READ = 100  # batches read at a time
 METERED = {"job.completed": "processed", "job.retrying": "failed", "job.discarded": "failed",
-           "job.enqueued": "enqueued"}
+           "job.enqueued": "enqueued", "job.started": "dispatched"}
 
 
 class Events:

@@ -144,7 +144,9 @@ def counted(job: Job) -> Record:
     as the record it replaces."""
     state = job.state.value
     at = getattr(job, f"{state}_at") if job.state in FINISHED else None
-    return {"queue": job.queue, "state": state, f"{state}_at": _iso(at)} if at else {"queue": job.queue, "state": state}
+    out = {"queue": job.queue, "state": state, f"{state}_at": _iso(at)} if at else {"queue": job.queue, "state": state}
+    tenant = (job.meta or {}).get("tenant_id")
+    return {**out, "meta": {"tenant_id": tenant}} if tenant else out  # its tenant's counts move too
 
 
 _NOTHING: Any = {}  # no fields as read: a value is never this very object, so every field is written

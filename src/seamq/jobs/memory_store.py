@@ -36,8 +36,9 @@ class MemoryJobStore:
         self.replica: dict[str, Stored] | None = None  # what get_many sees while it lags
         self.revision = 0
         self.seq = itertools.count(1)
-        # queue -> priority -> entries in the order offered: (seq, job id, revision, deliveries)
-        self.ready: dict[str, dict[int, deque[tuple[int, str, int, int]]]] = {}
+        # queue -> priority -> entries in the order offered: (seq, job id, revision, deliveries, tenant)
+        self.ready: dict[str, dict[int, deque[tuple[int, str, int, int, str]]]] = {}
+        self.turns = itertools.count()  # which lane a take serves first
         self.held: dict[str, tuple[datetime, str, int, tuple[int, str, int, int]]] = {}  # hold -> (until, queue, prio, entry)
         self.timers: dict[tuple[str, str], tuple[datetime, dict]] = {}
         self.handed: dict[tuple[str, str], tuple[datetime, dict]] = {}  # fired, not yet done: (when, token)
@@ -109,11 +110,11 @@ class MemoryJobStore:
 
     # ---- the ready order ----------------------------------------------------------------------------
 
-    async def offer(self, queue: str, priority: int, job_id: str) -> None:
+    async def offer(self, queue: str, priority: int, job_id: str, tenant: str = "") -> None:
         seq = next(self.seq)
-        self._queue(queue, priority).append((seq, job_id, seq, 0))
+        self._queue(queue, priority).append((seq, job_id, seq, 0, tenant))
 
-    async def withdraw(self, queue: str, priority: int, job_id: str) -> None:
+    async def withdraw(self, queue: str, priority: int, job_id: str, tenant: str = "") -> None:
         waiting = self._queue(queue, priority)
         self.ready[queue][priority] = deque(e for e in waiting if e[1] != job_id)
         for hold, (_, held_queue, _, entry) in list(self.held.items()):
@@ -133,18 +134,30 @@ class MemoryJobStore:
                 waiting.append(entry)
                 self.ready[queue][priority] = deque(sorted(waiting))
 
-    async def take(self, queue: str, count: int) -> list[Taken]:
+    async def take(self, queue: str, count: int, tenant: str | None = None) -> list[Taken]:
         self._expire_holds()
-        out = []
+        out: list[Taken] = []
         for priority in sorted(self.ready.get(queue, {}), reverse=True):
             waiting = self.ready[queue][priority]
-            while waiting and len(out) < count:
-                seq, job_id, revision, deliveries = waiting.popleft()
-                hold = f"hold.{queue}.{seq}.{deliveries + 1}"
-                entry = (seq, job_id, revision, deliveries + 1)
-                self.held[hold] = (self.clock() + timedelta(seconds=TAKEN_HOLD), queue, priority, entry)
-                out.append(Taken(job_id, f"{queue}.{seq}", hold, deliveries + 1))
+            lanes = sorted({e[4] for e in waiting} if tenant is None else {tenant} & {e[4] for e in waiting})
+            turn = next(self.turns) % len(lanes) if lanes else 0
+            lanes = lanes[turn:] + lanes[:turn]
+            while lanes and len(out) < count:  # one entry from each lane in turn
+                for lane in list(lanes):
+                    entry = next((e for e in waiting if e[4] == lane), None)
+                    if entry is None or len(out) >= count:
+                        lanes.remove(lane)
+                        continue
+                    waiting.remove(entry)
+                    out.append(self._taken(queue, priority, entry))
         return out
+
+    def _taken(self, queue: str, priority: int, entry: tuple[int, str, int, int, str]) -> Taken:
+        seq, job_id, revision, deliveries, tenant = entry
+        hold = f"hold.{queue}.{seq}.{deliveries + 1}"
+        self.held[hold] = (self.clock() + timedelta(seconds=TAKEN_HOLD), queue, priority,
+                           (seq, job_id, revision, deliveries + 1, tenant))
+        return Taken(job_id, f"{queue}.{seq}", hold, deliveries + 1)
 
     async def hold(self, hold: str, seconds: float) -> None:
         found = self.held.get(hold)

@@ -21,7 +21,7 @@ from enum import StrEnum
 from typing import Any
 
 from seamq import codec, ids
-from seamq.jobs import limits
+from seamq.jobs import limits, tenants
 from seamq.backoff import NO_JITTER, Backoff, Growth
 
 Record = dict[str, Any]  # a job, a count or a workflow as stored: JSON
@@ -292,8 +292,8 @@ def new_record(body: Any, now: datetime) -> Record:
     if job_id is not None and not is_job_id(job_id):
         raise invalid("id must be a lowercase UUIDv7")
     meta = body.get("meta")
-    if meta is not None and not isinstance(meta, dict):
-        raise invalid("meta must be an object")
+    if (why := tenants.problem(meta)) or meta is not None and not isinstance(meta, dict):
+        raise invalid(why or "meta must be an object")
     options = body.get("options") or {}
     if not isinstance(options, dict):
         raise invalid("options must be an object")

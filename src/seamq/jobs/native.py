@@ -22,7 +22,7 @@ import nats.errors
 import nats.js.errors
 
 from seamq.backoff import Backoff
-from seamq.jobs import ext
+from seamq.jobs import ext, tenants
 from seamq.jobs.client import JobsError, error_body
 from seamq.jobs.engine import Engine
 from seamq.jobs.handlers import JobHandlers
@@ -50,8 +50,9 @@ class EngineClient:
         self.engine = engine
 
     async def fetch(self, queues: list[str], *, count: int = 1, worker_id: str | None = None,
-                    visibility_timeout_ms: int | None = None) -> list[dict]:
-        return await _asked(self.engine.ops.fetch, queues, count, worker_id, visibility_timeout_ms)
+                    visibility_timeout_ms: int | None = None, tenant: str | None = None) -> list[dict]:
+        return await _asked(self.engine.ops.fetch, queues, count, worker_id, visibility_timeout_ms,
+                            None if tenant is None else tenants.given(tenant))
 
     async def ack(self, job_id: str, result: Any = None) -> dict:
         return await _settled(functools.partial(self.engine.ops.ack, may_wait=ACK_WAIT), job_id, result)

@@ -2,15 +2,18 @@
 seamq.jobs.nats_store's adapter.
 
 - Stream `OJS_READY` (work queue): an empty entry per available job, on
-  `ojs.ready.{queue}.p{priority + 100:03d}.{id}`, written before the record that makes the job
-  available; one durable pull consumer per queue and priority (`...p{nnn}.*`), shared by every
-  server. A taken entry is held by the consumer's ack wait (30 s, ports.TAKEN_HOLD), or by a NAK
+  `ojs.ready.{queue}.p{priority + 100:03d}.{id}` (a tenant's job: `...p{nnn}.T.{tenant}.{id}`, its
+  lane; `T` is no queue's token, queues being lowercase), written before the record that makes the
+  job available; one durable pull consumer per queue, priority and lane (`...p{nnn}.*`,
+  `...p{nnn}.T.{tenant}.*`: they never overlap, as a work queue's consumers must not), shared by
+  every server. A taken entry is held by the consumer's ack wait (30 s, ports.TAKEN_HOLD), or by a NAK
   with a delay (`hold`: a lease shorter than that, a heartbeat, what remains of a lease). JetStream
   delivers it again when the hold ends unless it is acked first (`+ACK`, from any connection, to
   the reply subject the job's record keeps). A job cancelled while it waits has its entry purged.
-- The order between priorities is the store's: a queue's priorities are a record (`prio.{queue}`)
-  that every server follows, and a take pulls from the highest first; within a priority,
-  JetStream's order is first in, first out, with entries that come again before later ones.
+- The order between priorities is the store's: a queue's priorities and their lanes are a record
+  (`prio.{queue}`) that every server follows, and a take pulls from the highest first; within a
+  priority, from each lane in turn, a share of the count each; within a lane, JetStream's order is
+  first in, first out, with entries that come again before later ones.
 - Stream `OJS_DONE`: an empty message per finished job on `ojs.done.{queue}.{state}`, kept for the
   records' retention; the counts of finished jobs are its subject counts.
 """
@@ -18,6 +21,7 @@ seamq.jobs.nats_store's adapter.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 from collections import deque
 
@@ -30,14 +34,16 @@ from seamq.model import describe
 
 READY, DONE, EVENTS = "OJS_READY", "OJS_DONE", "OJS_EVENTS"
 LOG_KEPT = 10_000  # batches of events
+EMPTY_LANE = 0.25  # seconds a tenant's lane found empty is not asked again by this server
 REPLY_WAIT = 5.0  # seconds for the server's answer to a no_wait pull (it answers at once; this only bounds it)
 # A ready consumer's ack wait is the hold of an entry taken (ports.TAKEN_HOLD). As long as the default
 # visibility timeout (1,800 s), it left jobs unseen for half an hour when the server that pulled them
 # died before claiming them (the R3 kill test: 19 of 5,000 still available at its end).
 
 
-def _subject(queue: str, priority: int, job_id: str = "*") -> str:
-    return f"ojs.ready.{queue}.p{priority + 100:03d}.{job_id}"
+def _subject(queue: str, priority: int, job_id: str = "*", tenant: str = "") -> str:
+    lane = f"T.{tenant.replace('.', '=')}." if tenant else ""  # a tenant's dots would split its token
+    return f"ojs.ready.{queue}.p{priority + 100:03d}.{lane}{job_id}"
 
 
 class _PullInbox:
@@ -70,7 +76,10 @@ class ReadyOrder:
         self._inboxes: list = []  # idle pull subscriptions, one pull at a time on each (a delivery
         # names the entry's subject, not the inbox, so one wildcard inbox cannot tell the pulls apart)
         self._priorities: dict[str, set[int]] = {}  # queue -> the priorities its jobs were offered at
-        self._registering: dict[tuple[str, int], asyncio.Future] = {}
+        self._lanes: dict[tuple[str, int], set[str]] = {}  # (queue, priority) -> the tenants offered at it
+        self._empty: dict[tuple[str, int, str], float] = {}  # a lane found empty here, until (loop time)
+        self._turns = itertools.count()  # which lane a take serves first
+        self._registering: dict[tuple[str, int, str], asyncio.Future] = {}
         for config in (StreamConfig(name=READY, subjects=["ojs.ready.>"], retention=RetentionPolicy.WORK_QUEUE,
                                     storage=StorageType.FILE, num_replicas=self.replicas),
                        StreamConfig(name=DONE, subjects=["ojs.done.>"], max_age=RECORD_TTL_SECONDS,
@@ -80,49 +89,63 @@ class ReadyOrder:
                                     num_replicas=self.replicas)):
             await self._stream(config)
         for record, _ in await self.scan("prio."):
-            self._priorities[record["_key"].removeprefix("prio.")] = set(record["priorities"])
+            self._known_lanes(record["_key"].removeprefix("prio."), record)
         self._tasks.append(asyncio.create_task(self._follow_priorities()))
 
     async def _close_ready(self) -> None:
         for inbox in self._inboxes:
             await inbox.sub.unsubscribe()
 
-    async def offer(self, queue: str, priority: int, job_id: str) -> None:
-        if priority not in self._priorities.get(queue, ()):
+    async def offer(self, queue: str, priority: int, job_id: str, tenant: str = "") -> None:
+        if priority not in self._priorities.get(queue, ()) or (tenant and tenant not in self._lanes.get((queue, priority), ())):
             # One registration for every offer waiting on it (a batch of 1,000 to a new queue made
             # 1,000, each a read and a CAS that all but one lost).
-            pending = self._registering.get((queue, priority))
+            lane = (queue, priority, tenant)
+            pending = self._registering.get(lane)
             if pending is None:
-                pending = self._registering[queue, priority] = asyncio.ensure_future(self._register(queue, priority))
-                pending.add_done_callback(lambda done: (self._registering.pop((queue, priority), None),
+                pending = self._registering[lane] = asyncio.ensure_future(self._register(*lane))
+                pending.add_done_callback(lambda done: (self._registering.pop(lane, None),
                                                         done.cancelled() or done.exception()))  # heard, if late
             await asyncio.shield(pending)
-        await self.published(_subject(queue, priority, job_id), b"")  # the subject names the job
+        self._empty.pop((queue, priority, tenant), None)
+        await self.published(_subject(queue, priority, job_id, tenant), b"")  # the subject names the job
 
-    async def withdraw(self, queue: str, priority: int, job_id: str) -> None:
-        await self.js.purge_stream(READY, subject=_subject(queue, priority, job_id))
+    async def withdraw(self, queue: str, priority: int, job_id: str, tenant: str = "") -> None:
+        await self.js.purge_stream(READY, subject=_subject(queue, priority, job_id, tenant))
 
-    async def _register(self, queue: str, priority: int) -> None:
-        """A queue's priorities are a record every server follows: a take asks only those, highest
-        first, with no request to find which subjects hold entries."""
+    async def _register(self, queue: str, priority: int, tenant: str) -> None:
+        """A queue's priorities and their tenants' lanes are a record every server follows: a take asks
+        only those, highest first, with no request to find which subjects hold entries."""
         key = f"prio.{queue}"
         for _ in range(10):
             held = await self.get(key)
-            known = {*(held.record["priorities"] if held else ()), priority}
+            record = dict(held.record) if held else {"_key": key, "priorities": []}
+            record["priorities"] = sorted({*record["priorities"], priority})
+            if tenant:
+                lanes = dict(record.get("lanes") or {})
+                lanes[str(priority)] = sorted({*lanes.get(str(priority), ()), tenant})
+                record["lanes"] = lanes
             try:
-                await self.commit([Write(key, {"_key": key, "priorities": sorted(known)}, held.revision if held else 0)])
+                await self.commit([Write(key, record, held.revision if held else 0)])
             except Conflict:
                 continue  # another server added one meanwhile
-            self._priorities[queue] = known
+            self._known_lanes(queue, record)
             return
         raise Conflict(f"{key}: lost 10 compare-and-sets in a row to other servers")
+
+    def _known_lanes(self, queue: str, record: dict | None) -> None:
+        self._priorities[queue] = set(record["priorities"] if record else ())
+        if record is None:  # wiped
+            self._lanes = {lane: tenants for lane, tenants in self._lanes.items() if lane[0] != queue}
+        for priority, tenants in ((record or {}).get("lanes") or {}).items():
+            self._lanes[queue, int(priority)] = {*self._lanes.get((queue, int(priority)), ()), *tenants}
 
     async def _follow_priorities(self) -> None:
         while True:
             try:
                 async for key, record in self.follow(["prio."]):
                     if key:
-                        self._priorities[key.removeprefix("prio.")] = set(record["priorities"] if record else ())
+                        self._known_lanes(key.removeprefix("prio."), record)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # NATS away: the client reconnects
@@ -160,21 +183,51 @@ class ReadyOrder:
             await inbox.sub.unsubscribe()  # a late answer must not reach the next pull on this inbox
             raise
 
-    async def take(self, queue: str, count: int) -> list[Taken]:
+    async def take(self, queue: str, count: int, tenant: str | None = None) -> list[Taken]:
         out: list[Taken] = []
         # The queue's priorities as last stored, not as the watch has told this server so far: a job
         # pushed through another server a moment ago may be at a priority (or in a queue) this one
         # has not heard of yet, and a fetch must find it (conformance, two servers, on a busy machine).
         held = await self.get(f"prio.{queue}")
         if held is not None:
-            self._priorities[queue] = {*self._priorities.get(queue, ()), *held.record["priorities"]}
+            before = self._priorities.get(queue, set())
+            self._known_lanes(queue, held.record)
+            self._priorities[queue] |= before
+        now = asyncio.get_running_loop().time()
         for priority in sorted(self._priorities.get(queue, ()), reverse=True):
+            known = self._lanes.get((queue, priority), set())
+            lanes = ["", *sorted(known)] if tenant is None else [tenant] if not tenant or tenant in known else []
+            if len(lanes) > 1:  # lanes found empty here a moment ago take no turn (an idle tenant's, or the queue's own)
+                lanes = [lane for lane in lanes if self._empty.get((queue, priority, lane), 0) <= now]
+            turn = next(self._turns) % len(lanes) if len(lanes) > 1 else 0
+            out += await self._take_lanes(queue, priority, lanes[turn:] + lanes[:turn], count - len(out))
             if len(out) >= count:
                 break
-            durable = await self._consumer(_subject(queue, priority))
-            for m in await self._pull_now(durable, count - len(out)):
-                out.append(Taken(m.subject.rsplit(".", 1)[1], str(m.metadata.sequence.stream), m.reply,
-                                 m.metadata.num_delivered))
+        return out
+
+    async def _take_lanes(self, queue: str, priority: int, lanes: list[str], count: int) -> list[Taken]:
+        """Each lane in turn, a share of what is left each; a lane that had fewer leaves the rest to
+        the others' second turn. A lane found empty is not asked again here for EMPTY_LANE seconds
+        (unless this server offers to it), so that many tenants cost a take few pulls and an empty lane
+        takes no share from the others; a queue of one lane is always asked."""
+        out: list[Taken] = []
+        now, pulls, several = asyncio.get_running_loop().time(), 0, len(lanes) > 1
+        for _ in range(2):
+            full = []
+            for index, lane in enumerate(lanes):
+                left = count - len(out)
+                if left <= 0 or pulls >= 2 * count + 4:
+                    return out
+                share = -(-left // (len(lanes) - index))
+                pulls += 1
+                got = await self._pull_now(await self._consumer(_subject(queue, priority, tenant=lane)), share)
+                out += [Taken(m.subject.rsplit(".", 1)[1], str(m.metadata.sequence.stream), m.reply,
+                              m.metadata.num_delivered) for m in got]
+                if not got and several:
+                    self._empty[queue, priority, lane] = now + EMPTY_LANE
+                if len(got) == share:
+                    full.append(lane)
+            lanes = full
         return out
 
     async def hold(self, hold: str, seconds: float) -> None:
@@ -186,20 +239,19 @@ class ReadyOrder:
     # ---- counts -------------------------------------------------------------------------------
 
     async def waiting(self, queue: str) -> dict[int, int]:
-        out = {}
-        for priority in self._priorities.get(queue, ()):
-            info = await self.js.consumer_info(READY, await self._consumer(_subject(queue, priority)))
+        out: dict[int, int] = {}
+        for priority, info in await self._lane_infos(queue):
             if info.num_pending + info.num_ack_pending:
-                out[priority] = info.num_pending + info.num_ack_pending
+                out[priority] = out.get(priority, 0) + info.num_pending + info.num_ack_pending
         return out
 
     async def ready_counts(self, queue: str) -> tuple[int, int]:
-        waiting, held = 0, 0
-        for priority in self._priorities.get(queue, ()):
-            info = await self.js.consumer_info(READY, await self._consumer(_subject(queue, priority)))
-            waiting += info.num_pending
-            held += info.num_ack_pending
-        return waiting, held
+        infos = await self._lane_infos(queue)
+        return sum(info.num_pending for _, info in infos), sum(info.num_ack_pending for _, info in infos)
+
+    async def _lane_infos(self, queue: str) -> list:
+        return [(priority, await self.js.consumer_info(READY, await self._consumer(_subject(queue, priority, tenant=lane))))
+                for priority in self._priorities.get(queue, ()) for lane in ("", *self._lanes.get((queue, priority), ()))]
 
     async def queues(self) -> list[str]:
         await self.nc.flush()

@@ -31,7 +31,7 @@ from seamq.nats.replies import Replies
 from seamq.observability import log
 
 START_BACKOFF = (0.5, 1, 2, 4, 5, 5, 5)  # seconds between the tries of a start
-FOLLOWED = ("queue.", "system.", "limit.", "schema.", "cron.", "prio.", "worker.", "webhook.", "whd.")  # wiped with delete markers
+FOLLOWED = ("queue.", "system.", "limit.", "schema.", "cron.", "prio.", "worker.", "webhook.", "whd.", "pool.")  # wiped with delete markers
 
 
 class NatsJobStore(Records, ReadyOrder, Clocks):

@@ -198,19 +198,20 @@ class Operations:
 
     # ---- workers ----------------------------------------------------------------------------------
 
-    async def fetch(self, queues: Any, count: Any = 1, worker_id: Any = None, visibility: Any = None) -> list[dict]:
+    async def fetch(self, queues: Any, count: Any = 1, worker_id: Any = None, visibility: Any = None,
+                    tenant: str | None = None) -> list[dict]:  # a tenant's jobs alone (seamq.jobs.tenants)
         model.check_fetch(queues, count)
         if not self.workers.fetching(worker_id, self.clock(), queues, self.queues.said_by(worker_id)):
             return []
         worker = worker_id if isinstance(worker_id, str) else None
         out: list[dict] = []
-        for queue in queues:
+        for queue, share in self.queues.shares(queues, count):  # by its pool's strategy, else in order
             if len(out) >= count or self.queues.paused(queue):
                 continue
-            allowed = await self.queues.take_tokens(queue, count - len(out))
+            allowed = await self.queues.take_tokens(queue, min(share, count - len(out)))
             got, seen = 0, 0
             while got < allowed and seen < 4 * allowed + 64:  # entries held back (rate limits) walked at most
-                taken = await self.store.take(queue, allowed - got)
+                taken = await self.store.take(queue, allowed - got, tenant)
                 if not taken:
                     break
                 seen += len(taken)

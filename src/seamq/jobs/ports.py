@@ -101,16 +101,20 @@ class JobStore(Protocol):
         (None: deleted). For the few records every server needs at hand: queue flags, limits, schemas,
         crons."""
 
-    async def offer(self, queue: str, priority: int, job_id: str) -> None:
+    async def offer(self, queue: str, priority: int, job_id: str, tenant: str = "") -> None:
         """The job becomes available: an entry for its queue's order, offered before the record that
-        says so is stored (a server that dies between the two leaves an entry, never a job without one)."""
+        says so is stored (a server that dies between the two leaves an entry, never a job without one).
+        A queue's entries are kept in a lane per tenant ("" for jobs of none)."""
 
-    async def withdraw(self, queue: str, priority: int, job_id: str) -> None:
+    async def withdraw(self, queue: str, priority: int, job_id: str, tenant: str = "") -> None:
         """The job will not run (cancelled or expired while it waited): its entry goes."""
 
-    async def take(self, queue: str, count: int) -> list[Taken]:
-        """Up to `count` entries of `queue`, highest priority first, then in the order offered; each
-        held for TAKEN_HOLD seconds, then offered again unless settled or held anew (`hold`)."""
+    async def take(self, queue: str, count: int, tenant: str | None = None) -> list[Taken]:
+        """Up to `count` entries of `queue`, highest priority first, then in the order offered within
+        a lane; each held for TAKEN_HOLD seconds, then offered again unless settled or held anew
+        (`hold`). `tenant` takes from its lane alone; None from every lane of a priority in turn, each
+        lane with entries given a share of the count (so a tenant with many jobs waiting does not
+        hold back one with few), the lane served first moving on at each take."""
 
     async def hold(self, hold: str, seconds: float) -> None:
         """Extend a hold (a heartbeat): it now ends `seconds` from now."""

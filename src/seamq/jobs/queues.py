@@ -16,16 +16,17 @@ available until a fetch of its queue meets its entry and drops it.
 from __future__ import annotations
 
 import asyncio
+import itertools
 from typing import Any, Callable
 
-from seamq.jobs import backpressure, model, tally
+from seamq.jobs import backpressure, model, pools, tally, tenants
 from seamq.jobs.model import conflict, iso
 from seamq.jobs.ports import Conflict, JobStore, Write
 from seamq.observability import log
 from seamq.model import describe
 
 MAINTENANCE = "system.maintenance"
-FOLLOWED = ["queue.", "system.", "limit.", "schema.", "worker.", "webhook."]
+FOLLOWED = ["queue.", "system.", "limit.", "schema.", "worker.", "webhook.", "pool."]
 LOOKED_MOST = 10_000  # queues remembered as read once (then forgotten together, and read again)
 TRIES = 5  # compare-and-set of a rate bucket racing other servers
 
@@ -43,6 +44,7 @@ class Queues:
         self.store, self.clock = store, clock
         self.flags: dict[str, dict] = {}  # the followed records, by key
         self._looked: set[str] = set()  # queues whose record was read here once (Queues._known)
+        self._turns = itertools.count()  # which queue of a pool a fetch serves first
         self.ready = asyncio.Event()
 
     async def follow(self) -> None:
@@ -170,6 +172,23 @@ class Queues:
         await self._put(MAINTENANCE, lambda held: record, "maintenance mode")
         return self.maintenance()
 
+    # ---- pools (fair scheduling) --------------------------------------------------------------------
+
+    def pools(self) -> list[pools.Pool]:
+        return sorted((pools.from_record(r) for r in self.of("pool.")), key=lambda p: p.name)
+
+    async def set_pool(self, pool: pools.Pool | None, name: str) -> None:
+        """A pool made, changed or (None) deleted, for every server to follow."""
+        key = f"pool.{name}"
+        await self.store.commit([Write(key, pool.record() if pool else None, None)])
+        self.kept(key, pool.record() if pool else None)
+
+    def shares(self, queues: list[str], count: int) -> list[tuple[str, int]]:
+        """How a fetch of `queues` takes `count`: by the first pool (by name) that holds them all, else
+        in the order named (seamq.jobs.pools)."""
+        pool = next((p for p in self.pools() if set(queues) <= set(p.queues)), None) if len(queues) > 1 else None
+        return pools.shares(queues, count, pool, next(self._turns))
+
     # ---- rate limits ------------------------------------------------------------------------------
 
     async def learn(self, record: dict) -> None:
@@ -223,13 +242,29 @@ class Queues:
 
     # ---- counts -----------------------------------------------------------------------------------
 
-    async def stats(self, queue: Any) -> dict:
+    async def stats(self, queue: Any, tenant: str | None = None) -> dict:
+        """A queue's counts; a tenant's jobs in it alone when `tenant` names one."""
         queue = model.check_queue(queue)
-        counts = tally.summed([record for record, _ in (await self.store.get_many(tally.keys(queue))).values()],
+        counted = tenants.tally_queue(queue, tenant) if tenant else queue
+        counts = tally.summed([record for record, _ in (await self.store.get_many(tally.keys(counted))).values()],
                               self.clock())
         bound = self.bound(queue)
         return {"name": queue, **{state: counts[state] for state in model.STATES}, "paused": self.paused(queue),
                 "depth": backpressure.depth(counts), **({"max_depth": bound.max_depth} if bound else {})}
+
+    async def tenant_stats(self, tenant: str) -> dict[str, dict[str, int]]:
+        """A tenant's counts in each queue that holds or held its jobs (within the retention period)."""
+        out = {}
+        for name in await self.names():
+            counts = await self.stats(name, tenant)
+            if any(counts[state] for state in model.STATES):
+                out[name] = {state: counts[state] for state in model.STATES}
+        return out
+
+    async def tenant_names(self) -> list[str]:
+        """Every tenant with counts in some queue: a pass over the tallies, for listings."""
+        return sorted({found[1] for record, _ in await self.store.scan("tally.")
+                       if (found := tenants.from_tally(record.get("queue", "")))})
 
     async def names(self) -> list[str]:
         """Every queue that holds or held a job (within the retention period), was paused, and `default`."""

@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from seamq.jobs import admin
+from seamq.jobs import admin, tenants
 from seamq.jobs.api import VERSION, answer, body_of, limit_of
 from seamq.jobs.engine import EVENTS_KEPT, Engine
 from seamq.jobs.model import OjsError, invalid
@@ -70,6 +70,32 @@ def with_request_id(body: Any, request: Request) -> Any:
     return {**body, "meta": {**(meta or {}), "request_id": request.state.request_id}}
 
 
+def tenant_of(request: Request) -> str | None:
+    """The tenant a request names (X-OJS-Tenant), "" for the default one, None for none."""
+    try:
+        return tenants.given(request.headers.get(tenants.HEADER))
+    except ValueError as exc:
+        raise invalid(str(exc)) from None
+
+
+def stamped(body: Any, request: Request) -> Any:
+    """A push body with the request's tenant (seamq.jobs.tenants.stamped); 400 when they disagree."""
+    try:
+        return tenants.stamped(with_request_id(body, request), tenant_of(request))
+    except ValueError as exc:
+        raise invalid(str(exc)) from None
+
+
+async def owned(engine: Engine, request: Request) -> dict:
+    """The job of the path as its tenant sees it: a request naming another tenant is told there is no
+    such job (as for a job of no tenant: tenants are isolated in every view)."""
+    job = await engine.ops.info(request.path_params["job_id"])
+    tenant = tenant_of(request)
+    if tenant is not None and tenants.of(job) != tenant:
+        raise OjsError(404, "not_found", f"job {job['id']} not found")
+    return job
+
+
 def named(request: Request, body: dict) -> Any:
     """The job an ack or a nack is about: the body's `job_id` (/workers/ack), or the path's
     (/jobs/{id}/ack, as the newer suites send them), which a body naming another contradicts."""
@@ -83,25 +109,28 @@ def named(request: Request, body: dict) -> Any:
 
 def core(engine: Engine, conformance_level: int) -> list[Route]:
     async def push(request: Request) -> Response:
-        status, job = await engine.ops.push(with_request_id(await body_of(request), request))
+        status, job = await engine.ops.push(stamped(await body_of(request), request))
         said = answer({"job": job, "id": job["id"]}, status)  # `$.id`: what the newer suites capture
         said.headers.update({**await engine.queues.pressure(job["queue"]), **await engine.limiter.headers(job)})
         return said
 
     async def push_batch(request: Request) -> Response:
-        jobs = await engine.ops.push_batch(await body_of(request))
+        body = await body_of(request)
+        if isinstance(body, dict) and isinstance(body.get("jobs"), list):
+            body = {**body, "jobs": [stamped(job, request) for job in body["jobs"]]}
+        jobs = await engine.ops.push_batch(body)
         return answer({"jobs": jobs, "count": len(jobs)}, 201)
 
     async def info(request: Request) -> Response:
-        return answer({"job": await engine.ops.info(request.path_params["job_id"])})
+        return answer({"job": await owned(engine, request)})
 
     async def cancel(request: Request) -> Response:
-        return answer({"job": await engine.ops.cancel(request.path_params["job_id"])})
+        return answer({"job": await engine.ops.cancel((await owned(engine, request))["id"])})
 
     async def fetch(request: Request) -> Response:
         body = await body_of(request)
         jobs = await engine.ops.fetch(body.get("queues"), body.get("count", 1), body.get("worker_id"),
-                                  body.get("visibility_timeout_ms"))
+                                      body.get("visibility_timeout_ms"), tenant_of(request))
         return answer({"jobs": jobs})
 
     async def ack(request: Request) -> Response:
@@ -183,8 +212,8 @@ def core(engine: Engine, conformance_level: int) -> list[Route]:
         found, pagination = page(await engine.queues.listing(), request)
         return answer({"queues": found, "pagination": pagination})
 
-    async def queue_stats(request: Request) -> Response:
-        return answer(queue_answer(await engine.queues.stats(request.path_params["name"])))
+    async def queue_stats(request: Request) -> Response:  # a tenant's jobs in it alone, when one is named
+        return answer(queue_answer(await engine.queues.stats(request.path_params["name"], tenant_of(request))))
 
     async def pause(request: Request) -> Response:
         await engine.set_paused(request.path_params["name"], True)
@@ -229,6 +258,7 @@ def core(engine: Engine, conformance_level: int) -> list[Route]:
         Route("/ojs/v1/cron/{name}", delete_cron, methods=["DELETE"]),
         Route("/ojs/v1/queues", queues, methods=["GET"]),
         Route("/ojs/v1/queues/{name}/stats", queue_stats, methods=["GET"]),
+        Route("/ojs/v1/queues/{name}", queue_stats, methods=["GET"]),
         Route("/ojs/v1/queues/{name}/pause", pause, methods=["POST"]),
         Route("/ojs/v1/queues/{name}/resume", resume, methods=["POST"]),
         Route("/ojs/manifest", manifest, methods=["GET"]),

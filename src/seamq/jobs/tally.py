@@ -18,6 +18,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 from functools import lru_cache
 
+from seamq.jobs import tenants
 from seamq.jobs.model import FINISHED, STATES, Record, parse_time
 
 RETENTION = timedelta(days=7)
@@ -51,11 +52,14 @@ def place(record: Record | None) -> Place | None:
 
 
 def moves(before: Record | None, after: Record | None) -> list[Move]:
-    """What a write of `after` over `before` does to the counts."""
+    """What a write of `after` over `before` does to the counts: its queue's, and its tenant's in the
+    queue (tallied as a queue of its own name, seamq.jobs.tenants.tally_queue)."""
     old, new = place(before), place(after)
     if old == new:
         return []
-    return [*([(*old, -1)] if old else []), *([(*new, 1)] if new else [])]
+    out = [*([(*old, -1)] if old else []), *([(*new, 1)] if new else [])]
+    return out + [(tenants.tally_queue(queue, tenant), state, hour, delta) for (queue, state, hour, delta), tenant
+                  in zip(out, [tenants.of(before)] * bool(old) + [tenants.of(after)] * bool(new)) if tenant]
 
 
 def applied(record: Record | None, queue: str, lane_moves: list[Move], now: datetime) -> Record:

@@ -52,6 +52,7 @@ class WorkerConfig:
     grace: float = 25.0  # seconds running jobs get to finish after a stop
     idle_wait: float = 0.2  # seconds between fetches when the queues are empty
     worker_id: str = ""
+    tenant: str | None = None  # one tenant's jobs alone (seamq.jobs.tenants); None: every tenant's, in turn
 
     @property
     def heartbeat_every(self) -> float:
@@ -99,7 +100,8 @@ class Worker:
     async def _fetch(self, count: int) -> list[dict]:
         try:
             return await self.client.fetch(list(self.config.queues), count=count, worker_id=self.worker_id,
-                                           visibility_timeout_ms=int(self.config.visibility_timeout * 1000))
+                                           visibility_timeout_ms=int(self.config.visibility_timeout * 1000),
+                                           tenant=self.config.tenant)
         except Exception as exc:  # server away: try again shortly, never die
             log.warning("jobs_fetch_failed", error=describe(exc))
             await asyncio.sleep(1.0)

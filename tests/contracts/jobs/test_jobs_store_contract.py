@@ -99,6 +99,24 @@ async def test_entries_come_by_priority_then_first_in_first_out(store):
     assert await store.waiting("q") == {}
 
 
+async def test_each_tenant_has_a_lane_taken_alone_or_in_turn_with_the_others(store):
+    """Multi-tenancy: a take for a tenant takes from its lane alone; one for every lane gives each lane
+    with entries a share, by priority first and in the order offered within a lane."""
+    for n in range(6):
+        await store.offer("mt", 0, f"a{n}", "acme")
+    await store.offer("mt", 0, "b0", "beta.io:eu")
+    await store.offer("mt", 0, "n0")
+    await store.offer("mt", 5, "a-high", "acme")
+    assert [t.job_id for t in await store.take("mt", 10, "beta.io:eu")] == ["b0"]
+    assert await store.take("mt", 10, "gamma") == []
+    assert [t.job_id for t in await store.take("mt", 1)] == ["a-high"]  # a higher priority first, whoever's
+    got = [t.job_id for t in await store.take("mt", 3)]
+    assert sorted(got) == ["a0", "a1", "n0"] and got.index("a0") < got.index("a1")  # acme's 6 did not take all 3
+    await store.withdraw("mt", 0, "a5", "acme")
+    assert await store.take("mt", 10, "") == []  # the lane of jobs with no tenant is empty now
+    assert [t.job_id for t in await store.take("mt", 10, "acme")] == ["a2", "a3", "a4"]
+
+
 async def test_a_held_entry_comes_again_when_its_hold_runs_out_unless_extended_or_settled(store):
     u = store.unit
     for n in range(3):

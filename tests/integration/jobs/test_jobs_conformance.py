@@ -38,11 +38,12 @@ EXT_SUITES = SUITES.parent.parent / "ojs-conformance-ext" / "suites" if SUITES e
 EXTENSIONS = ("ext-admin-api", "ext-dead-letter", "ext-progress", "ext-schema-registry")
 EXT_CASES = [c for c in (load_cases(EXT_SUITES) if EXT_SUITES and EXT_SUITES.is_dir() else [])
              if c.path.split("/")[0] in EXTENSIONS]
-# Issue 49's suites (ojs-conformance-ext-more), each added here once seamq passes it whole; each case runs
+# Issue 49's suites (ojs-conformance-ext-more), all eleven; each case runs
 # against one server and again spread over two (a job saved through one is read through the other).
 MORE_SUITES = SUITES.parent.parent / "ojs-conformance-ext-more" / "suites" if SUITES else None
 MORE = ("ext-durable-execution", "ext-encryption", "ext-job-versioning", "ext-observability", "ext-graceful-shutdown",
-        "ext-middleware", "ext-backpressure", "ext-webhooks", "ext-rate-limiting")
+        "ext-middleware", "ext-backpressure", "ext-webhooks", "ext-rate-limiting", "ext-multi-tenancy",
+        "ext-fair-scheduling")
 MORE_CASES = [c for c in (load_cases(MORE_SUITES) if MORE_SUITES and MORE_SUITES.is_dir() else [])
               if c.path.split("/")[0] in MORE]
 
@@ -86,7 +87,7 @@ def test_the_extension_suites_are_there():
 
 def test_the_newer_extension_suites_are_there():
     assert MORE_SUITES is not None and MORE_SUITES.is_dir(), "expected ../shared/ojs-conformance-ext-more beside the clone"
-    assert {c.path.split("/")[0] for c in MORE_CASES} == set(MORE) and len(MORE_CASES) == 65
+    assert {c.path.split("/")[0] for c in MORE_CASES} == set(MORE) and len(MORE_CASES) == 76
 
 
 def counts_after_ack(case) -> bool:

@@ -178,3 +178,46 @@ async def _noted(n):  # added by the test
     with open(os.environ["RUNS"], "a") as runs:
         runs.write(f"end {n} 1 {os.getpid()} {time.time()}\\n")
 '''
+
+
+async def test_the_tenants_example_runs_as_written(nats_server, tmp_path):
+    """docs/jobs.md's tenants example, its file and its two commands as written: beta's 10 reports,
+    enqueued after acme's 100, start among the worker's first fetches."""
+    from seamq.jobs.client import JobsClient
+
+    from helpers.jobs_harness import JobServer
+
+    text = DOC.read_text()
+    [block] = [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if b.startswith("# myapp/reports.py:")]
+    assert "`python -m myapp.reports http://127.0.0.1:8080`" in text
+    assert "`seamq jobs worker --nats --queue\nreports --handler myapp.reports:jobs`" in text
+    (tmp_path / "myapp").mkdir()
+    (tmp_path / "myapp" / "reports.py").write_text(block)
+    server = JobServer(nats_server.url, tmp_path / "server.log").start()
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("SEAMQ_")}, "SEAMQ_NATS__URL": nats_server.url}
+    worker = None
+    try:
+        done = subprocess.run([sys.executable, "-m", "myapp.reports", server.url], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0 and "'tenant_id': 'beta'" in done.stdout and "'available': 10" in done.stdout, \
+            done.stdout + done.stderr
+        with open(tmp_path / "worker.log", "wb") as log:
+            worker = subprocess.Popen([sys.executable, "-m", "seamq", "jobs", "worker", "--nats", "--queue", "reports",
+                                       "--handler", "myapp.reports:jobs"], cwd=tmp_path, env=env, stdout=log,
+                                      stderr=subprocess.STDOUT)
+        async with JobsClient(server.url) as client:
+            for _ in range(2400):  # a liveness bound only
+                found = await client.jobs(queue="reports", state="completed")
+                if len(found) == 110:
+                    break
+                assert worker.poll() is None, (tmp_path / "worker.log").read_text()
+                await asyncio.sleep(0.05)
+            shown = [await client.info(j["id"]) for j in found]
+            order = sorted((job["started_at"], job["meta"]["tenant_id"]) for job in shown)
+    finally:
+        if worker is not None:
+            worker.terminate()
+            worker.wait(30)
+        server.stop()
+    beta = [n for n, (_, customer) in enumerate(order) if customer == "beta"]
+    assert len(beta) == 10 and beta[-1] < 2 * 10 + 10, beta  # the worker fetches 10 at most

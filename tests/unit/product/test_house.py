@@ -47,7 +47,7 @@ CORE = {"ids", "stopping", "units", "backoff", "health", "model", "envelope", "d
         "typed", "compat", "republish", "codec", "tables"}
 JOBS_CORE = {"jobs.model", "jobs.job", "jobs.attempts", "jobs.cron", "jobs.workflows", "jobs.schemas", "jobs.admin",
              "jobs.activity", "jobs.tally", "jobs.checkpoints", "jobs.webhooks", "jobs.backpressure",
-             "jobs.limits"}
+             "jobs.limits", "jobs.tenants", "jobs.pools"}
 WORKERS = {"relay", "consumer", "handling", "metered", "dlq_replay", "dlq_desk", "jobs.operations", "jobs.admission",
            "jobs.flows", "jobs.crontab", "jobs.queues", "jobs.events", "jobs.unique", "jobs.ext", "jobs.engine",
            "jobs.intake", "jobs.tallied", "jobs.hooks", "jobs.limiter", "tables_desk"}
@@ -106,7 +106,7 @@ ADAPTER_MODULES = {"memory", "memory_dead_letters", "memory_outbox", "inprocess"
 MORE_WORKERS = {"audit", "jobs.worker", "jobs.handlers", "jobs.durable"}
 FACES = ("cli.", "console.", "dev.")
 FACE_MODULES = {"__main__", "wiring", "doors", "testing", "asyncapi", "jobs.native", "jobs.app", "jobs.api", "jobs.auth",
-                "jobs.routes", "jobs.probe_routes", "jobs.hook_routes", "jobs.admin_routes", "jobs.console_routes", "jobs.ext_routes", "jobs.serve"}
+                "jobs.routes", "jobs.probe_routes", "jobs.hook_routes", "jobs.fair_routes", "jobs.admin_routes", "jobs.console_routes", "jobs.ext_routes", "jobs.serve"}
 LAYERS = ("core", "ports", "adapters", "workers", "faces")
 
 
