@@ -161,16 +161,21 @@ class JobsSettings(BaseModel):
     read_tokens: SecretStr | None = Field(None, description="bearer tokens that may only read, comma-separated")
     replicas: int | None = Field(None, ge=1, le=5, description="copies of the job streams and buckets in a NATS "
                                                              "cluster; default 3 in a cluster of 3 or more, else 1")
+    encryption_keys: SecretStr | None = Field(None, description="id:key (32 bytes, base64), comma-separated: "
+                                              "jobs pushed by seamq's client are sealed with the first, a worker "
+                                              "opens jobs sealed with any (docs/jobs.md, Encrypted args)")
     webhook_retry_delays: tuple[PositiveFloat, ...] = Field(
         (30.0, 120.0, 600.0, 3600.0, 14400.0, 43200.0, 86400.0), min_length=1, max_length=20,
         description="seconds before each retry of a webhook delivery, as JSON ([30, 120, ...]); the OJS spec's by default")
 
-    @field_validator("tokens", "read_tokens")
+    @field_validator("tokens", "read_tokens", "encryption_keys")
     @classmethod
     def _secret(cls, value: SecretStr | None) -> SecretStr | None:
         for token in (value.get_secret_value() if value else "").split(","):
             if token.strip():
                 register(token.strip())  # never in any output (seamq.redact)
+                if ":" in token:  # an encryption key's own part
+                    register(token.strip().partition(":")[2])
         return value
 
     def client_token(self) -> str | None:

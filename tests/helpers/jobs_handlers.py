@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 
@@ -100,3 +101,9 @@ async def paced(n: int, seconds: float, *, job: dict) -> dict:
     await asyncio.sleep(seconds)
     _note(f"end {job['id']} {job['attempt']} {os.getpid()} {time.time()}")
     return {"n": n}
+
+
+async def noted(*args, job: dict) -> int:
+    """The args as the function got them, one line per run (tests/integration/jobs/test_jobs_sealing.py)."""
+    _note(f"args {job['id']} {json.dumps(args)}")
+    return len(args)

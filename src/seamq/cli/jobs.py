@@ -15,6 +15,7 @@ from rich.table import Table
 from seamq.cli.common import JsonOption, console, exit_with, id_prefix, print_json, run, settings, the_one
 from seamq.jobs import tenants
 from seamq.jobs.model import FINISHED
+from seamq.jobs.sealing import Keys
 from seamq.model import ErrorCode, SeamqError, describe
 
 app = typer.Typer(help="Open Job Spec job server on NATS JetStream + KV.", no_args_is_help=True)
@@ -75,16 +76,26 @@ def worker(
         handlers = _handlers(handler)
         if tenant is not None and tenant != "_default" and not tenants.PATTERN.fullmatch(tenant):
             raise SeamqError(ErrorCode.INVALID_CONFIG, f"--tenant must match {tenants.PATTERN.pattern}")
+        keys = _keys()
     except SeamqError as exc:
         exit_with(exc)
     config = WorkerConfig(queues=tuple(queue), concurrency=concurrency, visibility_timeout=visibility_timeout,
-                          grace=grace, worker_id=worker_id, tenant=tenant)
+                          grace=grace, worker_id=worker_id, tenant=tenant, keys=keys)
     if nats:
         from seamq.jobs.native import run_native_worker
 
         run(run_native_worker(settings(), handlers, config))
     else:
         run(run_worker(url, handlers, config, settings().jobs.client_token()))
+
+
+def _keys() -> Keys | None:
+    """SEAMQ_JOBS__ENCRYPTION_KEYS, to open jobs their clients sealed (seamq.jobs.sealing)."""
+    given = settings().jobs.encryption_keys
+    try:
+        return Keys.parse(given.get_secret_value()) if given else None
+    except ValueError as exc:
+        raise SeamqError(ErrorCode.INVALID_CONFIG, f"SEAMQ_JOBS__ENCRYPTION_KEYS: {exc}") from None
 
 
 def _handlers(given: list[str]):

@@ -20,6 +20,8 @@ from urllib.parse import quote, urlencode
 import aiohttp
 
 from seamq.backoff import Backoff
+from seamq.jobs import sealing
+from seamq.jobs.sealing import Keys
 from seamq.http import CLIENT_IDLE
 from seamq.model import ErrorCode, SeamqError
 
@@ -43,10 +45,12 @@ class JobsError(Exception):
 
 
 class JobsClient:
-    def __init__(self, url: str, *, timeout: float = 30.0, retries: int = 3, token: str | None = None) -> None:
-        """`token`: a bearer token, when the server asks for one (SEAMQ_JOBS__TOKENS)."""
+    def __init__(self, url: str, *, timeout: float = 30.0, retries: int = 3, token: str | None = None,
+                 keys: Keys | None = None) -> None:
+        """`token`: a bearer token, when the server asks for one (SEAMQ_JOBS__TOKENS). `keys`: seal the
+        args of every job pushed (seamq.jobs.sealing: the server never sees them)."""
         self.url = url.rstrip("/") + "/ojs/v1"
-        self.retries = retries
+        self.retries, self.keys = retries, keys
         headers = {"Content-Type": MEDIA_TYPE, "Accept": MEDIA_TYPE}
         if token:
             headers["Authorization"] = f"Bearer {token}"
@@ -70,11 +74,14 @@ class JobsClient:
     async def push(self, type: str, args: list | None = None, *, queue: str | None = None,
                    options: dict | None = None, **fields: Any) -> dict:
         """Enqueue one job; `options` as OJS defines them (priority, scheduled_at, retry, unique, ...)."""
-        return (await self._call("POST", "/jobs", _job(type, args, queue, options, fields)))["job"]
+        return (await self._call("POST", "/jobs", self._sealed(_job(type, args, queue, options, fields))))["job"]
 
     async def push_batch(self, jobs: list[dict]) -> list[dict]:
         """Enqueue up to 1000 jobs (push bodies) at once: all of them or, on any error, none."""
-        return (await self._call("POST", "/jobs/batch", {"jobs": jobs}))["jobs"]
+        return (await self._call("POST", "/jobs/batch", {"jobs": [self._sealed(job) for job in jobs]}))["jobs"]
+
+    def _sealed(self, body: dict) -> dict:
+        return sealing.sealed(body, self.keys) if self.keys is not None else body
 
     async def info(self, job_id: str) -> dict:
         return (await self._call("GET", f"/jobs/{job_id}"))["job"]

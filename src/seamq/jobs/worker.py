@@ -32,9 +32,11 @@ from typing import Any, Callable
 
 import aiohttp
 
+from seamq.jobs import sealing
 from seamq.jobs.client import JobsClient, JobsError
 from seamq.jobs.durable import Checkpoint
 from seamq.jobs.handlers import JobHandlers, UnknownJobType
+from seamq.jobs.sealing import Keys
 from seamq.model import ErrorCode, SeamqError, describe
 from seamq.observability import log
 from seamq.redact import redact
@@ -53,6 +55,7 @@ class WorkerConfig:
     idle_wait: float = 0.2  # seconds between fetches when the queues are empty
     worker_id: str = ""
     tenant: str | None = None  # one tenant's jobs alone (seamq.jobs.tenants); None: every tenant's, in turn
+    keys: Keys | None = None  # to open the args of jobs sealed by their clients (seamq.jobs.sealing)
 
     @property
     def heartbeat_every(self) -> float:
@@ -111,14 +114,15 @@ class Worker:
         try:
             try:
                 handler = self.handlers.route(job["type"])
-                kwargs: dict[str, Any] = {"job": job} if handler.passes_job else {}
+                args = sealing.opened(job, self.config.keys)  # the client's args, when it sealed them
+                kwargs: dict[str, Any] = {"job": {**job, "args": args}} if handler.passes_job else {}
                 if handler.passes_checkpoint:
                     kwargs["checkpoint"] = Checkpoint(self.client, job, self.worker_id)
                 if not handler.in_thread:
-                    result = await handler.function(*job.get("args", []), **kwargs)
+                    result = await handler.function(*args, **kwargs)
                 else:
                     self.in_threads.add(job["id"])
-                    result = await asyncio.to_thread(handler.function, *job.get("args", []), **kwargs)
+                    result = await asyncio.to_thread(handler.function, *args, **kwargs)
             except asyncio.CancelledError:
                 if job["id"] in self.cancelled:
                     raise
@@ -126,6 +130,11 @@ class Worker:
                                                                  "the worker stopped before the job finished"},
                                                     requeue=True), job, "released")
                 raise
+            except sealing.Unopenable as exc:  # another worker may hold the key (a rotation half done)
+                log.warning("job_args_unopenable", job_id=job["id"], type=job["type"], error=str(exc))
+                self._settle_later(self.client.nack(job["id"], {"code": "args_unopenable", "type": "Unopenable",
+                                                                 "message": str(exc)}), job, "nack")
+                return
             except UnknownJobType as exc:
                 log.warning("job_type_unknown", job_id=job["id"], type=job["type"], error=str(exc))
                 self._settle_later(self.client.nack(job["id"], {"code": "unknown_job_type", "type": "UnknownJobType",

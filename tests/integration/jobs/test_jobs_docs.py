@@ -3,6 +3,7 @@ port instead of 8080 (in the files too), against the harness's nats-server), and
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import json
 import os
@@ -221,3 +222,50 @@ async def test_the_tenants_example_runs_as_written(nats_server, tmp_path):
         server.stop()
     beta = [n for n, (_, customer) in enumerate(order) if customer == "beta"]
     assert len(beta) == 10 and beta[-1] < 2 * 10 + 10, beta  # the worker fetches 10 at most
+
+
+async def test_the_encrypted_args_example_runs_as_written(nats_server, tmp_path):
+    """docs/jobs.md's sealed-args example, its file and commands as written: the server holds one
+    ciphertext string; the worker, given the key, calls the function with the args in the clear."""
+    import base64
+
+    from seamq.jobs.client import JobsClient
+
+    from helpers.jobs_harness import JobServer
+
+    text = DOC.read_text()
+    [block] = [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if b.startswith("# myapp/mail.py:")]
+    assert "`python -m myapp.mail http://127.0.0.1:8080`" in text
+    assert "`seamq jobs worker --nats --queue mail --handler\nmyapp.mail:jobs`" in text
+    assert "    ...  # send it\n" in block
+    (tmp_path / "myapp").mkdir()
+    (tmp_path / "myapp" / "mail.py").write_text(block.replace(  # the example, its function also noting its args
+        "    ...  # send it\n", "    open(os.environ['NOTED'], 'a').write(f'{address} {card_last4}\\n')\n"))
+    key = base64.b64encode(bytes(range(32))).decode()
+    server = JobServer(nats_server.url, tmp_path / "server.log").start()
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("SEAMQ_")}, "SEAMQ_NATS__URL": nats_server.url,
+           "SEAMQ_JOBS__ENCRYPTION_KEYS": f"k1:{key}", "NOTED": str(tmp_path / "noted.txt")}
+    worker = None
+    try:
+        done = subprocess.run([sys.executable, "-m", "myapp.mail", server.url], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0 and "example.com" not in done.stdout and len(ast.literal_eval(done.stdout)) == 1, done.stderr
+        with open(tmp_path / "worker.log", "wb") as log:
+            worker = subprocess.Popen([sys.executable, "-m", "seamq", "jobs", "worker", "--nats", "--queue", "mail",
+                                       "--handler", "myapp.mail:jobs"], cwd=tmp_path, env=env, stdout=log,
+                                      stderr=subprocess.STDOUT)
+        async with JobsClient(server.url) as client:
+            for _ in range(1200):  # a liveness bound only
+                found = await client.jobs(queue="mail", state="completed")
+                if found:
+                    break
+                assert worker.poll() is None, (tmp_path / "worker.log").read_text()
+                await asyncio.sleep(0.05)
+            assert (await client.info(found[0]["id"]))["result"] == "sent"
+    finally:
+        if worker is not None:
+            worker.terminate()
+            worker.wait(30)
+        server.stop()
+    assert (tmp_path / "noted.txt").read_text() == "ada@example.com 4242\n"
+    assert key not in (tmp_path / "worker.log").read_text()
