@@ -20,6 +20,7 @@ from seamq.jobs.auth import Guard, Tokens
 from seamq.jobs.console_routes import console_routes
 from seamq.jobs.engine import Engine
 from seamq.jobs.model import OjsError
+from seamq.jobs.ports import Post
 from seamq.nats.publisher import UNREACHABLE
 from seamq.observability import log
 from seamq.model import describe
@@ -28,14 +29,15 @@ ADMIN_UI_PATH = "/ojs/admin"
 
 
 def build_app(engine: Engine, *, test_mode: bool = False, conformance_level: int = 4,
-              admin_ui: Path | None = None, tokens: Tokens = Tokens()) -> OjsHeaders:
+              admin_ui: Path | None = None, tokens: Tokens = Tokens(), post: Post | None = None) -> OjsHeaders:
+    """`post`: how webhooks are sent, for a subscription's test ping (seamq.jobs.poster)."""
     async def reset(request: Request) -> Response:
         await engine.reset()
         return answer({"reset": True})
 
     table = [*routes.core(engine, conformance_level), *ext_routes.extensions(engine), *admin_routes(engine),
              *console_routes(engine), *probe_routes.probes(engine),
-             *hook_routes(engine), *fair_routes(engine)]
+             *hook_routes(engine, post), *fair_routes(engine)]
     if test_mode:
         table.append(Route("/ojs/v1/admin/reset", reset, methods=["POST"]))
     if admin_ui is not None:

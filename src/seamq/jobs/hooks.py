@@ -73,6 +73,18 @@ class Subscriptions:
         self.queues.kept(record["_key"], record)
         return record
 
+    async def rotate(self, sub_id: str, body: Any) -> tuple[dict, str]:
+        held = await self.store.get(webhooks.key(sub_id))
+        if held is None:
+            raise webhooks.not_found(sub_id)
+        record, secret = webhooks.rotated(held.record, body, self.clock())
+        try:
+            await self.store.commit([Write(record["_key"], record, held.revision)])
+        except Conflict:
+            raise conflict(f"subscription {sub_id} changed meanwhile; try again") from None
+        self.queues.kept(record["_key"], record)
+        return record, secret
+
     async def delete(self, sub_id: str) -> None:
         """Gone at once for every server: its waiting deliveries are dropped as they come."""
         await self.get(sub_id)

@@ -36,7 +36,7 @@ async def serve(settings: Settings, *, host: str, port: int, test_mode: bool = F
         try:
             tokens = Tokens.parse(*(t.get_secret_value() if t else None for t in (settings.jobs.tokens,
                                                                                    settings.jobs.read_tokens)))
-            app = build_app(engine, test_mode=test_mode, admin_ui=admin_ui, tokens=tokens)
+            app = build_app(engine, test_mode=test_mode, admin_ui=admin_ui, tokens=tokens, post=post)
             config = uvicorn_config(app, host, port)
             if stop is None:
                 # What exists now (modules, the app) lives as long as the process:

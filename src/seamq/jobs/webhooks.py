@@ -23,6 +23,7 @@ from seamq import codec
 from seamq.jobs.model import OjsError, invalid, iso, uuid7
 
 PREFIX = "webhook."  # subscriptions: records every server follows
+ROTATION = 86400  # seconds a rotated secret still signs beside the new one (the spec's 24 hours)
 SCHEDULE = (30.0, 120.0, 600.0, 3600.0, 14400.0, 43200.0, 86400.0)  # seconds before attempts 2 to 8 (the spec's)
 TIMEOUT = 30.0  # seconds a receiver has to answer
 USER_AGENT = "seamq-OJS-Webhook/1.0"
@@ -129,9 +130,29 @@ def signature(secret: str, timestamp: int, body: bytes) -> str:
 
 
 def headers(record: dict[str, Any], event: dict[str, Any], delivery: str, timestamp: int, body: bytes) -> dict[str, str]:
+    """A delivery's headers; signed with the current secret and, for ROTATION seconds after a rotation,
+    also with the one before (`sha256=new,sha256=old`: a receiver not yet given the new one still verifies)."""
+    secrets_now = [record["_secret"], *([record["_old_secret"]] if record.get("_old_until", 0) > timestamp else [])]
     return {"Content-Type": "application/json", "User-Agent": USER_AGENT, "X-OJS-Event-Type": event["type"],
             "X-OJS-Delivery-ID": delivery, "X-OJS-Subscription-ID": record["id"], "X-OJS-Timestamp": str(timestamp),
-            "X-OJS-Signature": signature(record["_secret"], timestamp, body)}
+            "X-OJS-Signature": ",".join(signature(secret, timestamp, body) for secret in secrets_now)}
+
+
+def rotated(record: dict[str, Any], body: Any, now: datetime) -> tuple[dict[str, Any], str]:
+    """The subscription with a new secret (the body's, else one made here) and the old one kept for
+    ROTATION seconds; the new secret, to be said once."""
+    given = body.get("secret") if isinstance(body, dict) else None
+    if given is not None and (not isinstance(given, str) or len(given) < 16):
+        raise invalid("secret must be a string of at least 16 characters (or leave it out: one is made)")
+    secret = given or f"whsec_{secrets.token_urlsafe(32)}"
+    return {**record, "_secret": secret, "_old_secret": record["_secret"], "_old_until": int(now.timestamp()) + ROTATION,
+            "secret_rotated_at": iso(now)}, secret
+
+
+def ping(record: dict[str, Any], now: datetime) -> dict[str, Any]:
+    """The synthetic event `POST .../test` sends (the spec's `webhook.test`)."""
+    return {"specversion": "1.0", "id": f"evt_{uuid7()}", "type": "webhook.test", "source": "ojs://seamq",
+            "time": iso(now), "datacontenttype": "application/json", "data": {"subscription_id": record["id"]}}
 
 
 def outcome(status: int | None) -> str:

@@ -136,3 +136,59 @@ async def test_a_receiver_that_refuses_a_delivery_makes_it_dead_at_once_and_reco
     finally:
         await runner.cleanup()
         server.stop()
+
+
+def signed_with(secret: str, got: dict) -> bool:
+    expected = "sha256=" + hmac.new(secret.encode(), f"{got['timestamp']}.".encode() + got["body"], hashlib.sha256).hexdigest()
+    return any(hmac.compare_digest(given, expected) for given in got["signature"].split(","))
+
+
+async def test_a_ping_says_what_the_receiver_answered_and_a_rotated_secret_signs_beside_the_old_one(nats_server, tmp_path):
+    servers = [JobServer(nats_server.url, tmp_path / f"server-{n}.log").start() for n in (1, 2)]
+    got: list[dict] = []
+
+    async def hook(request: web.Request) -> web.Response:
+        got.append({"body": await request.read(), "timestamp": request.headers["X-OJS-Timestamp"],
+                    "signature": request.headers["X-OJS-Signature"]})
+        return web.Response(text="ok")
+
+    app = web.Application()
+    app.router.add_post("/hook", hook)
+    runner, port = web.AppRunner(app), free_port()
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        async with JobsClient(servers[0].url) as client, aiohttp.ClientSession() as http:
+            base = [f"{s.url}/ojs/v1/webhooks/subscriptions" for s in servers]
+            async with http.post(base[0], json={"url": f"http://127.0.0.1:{port}/hook", "events": ["job.completed"],
+                                                "secret": SECRET, "filter": {"queues": ["rotated"]}}) as answer:
+                sub = (await answer.json())["subscription"]["id"]
+            async with http.post(f"{base[1]}/{sub}/test") as answer:
+                pinged = await answer.json()
+            assert answer.status == 200 and pinged["success"] is True and pinged["status_code"] == 200, pinged
+            assert json.loads(got[0]["body"])["type"] == "webhook.test" and signed_with(SECRET, got[0])
+            async with http.post(f"{base[1]}/{sub}/rotate-secret", json={}) as answer:
+                rotated = await answer.json()
+            new = rotated["secret"]
+            assert answer.status == 200 and new != SECRET and len(new) >= 16
+            async with http.get(f"{base[0]}/{sub}") as answer:
+                assert new not in await answer.text() and SECRET not in await answer.text()
+            await completed(client, "rotated", 1)
+            for _ in range(600):  # a liveness bound only
+                if len(got) >= 2:
+                    break
+                await asyncio.sleep(0.05)
+            delivered = got[1]
+            assert len(delivered["signature"].split(",")) == 2
+            assert signed_with(new, delivered) and signed_with(SECRET, delivered)  # either secret verifies
+            assert not signed_with("whsec_someone_else_entirely", delivered)
+            await runner.cleanup()  # the receiver is gone: a ping says so
+            async with http.post(f"{base[0]}/{sub}/test") as answer:
+                failed = await answer.json()
+            assert failed["success"] is False and failed["status_code"] is None and failed["error"]
+    finally:
+        await runner.cleanup()
+        for server in servers:
+            server.stop()
+    logs = "".join((tmp_path / f"server-{n}.log").read_text() for n in (1, 2))
+    assert new not in logs and SECRET not in logs
