@@ -164,6 +164,9 @@ class JobsSettings(BaseModel):
     encryption_keys: SecretStr | None = Field(None, description="id:key (32 bytes, base64), comma-separated: "
                                               "jobs pushed by seamq's client are sealed with the first, a worker "
                                               "opens jobs sealed with any (docs/jobs.md, Encrypted args)")
+    webhook_private_addresses: bool = Field(False, description="deliver webhooks to loopback, private and link-local "
+                                                               "addresses too (receivers inside your network); off, "
+                                                               "a subscription cannot reach into it")
     webhook_retry_delays: tuple[PositiveFloat, ...] = Field(
         (30.0, 120.0, 600.0, 3600.0, 14400.0, 43200.0, 86400.0), min_length=1, max_length=20,
         description="seconds before each retry of a webhook delivery, as JSON ([30, 120, ...]); the OJS spec's by default")

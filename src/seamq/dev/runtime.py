@@ -182,7 +182,9 @@ async def run_workers(settings: Settings, topology: Topology, stop: asyncio.Even
         from seamq.jobs.serve import serve as serve_jobs
 
         # With a cluster, one job server per NATS node, as behind a load balancer in production: any
-        # of them answers any request (docs/jobs.md, "Several servers").
+        # of them answers any request (docs/jobs.md, "Several servers"). A local runtime's webhook
+        # receivers are local too.
+        settings = settings.model_copy(update={"jobs": settings.jobs.model_copy(update={"webhook_private_addresses": True})})
         for n in range(job_servers):
             port = _port(jobs_port + n)
             sock = listening_socket("127.0.0.1", port)  # listening before "ready" is said

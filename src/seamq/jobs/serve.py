@@ -30,7 +30,7 @@ async def serve(settings: Settings, *, host: str, port: int, test_mode: bool = F
     try:
         store = await NatsJobStore(nc, replicas=settings.jobs.replicas).start()
         engine = await Engine(store, test_mode=test_mode).start()
-        hooks, post = await NatsHooks(nc, replicas=store.replicas).start(), Poster()
+        hooks, post = await NatsHooks(nc, replicas=store.replicas).start(), Poster(private_addresses=settings.jobs.webhook_private_addresses)
         delivering = asyncio.create_task(Deliverer(hooks, engine.store, engine.webhooks, post,
                                                    schedule=settings.jobs.webhook_retry_delays).run())
         try:

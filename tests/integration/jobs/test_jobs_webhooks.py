@@ -19,7 +19,8 @@ from helpers.jobs_harness import JobServer
 
 SECRET = "whsec_test_secret_0123456789"
 DOWN_FOR = 30.0  # seconds the receiver is away
-RETRY_DELAYS = json.dumps([3.0] * 20)  # an attempt every 3 s, for 60 s: twice the downtime
+RETRY_DELAYS = json.dumps([3.0] * 20)
+LOCAL = {"SEAMQ_JOBS__WEBHOOK_PRIVATE_ADDRESSES": "true"}  # the receivers are on 127.0.0.1  # an attempt every 3 s, for 60 s: twice the downtime
 
 
 class Receiver:
@@ -56,7 +57,7 @@ async def completed(client: JobsClient, queue: str, count: int) -> list[str]:
 
 
 async def test_a_receiver_down_for_30_s_gets_every_event_once_it_is_back(nats_server, tmp_path):
-    env = {"SEAMQ_JOBS__WEBHOOK_RETRY_DELAYS": RETRY_DELAYS}
+    env = {"SEAMQ_JOBS__WEBHOOK_RETRY_DELAYS": RETRY_DELAYS, **LOCAL}
     servers = [JobServer(nats_server.url, tmp_path / f"server-{n}.log", env=env).start() for n in (1, 2)]
     receiver = Receiver()
     await receiver.start()
@@ -103,7 +104,8 @@ async def test_a_receiver_down_for_30_s_gets_every_event_once_it_is_back(nats_se
 
 async def test_a_receiver_that_refuses_a_delivery_makes_it_dead_at_once_and_recorded(nats_server, tmp_path):
     """A 4xx other than 429 is not asked again (the spec): one attempt, recorded dead with its status."""
-    server = JobServer(nats_server.url, tmp_path / "server.log", env={"SEAMQ_JOBS__WEBHOOK_RETRY_DELAYS": RETRY_DELAYS}).start()
+    server = JobServer(nats_server.url, tmp_path / "server.log", env={"SEAMQ_JOBS__WEBHOOK_RETRY_DELAYS": RETRY_DELAYS,
+                                                                                **LOCAL}).start()
     refused: list[str] = []
 
     async def refuse(request: web.Request) -> web.Response:
@@ -144,7 +146,7 @@ def signed_with(secret: str, got: dict) -> bool:
 
 
 async def test_a_ping_says_what_the_receiver_answered_and_a_rotated_secret_signs_beside_the_old_one(nats_server, tmp_path):
-    servers = [JobServer(nats_server.url, tmp_path / f"server-{n}.log").start() for n in (1, 2)]
+    servers = [JobServer(nats_server.url, tmp_path / f"server-{n}.log", env=LOCAL).start() for n in (1, 2)]
     got: list[dict] = []
 
     async def hook(request: web.Request) -> web.Response:
@@ -192,3 +194,26 @@ async def test_a_ping_says_what_the_receiver_answered_and_a_rotated_secret_signs
             server.stop()
     logs = "".join((tmp_path / f"server-{n}.log").read_text() for n in (1, 2))
     assert new not in logs and SECRET not in logs
+
+
+async def test_by_default_no_delivery_reaches_into_the_servers_own_network(nats_server, tmp_path):
+    """A subscription's URL is anyone's to choose: loopback, private and link-local addresses (a cloud's
+    metadata service) are refused unless SEAMQ_JOBS__WEBHOOK_PRIVATE_ADDRESSES allows them."""
+    server = JobServer(nats_server.url, tmp_path / "server.log").start()
+    receiver = Receiver()
+    await receiver.start()
+    try:
+        async with aiohttp.ClientSession() as http:
+            base = f"{server.url}/ojs/v1/webhooks/subscriptions"
+            for url in (f"http://127.0.0.1:{receiver.port}/hook", f"http://localhost:{receiver.port}/hook",
+                        "http://169.254.169.254/latest/meta-data/", "http://[::1]:9/hook", "http://10.0.0.7/hook"):
+                async with http.post(base, json={"url": url, "events": ["job.completed"], "secret": SECRET}) as answer:
+                    sub = (await answer.json())["subscription"]["id"]
+                async with http.post(f"{base}/{sub}/test") as answer:
+                    pinged = await answer.json()
+                assert pinged["success"] is False and pinged["status_code"] is None, (url, pinged)
+                assert pinged["error"].startswith("refused:") and "inside this network" in pinged["error"], pinged
+    finally:
+        await receiver.stop()
+        server.stop()
+    assert receiver.got == []
