@@ -61,7 +61,8 @@ def routes(console: Console, desk: DeadLetterDesk, jobs: JobsClient) -> list[Rou
 
     async def scheduled(ctx: Ctx) -> Response:
         return console.render("jobs_more.html", ctx, crons=await jobs.crons(), workflows=await jobs.workflows(),
-                              webhooks=await jobs.webhooks(), limits=await jobs.rate_limits())
+                              webhooks=await jobs.webhooks(), limits=await jobs.rate_limits(),
+                              tenants=await jobs.tenants())
 
     return [
         Route("/jobs", console.page(queues)),

@@ -147,6 +147,10 @@ class JobsClient:
         """A rate limit key as it stands: its limits, the jobs it lets run now, the starts in its window."""
         return await self._call("GET", f"/rate-limits/{key}")
 
+    async def tenants(self) -> list[dict]:
+        """Every tenant with its counts (a pass over the tallies: for an operator's page, not a loop)."""
+        return (await self._call("GET", "/admin/tenants?per_page=200"))["items"]
+
     async def tenant(self, tenant_id: str) -> dict:
         """A tenant's counts, in all and in each queue that holds or held its jobs."""
         return await self._call("GET", f"/admin/tenants/{quote(tenant_id, safe='')}/stats")

@@ -272,12 +272,15 @@ def test_a_dead_job_is_retried_from_the_jobs_page(stack, browser):
             await jobs._call("POST", "/webhooks/subscriptions", {
                 "url": "http://hooks:hook-pass-9@127.0.0.1:9/never", "events": ["job.*"], "secret": "s" * 16})
             await jobs.push("report.print", [5], options={"queue": "printing",
-                                                            "rate_limit": {"key": "printer:hall", "concurrency": 2}})
+                                                            "rate_limit": {"key": "printer:hall", "concurrency": 2}},
+                            meta={"tenant_id": "acme:eu"})
     asyncio.run(more())
     b.open(stack.url + "/jobs/cron-and-workflows", "hourly-report")
     assert "0 * * * *" in b.driver.find_element(By.ID, "crons").text
     limited = b.driver.find_element(By.ID, "rate-limits").text
     assert "printer:hall" in limited and "0 / 2" in limited and "wait" in limited
+    tenant_row = next(r for r in b.driver.find_elements(By.CSS_SELECTOR, "#tenants tbody tr") if "acme:eu" in r.text)
+    assert tenant_row.text.split()[1:2] == ["1"] and "printing" in tenant_row.text  # its one job, available
     hooks = b.driver.find_element(By.CSS_SELECTOR, "[id^=webhook-]").text
     assert "127.0.0.1:9/never" in hooks and "job.*" in hooks and "hook-pass-9" not in b.driver.page_source
     steps = b.driver.find_element(By.ID, "workflows").text
