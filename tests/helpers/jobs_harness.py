@@ -3,7 +3,9 @@ what the workers' runs wrote (tests/helpers/jobs_handlers.py), read back."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import signal
 import subprocess
 import sys
 from collections import defaultdict
@@ -67,3 +69,25 @@ def runs_of(path: Path) -> dict[str, list[dict]]:
             run = next(r for r in runs[job_id] if r["attempt"] == int(attempt) and r["pid"] == int(pid))
             run.update(end=float(at), how=what)
     return runs
+
+
+def start_beside(servers: list[JobServer], nats_url: str, folder: Path, *, queue: str, handler: str,
+                 effects: Path) -> list[subprocess.Popen]:
+    """A worker over HTTP per server and two `--nats` ones on `queue`, their logs `folder`/worker-N.log."""
+    return [start_worker(how, queue=queue, handler=handler, effects=effects, log=folder / f"worker-{n}.log",
+                         nats_url=nats_url)
+            for n, how in enumerate([["--url", s.url] for s in servers] + [["--nats"], ["--nats"]])]
+
+
+def running(workers: list[subprocess.Popen], folder: Path) -> None:
+    assert all(w.poll() is None for w in workers), [(folder / f"worker-{n}.log").read_text() for n in range(len(workers))]
+
+
+async def stopped(workers: list[subprocess.Popen], servers: list[JobServer]) -> None:
+    """Every worker stopped as an operator stops it (SIGTERM, then waited for), then every server."""
+    for worker in workers:
+        worker.send_signal(signal.SIGTERM)
+    for worker in workers:
+        await asyncio.to_thread(worker.wait, 30)
+    for server in servers:
+        server.stop()

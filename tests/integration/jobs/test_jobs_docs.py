@@ -125,8 +125,6 @@ async def test_the_checkpoint_example_resumes_as_written(nats_server, tmp_path):
 async def test_the_rate_limit_example_runs_as_written(nats_server, tmp_path):
     """docs/jobs.md's rate limit example, its file as written and its two commands: 30 invoices enqueued
     (the key printed as it stands), run by `seamq jobs worker --nats` 10 a second at most, 3 at once."""
-    from seamq.jobs.client import JobsClient
-
     from helpers.jobs_harness import JobServer, runs_of
 
     [block] = [b for b in re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S) if b.startswith("# myapp/invoices.py:")]
@@ -140,28 +138,14 @@ async def test_the_rate_limit_example_runs_as_written(nats_server, tmp_path):
     server = JobServer(nats_server.url, tmp_path / "server.log").start()
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("SEAMQ_")}, "SEAMQ_NATS__URL": nats_server.url,
            "RUNS": str(tmp_path / "runs.txt")}
-    worker = None
     try:
         done = subprocess.run([sys.executable, "-m", "myapp.invoices", server.url, "30"], cwd=tmp_path, env=env,
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 0 and "'key': 'partner-api'" in done.stdout, done.stdout + done.stderr
-        with open(tmp_path / "worker.log", "wb") as log:
-            worker = subprocess.Popen([sys.executable, "-m", "seamq", "jobs", "worker", "--nats", "--queue", "invoices",
-                                       "--handler", "myapp.invoices:jobs"], cwd=tmp_path, env=env, stdout=log,
-                                      stderr=subprocess.STDOUT)
-        async with JobsClient(server.url) as client:
-            for _ in range(2400):  # a liveness bound only
-                found = await client.jobs(queue="invoices", state="completed")
-                if len(found) == 30:
-                    break
-                assert worker.poll() is None, (tmp_path / "worker.log").read_text()
-                await asyncio.sleep(0.05)
-            starts = sorted([parse_time((await client.info(j["id"]))["started_at"]) for j in found])
+        shown = await worked(tmp_path, env, server.url, "invoices", "myapp.invoices:jobs", 30)
     finally:
-        if worker is not None:
-            worker.terminate()
-            worker.wait(30)
         server.stop()
+    starts = sorted(parse_time(job["started_at"]) for job in shown)
     assert len(starts) == 30
     assert max(sum(1 for s in starts[i:] if (s - t).total_seconds() < 1) for i, t in enumerate(starts)) <= 10
     runs = [r for rs in runs_of(tmp_path / "runs.txt").values() for r in rs]
@@ -184,8 +168,6 @@ async def _noted(n):  # added by the test
 async def test_the_tenants_example_runs_as_written(nats_server, tmp_path):
     """docs/jobs.md's tenants example, its file and its two commands as written: beta's 10 reports,
     enqueued after acme's 100, start among the worker's first fetches."""
-    from seamq.jobs.client import JobsClient
-
     from helpers.jobs_harness import JobServer
 
     text = DOC.read_text()
@@ -196,30 +178,15 @@ async def test_the_tenants_example_runs_as_written(nats_server, tmp_path):
     (tmp_path / "myapp" / "reports.py").write_text(block)
     server = JobServer(nats_server.url, tmp_path / "server.log").start()
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("SEAMQ_")}, "SEAMQ_NATS__URL": nats_server.url}
-    worker = None
     try:
         done = subprocess.run([sys.executable, "-m", "myapp.reports", server.url], cwd=tmp_path, env=env,
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 0 and "'tenant_id': 'beta'" in done.stdout and "'available': 10" in done.stdout, \
             done.stdout + done.stderr
-        with open(tmp_path / "worker.log", "wb") as log:
-            worker = subprocess.Popen([sys.executable, "-m", "seamq", "jobs", "worker", "--nats", "--queue", "reports",
-                                       "--handler", "myapp.reports:jobs"], cwd=tmp_path, env=env, stdout=log,
-                                      stderr=subprocess.STDOUT)
-        async with JobsClient(server.url) as client:
-            for _ in range(2400):  # a liveness bound only
-                found = await client.jobs(queue="reports", state="completed")
-                if len(found) == 110:
-                    break
-                assert worker.poll() is None, (tmp_path / "worker.log").read_text()
-                await asyncio.sleep(0.05)
-            shown = [await client.info(j["id"]) for j in found]
-            order = sorted((job["started_at"], job["meta"]["tenant_id"]) for job in shown)
+        shown = await worked(tmp_path, env, server.url, "reports", "myapp.reports:jobs", 110)
     finally:
-        if worker is not None:
-            worker.terminate()
-            worker.wait(30)
         server.stop()
+    order = sorted((job["started_at"], job["meta"]["tenant_id"]) for job in shown)
     beta = [n for n, (_, customer) in enumerate(order) if customer == "beta"]
     assert len(beta) == 10 and beta[-1] < 2 * 10 + 10, beta  # the worker fetches 10 at most
 
@@ -228,8 +195,6 @@ async def test_the_encrypted_args_example_runs_as_written(nats_server, tmp_path)
     """docs/jobs.md's sealed-args example, its file and commands as written: the server holds one
     ciphertext string; the worker, given the key, calls the function with the args in the clear."""
     import base64
-
-    from seamq.jobs.client import JobsClient
 
     from helpers.jobs_harness import JobServer
 
@@ -245,27 +210,35 @@ async def test_the_encrypted_args_example_runs_as_written(nats_server, tmp_path)
     server = JobServer(nats_server.url, tmp_path / "server.log").start()
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("SEAMQ_")}, "SEAMQ_NATS__URL": nats_server.url,
            "SEAMQ_JOBS__ENCRYPTION_KEYS": f"k1:{key}", "NOTED": str(tmp_path / "noted.txt")}
-    worker = None
     try:
         done = subprocess.run([sys.executable, "-m", "myapp.mail", server.url], cwd=tmp_path, env=env,
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 0 and "example.com" not in done.stdout and len(ast.literal_eval(done.stdout)) == 1, done.stderr
-        with open(tmp_path / "worker.log", "wb") as log:
-            worker = subprocess.Popen([sys.executable, "-m", "seamq", "jobs", "worker", "--nats", "--queue", "mail",
-                                       "--handler", "myapp.mail:jobs"], cwd=tmp_path, env=env, stdout=log,
-                                      stderr=subprocess.STDOUT)
-        async with JobsClient(server.url) as client:
-            for _ in range(1200):  # a liveness bound only
-                found = await client.jobs(queue="mail", state="completed")
-                if found:
+        [shown] = await worked(tmp_path, env, server.url, "mail", "myapp.mail:jobs", 1)
+    finally:
+        server.stop()
+    assert shown["result"] == "sent"
+    assert (tmp_path / "noted.txt").read_text() == "ada@example.com 4242\n"
+    assert key not in (tmp_path / "worker.log").read_text()
+
+
+async def worked(tmp_path, env: dict, server_url: str, queue: str, handler: str, count: int) -> list[dict]:
+    """`seamq jobs worker --nats --queue QUEUE --handler HANDLER`, run in the example's folder until `count`
+    jobs of the queue completed; those jobs as the server shows them."""
+    from seamq.jobs.client import JobsClient
+
+    with open(tmp_path / "worker.log", "wb") as log:
+        worker = subprocess.Popen([sys.executable, "-m", "seamq", "jobs", "worker", "--nats", "--queue", queue,
+                                   "--handler", handler], cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        async with JobsClient(server_url) as client:
+            for _ in range(2400):  # a liveness bound only
+                found = await client.jobs(queue=queue, state="completed")
+                if len(found) >= count:
                     break
                 assert worker.poll() is None, (tmp_path / "worker.log").read_text()
                 await asyncio.sleep(0.05)
-            assert (await client.info(found[0]["id"]))["result"] == "sent"
+            return [await client.info(job["id"]) for job in found]
     finally:
-        if worker is not None:
-            worker.terminate()
-            worker.wait(30)
-        server.stop()
-    assert (tmp_path / "noted.txt").read_text() == "ada@example.com 4242\n"
-    assert key not in (tmp_path / "worker.log").read_text()
+        worker.terminate()
+        worker.wait(30)

@@ -20,7 +20,7 @@ import aiohttp
 from seamq.jobs.client import JobsClient
 from seamq.jobs.model import parse_time
 
-from helpers.jobs_harness import JobServer, start_worker
+from helpers.jobs_harness import JobServer, running, start_beside, start_worker, stopped
 
 BIG, SMALL, WORKERS, AT_ONCE = 1000, 100, 5, 8
 
@@ -48,23 +48,17 @@ async def test_a_tenant_with_a_tenth_of_the_jobs_is_not_held_back_by_the_other(n
             assert len(probed) == 3 and {j["meta"]["tenant_id"] for j in probed} == {"small"}
             for job in probed:
                 await client.ack(job["id"], None)
-            for n, how in enumerate([["--url", s.url] for s in servers] + [["--nats"], ["--nats"]]):
-                workers.append(start_worker(how, queue="shared", handler="paced", effects=tmp_path / "runs.txt",
-                                            log=tmp_path / f"worker-{n}.log", nats_url=nats_server.url))
+            workers = start_beside(servers, nats_server.url, tmp_path, queue="shared", handler="paced",
+                                   effects=tmp_path / "runs.txt")
             for _ in range(2400):  # a liveness bound only
                 if (await client.tenant("big"))["jobs"]["completed"] + (await client.tenant("small"))["jobs"]["completed"] \
                         == BIG + SMALL:
                     break
-                assert all(w.poll() is None for w in workers), [(tmp_path / f"worker-{n}.log").read_text() for n in range(5)]
+                running(workers, tmp_path)
                 await asyncio.sleep(0.1)
             started = {job_id: parse_time((await client.info(job_id))["started_at"]) for job_id in big + small}
     finally:
-        for worker in workers:
-            worker.send_signal(signal.SIGTERM)
-        for worker in workers:
-            await asyncio.to_thread(worker.wait, 30)
-        for server in servers:
-            server.stop()
+        await stopped(workers, servers)
 
     order = sorted((at, job_id in small) for job_id, at in started.items() if job_id not in {j["id"] for j in probed})
     places = [n for n, (_, is_small) in enumerate(order) if is_small]

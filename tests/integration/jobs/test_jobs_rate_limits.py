@@ -14,14 +14,13 @@ moment its key let it start, on the clock of the server that decided) and from w
 from __future__ import annotations
 
 import asyncio
-import signal
 import time
 from datetime import datetime, timedelta, timezone
 
 from seamq.jobs.client import JobsClient
 from seamq.jobs.model import parse_time
 
-from helpers.jobs_harness import JobServer, runs_of, start_worker
+from helpers.jobs_harness import JobServer, running, runs_of, start_beside, stopped
 
 RATE, SPAN, RATED = 20, 60.0, 1300  # 65 s of starts at RATE: the key is at its limit for the whole span
 CONCURRENCY, HELD, BUSY = 3, 150, 0.2
@@ -60,13 +59,11 @@ async def test_a_rate_and_a_concurrency_limit_hold_across_three_servers_and_nati
             rated = await push(client, RATED, 0.0, {"key": "partner", "rate": {"limit": RATE, "period": "PT1S"}})
             held = await push(client, HELD, BUSY, {"key": "db", "concurrency": CONCURRENCY})
             free = await push(client, FREE, 0.0, None)
-            for n, how in enumerate([["--url", s.url] for s in servers] + [["--nats"], ["--nats"]]):
-                workers.append(start_worker(how, queue="limited", handler="paced", effects=effects,
-                                            log=tmp_path / f"worker-{n}.log", nats_url=nats_server.url))
+            workers = start_beside(servers, nats_server.url, tmp_path, queue="limited", handler="paced", effects=effects)
             first = None
             for _ in range(2400):  # a liveness bound only: the span is measured on the jobs' own times
                 await asyncio.sleep(0.05)
-                assert all(w.poll() is None for w in workers), [(tmp_path / f"worker-{n}.log").read_text() for n in range(5)]
+                running(workers, tmp_path)
                 if first is None and runs_of(effects):
                     first = time.time()
                 if first is not None and time.time() > first + SPAN + 3:
@@ -78,12 +75,7 @@ async def test_a_rate_and_a_concurrency_limit_hold_across_three_servers_and_nati
                     jobs[job_id] = await readers[n % 3].info(job_id)
                 shown = {key: await readers[n % 3].rate_limit(key) for n, key in enumerate(("partner", "db"))}
     finally:
-        for worker in workers:
-            worker.send_signal(signal.SIGTERM)
-        for worker in workers:
-            await asyncio.to_thread(worker.wait, 30)
-        for server in servers:
-            server.stop()
+        await stopped(workers, servers)
 
     starts = sorted(ms(jobs[j]["started_at"]) for j in rated if jobs[j].get("started_at"))
     t0 = starts[0]

@@ -4,34 +4,14 @@ becomes by its policy, a handler's `rate_limit_until`, an override by hand, a pe
 
 from __future__ import annotations
 
-import random
 from datetime import timedelta
 
 import pytest
 
 from seamq.jobs import limits
 from seamq.jobs.engine import Engine
-from seamq.jobs.memory_store import Clock, MemoryJobStore
 from seamq.jobs.model import iso
 from seamq.jobs.ports import Write
-
-
-@pytest.fixture
-def clock():
-    return Clock()
-
-
-@pytest.fixture
-def store(clock):
-    return MemoryJobStore(clock)
-
-
-@pytest.fixture
-async def servers(store, clock):
-    made = [await Engine(store, clock=clock, rng=random.Random(n)).start(clocks=False) for n in (1, 2)]
-    yield made
-    for engine in made:
-        await engine.stop()
 
 
 async def push(engine: Engine, count: int, **limit) -> list[str]:

@@ -4,34 +4,14 @@ and timer rule, and what must hold across servers (two engines on one store), in
 from __future__ import annotations
 
 import asyncio
-import random
 from datetime import timedelta
 
 import pytest
 
 from seamq.jobs.engine import Engine
-from seamq.jobs.memory_store import Clock, MemoryJobStore
+from seamq.jobs.memory_store import Clock
 from seamq.jobs.model import OjsError
 from seamq.jobs.ports import TAKEN_HOLD
-
-
-@pytest.fixture
-def clock():
-    return Clock()
-
-
-@pytest.fixture
-def store(clock):
-    return MemoryJobStore(clock)
-
-
-@pytest.fixture
-async def servers(store, clock):
-    """Two servers on one store."""
-    made = [await Engine(store, clock=clock, rng=random.Random(n)).start(clocks=False) for n in (1, 2)]
-    yield made
-    for engine in made:
-        await engine.stop()
 
 
 @pytest.fixture

@@ -3,24 +3,11 @@ one for all (seamq.jobs.tenants, seamq.jobs.pools), on the in-memory store with 
 
 from __future__ import annotations
 
-import random
 
 import pytest
 
 from seamq.jobs import pools, tally, tenants
-from seamq.jobs.engine import Engine
-from seamq.jobs.memory_store import Clock, MemoryJobStore
 from seamq.jobs.model import OjsError, check_queue
-
-
-@pytest.fixture
-async def servers():
-    clock = Clock()
-    store = MemoryJobStore(clock)
-    made = [await Engine(store, clock=clock, rng=random.Random(n)).start(clocks=False) for n in (1, 2)]
-    yield made
-    for engine in made:
-        await engine.stop()
 
 
 def test_a_tenant_comes_from_meta_or_the_header_and_the_two_must_agree():
