@@ -181,7 +181,7 @@ async def test_a_slot_frees_when_its_function_returns_and_a_stop_waits_for_every
     class Server:
         jobs = [{"id": f"j{n}", "type": "t", "args": [n]} for n in (1, 2, 3)]
 
-        async def fetch(self, queues, *, count, worker_id, visibility_timeout_ms):
+        async def fetch(self, queues, *, count, worker_id, visibility_timeout_ms, tenant=None):
             fetched.append(count)
             return [self.jobs.pop(0)] if self.jobs else []
 
