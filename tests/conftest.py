@@ -25,7 +25,7 @@ from helpers import FAST_TOPOLOGY, spark_scratch
 from helpers.handler_service import HandlerService
 
 # The users' pytest plugin provides PostgreSQL: a session server and a migrated database per test.
-pytest_plugins = ["seamq.testing"]
+pytest_plugins = ["seamq.testing", "helpers.engines"]  # helpers.engines: the engine's unit tests' two servers
 
 
 # Each test's tier is the first folder under tests/ (tests/<tier>/<part>/test_*.py), and becomes its

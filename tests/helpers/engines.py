@@ -1,4 +1,5 @@
-"""The engine's unit tests share two servers on one in-memory store and a clock the test moves."""
+"""Fixtures for the engine's unit tests: two servers on one in-memory store and a clock the test moves
+(tests/conftest.py loads them for every test; a module's own fixture of the same name wins)."""
 
 from __future__ import annotations
 
