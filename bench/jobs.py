@@ -262,12 +262,10 @@ def draining_worker(client, queue: str, count: int, concurrency: int):
 async def processed_native(nats_url: str, count: int, queue: str, concurrency: int = WORKERS) -> float:
     """`count` jobs waiting, processed by seamq's worker with the engine in its own process (`seamq jobs
     worker --nats`: seamq.jobs.native), `concurrency` no-op jobs at once, as the peers run theirs."""
-    from seamq.jobs.engine import Engine
-    from seamq.jobs.native import EngineClient
-    from seamq.jobs.nats_store import NatsJobStore
+    from seamq.jobs.native import EngineClient, started_engine
 
     nc = await nats.connect(nats_url)
-    engine = await Engine(await NatsJobStore(nc).start()).start()
+    engine = await started_engine(nc)
     for start in range(0, count, 999):
         await engine.ops.push_batch({"jobs": [{"type": "noop", "args": [n], "options": {"queue": queue}}
                                               for n in range(start, min(count, start + 999))]})

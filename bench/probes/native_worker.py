@@ -9,9 +9,7 @@ import nats
 from bench.common import CpuWindow, services
 from bench.jobs import Http, draining_worker, enqueue_batched
 from seamq.jobs.client import JobsClient
-from seamq.jobs.engine import Engine
-from seamq.jobs.native import EngineClient
-from seamq.jobs.nats_store import NatsJobStore
+from seamq.jobs.native import EngineClient, started_engine
 
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 10000
 CONCURRENCY = int(sys.argv[2]) if len(sys.argv) > 2 else 64
@@ -44,7 +42,7 @@ async def main():
                 print(f"HTTP,   {CONCURRENCY} at once, nats sync {SYNC}:",
                       await drain(client, "over-http", {"server": (server.proc.pid,), "nats": (svc.nats.proc.pid,)}))
             nc = await nats.connect(svc.nats.url)
-            engine = await Engine(await NatsJobStore(nc).start()).start()
+            engine = await started_engine(nc)
             try:
                 print(f"native, {CONCURRENCY} at once, nats sync {SYNC}:",
                       await drain(EngineClient(engine), "native", {"nats": (svc.nats.proc.pid,)}))

@@ -54,7 +54,7 @@ SOON = 60.0  # seconds: a timer due within this is also kept here (bounded by th
 
 class Engine:
     def __init__(self, store: JobStore, *, test_mode: bool = False, rng: random.Random | None = None,
-                 clock: Callable[[], datetime] = model.utcnow) -> None:
+                 clock: Callable[[], datetime] = model.utcnow, count_claims_later: bool = False) -> None:
         store = Tallied(store, clock=clock)  # type: ignore[assignment]  # the store, with its counts
         self.store, self.clock = store, clock
         self.events = Events(store, clock)
@@ -65,7 +65,7 @@ class Engine:
         self.schemas = Schemas(store, self.queues)
         self.webhooks = Subscriptions(store, self.queues, clock)
         self.ops = Operations(store, self.queues, self.events, admission, self.limiter, flows=self.flows, check_schema=self.schemas.check,
-                              rng=rng, test_mode=test_mode, clock=clock)
+                              rng=rng, test_mode=test_mode, clock=clock, count_claims_later=count_claims_later)
         self._deadlines: list[tuple[float, int, Fired]] = []  # timers due within SOON, armed here
         self._wake, self._count = asyncio.Event(), itertools.count()
         self.workers, self.meter, self.started_at = self.ops.workers, self.events.meter, clock()

@@ -24,7 +24,8 @@ RECORD_TTL = timedelta(days=7)  # a finished job is kept this long (the store's 
 
 TIMES = ("created_at", "enqueued_at", "scheduled_at", "started_at", "completed_at", "cancelled_at", "discarded_at",
          "next_attempt_at", "lease_until")
-INTERNAL = {"lease_until": "_lease_until", "dead_letter": "_dlq", "entry": "_entry", "hold": "_hold"}  # never shown
+INTERNAL = {"lease_until": "_lease_until", "dead_letter": "_dlq", "entry": "_entry", "hold": "_hold",
+            "counted_as": "_counted"}  # never shown
 ALWAYS = ("enqueued_at", "scheduled_at", "expires_at", "timeout_ms", "tags", "retry", "unique", "options")
 
 
@@ -65,6 +66,9 @@ class Job:
     entry: str | None = None  # the ready entry (and its hold) that this attempt runs under
     hold: str | None = None
     parent_results: list[Any] | None = None
+    # The state its queue's counts still show it in, when not its own: a claim that leaves its count to
+    # its next write (`claimed(count_later=True)`). Every other change clears it (`replace`).
+    counted_as: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # what else the client sent (specversion, schema, ...)
     # Its fields and its record as read from the store: to_record writes only what changed since.
     as_read: tuple[Record, Record] | None = field(default=None, compare=False, repr=False)
@@ -95,11 +99,12 @@ _REQUIRED = frozenset(f.name for f in fields(Job) if f.default is MISSING and f.
 
 
 def replace(job: Job, **changes: Any) -> Job:
-    """dataclasses.replace as one merge of the fields (two calls per job processed; docs/benchmarks.md 7k)."""
+    """dataclasses.replace as one merge of the fields (two calls per job processed; docs/benchmarks.md 7k).
+    A changed job is counted where its state is, unless the change says otherwise (`counted_as`)."""
     if not changes.keys() <= _NAMES:
         raise TypeError(f"Job has no field {sorted(changes.keys() - _NAMES)}")
     new = object.__new__(Job)
-    _SET(new, "__dict__", {**job.__dict__, **changes})
+    _SET(new, "__dict__", {**job.__dict__, "counted_as": None, **changes})
     return new
 
 
@@ -142,8 +147,8 @@ def _iso(moment: datetime) -> str:
 def counted(job: Job) -> Record:
     """Where the job's record counts, and no more of it (seamq.jobs.tally.place): what a write names
     as the record it replaces."""
-    state = job.state.value
-    at = getattr(job, f"{state}_at") if job.state in FINISHED else None
+    state = job.counted_as or job.state.value
+    at = getattr(job, f"{state}_at") if job.state in FINISHED and not job.counted_as else None
     out = {"queue": job.queue, "state": state, f"{state}_at": _iso(at)} if at else {"queue": job.queue, "state": state}
     tenant = (job.meta or {}).get("tenant_id")
     return {**out, "meta": {"tenant_id": tenant}} if tenant else out  # its tenant's counts move too
@@ -189,10 +194,19 @@ def _from(job: Job, allowed: frozenset[State] | set[State], what: str) -> None:
 
 
 def claimed(job: Job, now: datetime, worker_id: str | None, lease: timedelta, entry: str | None = None,
-            hold: str | None = None) -> Job:
+            hold: str | None = None, count_later: bool = False) -> Job:
+    """`count_later`: its queue's counts keep it as available until its next change (`recounted`,
+    an ack), so that the claim is one write with no count to move (seamq.jobs.native)."""
     _from(job, {State.AVAILABLE}, "claim")
     return replace(job, state=State.ACTIVE, attempt=job.attempt + 1, started_at=now, worker_id=worker_id,
-                   lease_until=now + lease, entry=entry, hold=hold)
+                   lease_until=now + lease, entry=entry, hold=hold,
+                   counted_as=State.AVAILABLE.value if count_later else None)
+
+
+def recounted(job: Job) -> Job:
+    """A job claimed with `count_later` that still runs: counted as active from now on."""
+    _from(job, {State.ACTIVE}, "count")
+    return replace(job)
 
 
 def extended(job: Job, now: datetime, lease: timedelta) -> Job:

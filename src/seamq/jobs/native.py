@@ -4,8 +4,10 @@ Over HTTP each job costs a fetch's share and an ack request, parsed and answered
 the same cores; here the worker (seamq.jobs.worker, the same code) calls the server's own engine
 (seamq.jobs.engine) on the same NATS. So every rule, lease, heartbeat and timer is the server's,
 and this worker runs beside `seamq jobs serve` instances and the SDKs' workers on the same queues.
-Its acks and failures, which the worker does not wait on, may wait a little (ACK_WAIT) for its next
-fetch's claims, and go out with them in one of the engine's batches (seamq.jobs.tallied). An ack
+Its claims leave their counts to the job's next change (seamq.jobs.job.claimed, `count_later`), so a
+claim is one plain compare-and-set, not an atomic batch: its acks and failures, which the worker does
+not wait on, then wait a little (ACK_WAIT) to share one batch, many rounds of short jobs in it
+(seamq.jobs.tallied), and a job still running after COUNTED_AFTER is counted as active. An ack
 or a nack that meets NATS away (a node lost, an election) is said again a few times, as the HTTP
 client says one again over a lost connection; one stored meanwhile is then refused, and the worker
 logs that. A refusal is the JobsError the HTTP client raises for the same answer.
@@ -23,6 +25,7 @@ import nats.js.errors
 
 from seamq.backoff import Backoff
 from seamq.jobs import ext, tenants
+from seamq.jobs import job as moves
 from seamq.jobs.client import JobsError, error_body
 from seamq.jobs.engine import Engine
 from seamq.jobs.handlers import JobHandlers
@@ -36,30 +39,67 @@ from seamq.observability import log
 from seamq.redact import redact
 from seamq.settings import Settings
 
-ACK_WAIT = 0.05  # seconds an ack or a nack may wait for the next fetch's claims, to share their batch
+ACK_WAIT = 0.05  # seconds an ack or a nack may wait for others, to share their batch
+SETTLES_AHEAD = 16  # acks and nacks on their way, in slots' worth, before the worker stops fetching
+COUNTED_AFTER = 1.0  # seconds after its claim a job still running here is counted as active
 SETTLE_TRIES = 6  # an ack or a nack tried while NATS is away, 3 to 6 s in all
 SETTLE_BACKOFF = Backoff(0.2, 3.2)  # the house's retry delay: doubling from 0.2 s, with jitter
 AWAY = (*UNREACHABLE, nats.errors.NoRespondersError, nats.js.errors.ServiceUnavailableError)
 GC_THRESHOLD = 10_000  # allocations between the collector's youngest rounds (Python's default: 700)
 
 
+async def started_engine(nc: Any, *, replicas: int | None = None) -> Engine:
+    """An engine for a worker's own process: its claims leave their counts to the job's next change."""
+    return await Engine(await NatsJobStore(nc, replicas=replicas).start(), count_claims_later=True).start()
+
+
 class EngineClient:
     """The calls a worker makes of a job server (seamq.jobs.client.JobsClient's), made of an engine."""
 
+    settles_ahead = SETTLES_AHEAD  # seamq.jobs.worker: short jobs' acks fill a batch over many rounds
+
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        self._uncounted: dict[str, asyncio.TimerHandle] = {}  # claimed here, neither settled nor recounted yet
+        self._recounting: set[asyncio.Task] = set()
 
     async def fetch(self, queues: list[str], *, count: int = 1, worker_id: str | None = None,
                     visibility_timeout_ms: int | None = None, tenant: str | None = None) -> list[dict]:
-        return await _asked(self.engine.ops.fetch, queues, count, worker_id, visibility_timeout_ms,
+        jobs = await _asked(self.engine.ops.fetch, queues, count, worker_id, visibility_timeout_ms,
                             None if tenant is None else tenants.given(tenant))
+        loop = asyncio.get_running_loop()
+        for job in jobs:
+            self._uncounted[job["id"]] = loop.call_later(COUNTED_AFTER, self._recount, job["id"])
+        return jobs
 
     async def ack(self, job_id: str, result: Any = None) -> dict:
+        self._settling(job_id)
         return await _settled(functools.partial(self.engine.ops.ack, may_wait=ACK_WAIT), job_id, result)
 
     async def nack(self, job_id: str, error: BaseException | dict | str, *, requeue: bool = False) -> dict:
+        self._settling(job_id)
         return await _settled(functools.partial(self.engine.ops.nack, may_wait=ACK_WAIT), job_id,
                               error_body(error), requeue)
+
+    def _settling(self, job_id: str) -> None:
+        """Its ack or nack moves its count: no recount."""
+        handle = self._uncounted.pop(job_id, None)
+        if handle is not None:
+            handle.cancel()
+
+    def _recount(self, job_id: str) -> None:
+        self._uncounted.pop(job_id, None)
+        task = asyncio.create_task(self._recounted(job_id))
+        self._recounting.add(task)
+        task.add_done_callback(self._recounting.discard)
+
+    async def _recounted(self, job_id: str) -> None:
+        try:
+            await self.engine.ops.change(job_id, moves.recounted, may_wait=ACK_WAIT)
+        except OjsError:
+            pass  # it ended or moved on meanwhile, and that change moved its count
+        except Exception as exc:  # counted as available until its next change
+            log.warning("job_recount_failed", job_id=job_id, error=describe(exc))
 
     async def beat(self, worker_id: str, state: str, active_jobs: int) -> dict:
         return await _asked(self.engine.ops.beat, worker_id, state, active_jobs)
@@ -99,7 +139,7 @@ async def run_native_worker(settings: Settings, handler: JobHandlers | Callable,
     """The CLI's entry: an engine on NATS (SEAMQ_NATS__*), and a worker over it until SIGTERM or SIGINT."""
     nc = await connect(settings.nats, name="seamq-jobs-worker")
     try:
-        engine = await Engine(await NatsJobStore(nc, replicas=settings.jobs.replicas).start()).start()
+        engine = await started_engine(nc, replicas=settings.jobs.replicas)
         # Jobs make and drop many small objects: at Python's default threshold the collector runs every
         # few jobs, and each of its oldest rounds scans all that start-up made (docs/benchmarks.md 7k).
         # That lives as long as the process: frozen, it is never scanned again.

@@ -49,10 +49,11 @@ class Operations:
                  flows: WorkflowMoves | None = None,  # what a job's end does to its workflow
                  check_schema: Callable[[dict], None] = lambda record: None,  # the registry's check of new args
                  clock: Callable[[], datetime] = model.utcnow, rng: random.Random | None = None,
-                 test_mode: bool = False) -> None:
+                 test_mode: bool = False, count_claims_later: bool = False) -> None:
         self.store, self.queues, self.events, self.admission, self.limiter = store, queues, events, admission, limiter
         self.flows, self.check_schema, self.clock = flows, check_schema, clock
         self.rng, self.test_mode, self.workers = rng or random.Random(), test_mode, Workers()
+        self.count_claims_later = count_claims_later  # a claim is then one plain write (seamq.jobs.native)
         # The jobs handed out here, as stored: their ack, which usually comes back here, needs no read
         # (a copy another server moved on since fails its CAS, and is then read).
         self.handed_out: dict[str, tuple[Job, int]] = {}
@@ -271,7 +272,7 @@ class Operations:
         shorter than the entry's hold holds it for the lease; a longer one (the default, 30 minutes) meets
         its entry again when the hold ends, and is held then for what remains of it (`_claim`)."""
         lease = self._lease(job, visibility)
-        claimed = moves.claimed(job, now, worker_id, lease, taken.entry, taken.hold)  # `now`: its key's start
+        claimed = moves.claimed(job, now, worker_id, lease, taken.entry, taken.hold, self.count_claims_later)
         record = to_record(claimed)
         if claimed.timeout_ms:  # armed first: one that comes before the claim is stored waits for it
             at = claimed.started_at + timedelta(milliseconds=claimed.timeout_ms)
@@ -371,9 +372,8 @@ class Operations:
     # ---- timers, as they fire ---------------------------------------------------------------------
 
     async def fire(self, fired: Fired) -> bool:
-        """A job's timer came due (to this server alone): move the job if the timer still applies.
-        False when the change it was armed for is not stored yet (timers are armed first): it is
-        then handed out again a little later, a few times, and dropped if that change never came."""
+        """A job's timer came due (to this server alone): move the job if the timer still applies. False when
+        the change it was armed for is not stored yet (armed first): handed out again a few times, then dropped."""
         held = await self.store.get(fired.key.rsplit(".", 1)[-1])
         attempt = fired.token.get("attempt")
         if held is None:

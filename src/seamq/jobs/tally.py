@@ -44,9 +44,13 @@ def keys(queue: str) -> list[str]:
 
 
 def place(record: Record | None) -> Place | None:
-    """Where a job record counts; None for no record (not yet created, or deleted)."""
+    """Where a job record counts; None for no record (not yet created, or deleted). A claim may leave
+    its count where it was until the job's next write (`_counted`, seamq.jobs.job.claimed)."""
     if record is None:
         return None
+    counted_as = record.get("_counted")
+    if counted_as:
+        return record["queue"], counted_as, ""
     state, at = record["state"], record.get(f"{record['state']}_at")
     return record["queue"], state, (_hour(at) if state in FINISHED and at else "")
 

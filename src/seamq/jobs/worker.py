@@ -71,8 +71,10 @@ class Worker:
         self.quiet = False  # told by the server (an operator, through the admin API): fetch nothing more
         self.running: dict[str, asyncio.Task] = {}
         # Acks and nacks on their way: a slot is free once its function returns, so the next fetch's
-        # claims travel with this round's acks instead of after them (at most `concurrency` of them).
+        # claims travel with this round's acks instead of after them. At most `concurrency` of them, or as
+        # many slots' worth as the client says it gathers (seamq.jobs.native: acks that wait to share a batch).
         self.settling: set[asyncio.Task] = set()
+        self.settles_ahead: int = getattr(client, "settles_ahead", 1)
         self.cancelled: set[str] = set()  # by the server: nothing to release
         self.in_threads: set[str] = set()  # jobs whose sync function runs in a thread: cannot be cancelled
         self._slot = asyncio.Event()
@@ -86,7 +88,7 @@ class Worker:
         beat = asyncio.create_task(self._heartbeats())
         try:
             while not self.stopping.is_set():
-                beyond = max(0, len(self.settling) - self.config.concurrency)  # settles past one slot's worth each
+                beyond = max(0, len(self.settling) - self.config.concurrency * self.settles_ahead)
                 free = 0 if self.quiet else self.config.concurrency - len(self.running) - beyond
                 jobs = await self._fetch(free) if free > 0 else []
                 for job in jobs:

@@ -3,7 +3,8 @@ server and an HTTP worker on the same queue, one native worker killed -9 mid-run
 
 Counted afterwards from what each run wrote as it started and ended: every job completed, each run
 of a job after another one's end (never two at once: leases hold across processes), a job run again
-only after a failed attempt or a run the kill cut short, and every worker having done its share.
+only after a failed attempt or a run the kill cut short, every worker having done its share, and the
+queue's counts exact although the native workers' claims leave their counts to the job's next change.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import time
 from pathlib import Path
 
 from seamq.jobs.client import JobsClient
+from seamq.jobs.model import STATES
+from seamq.jobs.native import COUNTED_AFTER, EngineClient, started_engine
 
 from helpers.jobs_harness import JobServer, push_numbered, runs_of, start_worker
 
@@ -60,6 +63,7 @@ async def test_native_workers_beside_a_server_run_each_job_once_at_a_time_throug
                     break
                 await asyncio.sleep(0.05)
             jobs = [await client.info(job_id) for job_id in ids]
+            counts = next(q["counts"] for q in await client.queues() if q["name"] == "native")
     finally:
         for worker in workers.values():
             if worker.poll() is None:
@@ -69,6 +73,8 @@ async def test_native_workers_beside_a_server_run_each_job_once_at_a_time_throug
         server.stop()
 
     assert {job["state"] for job in jobs} == {"completed"}, [j["id"] for j in jobs if j["state"] != "completed"]
+    # The killed worker's claims left their counts as available; the claims after its leases moved them.
+    assert {s: counts[s] for s in STATES} == {**dict.fromkeys(STATES, 0), "completed": JOBS}, counts
     runs = runs_of(effects)
     assert sorted(runs) == sorted(ids)
     for job_id, job_runs in runs.items():
@@ -82,3 +88,31 @@ async def test_native_workers_beside_a_server_run_each_job_once_at_a_time_throug
     assert {workers["http"].pid, workers["native-b"].pid, killed} <= pids, "every worker did its share"
     for name in ("http", "native-b"):  # an ack or a nack refused: a lease lost while its job ran
         assert "job_settle" not in (tmp_path / f"{name}.log").read_text(), name
+
+
+async def test_a_job_a_native_worker_runs_is_counted_as_active_once_it_has_run_a_moment(nats_server):
+    """Its claim leaves it counted as available (one plain write); COUNTED_AFTER later it is counted as
+    active, and its ack counts it completed."""
+    import nats
+
+    nc = await nats.connect(nats_server.url)
+    engine = await started_engine(nc)
+    try:
+        client = EngineClient(engine)
+        await engine.ops.push({"type": "test.long", "args": [], "options": {"queue": "counted"}})
+        [job] = await client.fetch(["counted"], count=1, worker_id="w")
+        assert (await engine.queues.stats("counted"))["available"] == 1, "the claim moved no count"
+        for _ in range(200):  # a liveness bound only
+            if (stats := await engine.queues.stats("counted"))["active"] == 1:
+                break
+            await asyncio.sleep(COUNTED_AFTER / 10)
+        assert (stats["available"], stats["active"]) == (0, 1), stats
+        await client.ack(job["id"], None)
+        for _ in range(200):
+            if (stats := await engine.queues.stats("counted"))["completed"] == 1:
+                break
+            await asyncio.sleep(0.05)
+        assert (stats["available"], stats["active"], stats["completed"]) == (0, 0, 1), stats
+    finally:
+        await engine.stop()
+        await nc.close()

@@ -9,7 +9,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from seamq.jobs import job as J
-from seamq.jobs import model
+from seamq.jobs import model, tally
 from seamq.jobs.model import OjsError, State, parse_time
 
 NOW = parse_time("2026-11-24T12:00:00.000Z")
@@ -45,6 +45,7 @@ MOVES = {
     "expired": (lambda j: J.expired(j, NOW), J.WAITING),
     "due": (lambda j: J.due(j, NOW), {J.State.SCHEDULED, J.State.RETRYABLE}),
     "retried": (lambda j: J.retried(j, NOW), {J.State.DISCARDED, J.State.CANCELLED}),
+    "recounted": (J.recounted, {J.State.ACTIVE}),
 }
 
 
@@ -98,6 +99,25 @@ def test_a_claim_then_an_ack():
     done = J.completed(claimed, NOW + timedelta(seconds=1), {"sent": True})
     assert done.state == J.State.COMPLETED and done.result == {"sent": True} and done.lease_until is None
     assert J.public(done)["completed_at"] == "2026-11-24T12:00:01.000Z" and "_lease_until" not in J.public(claimed)
+
+
+@pytest.mark.parametrize("then", ["recounted", "extended", "completed", "failed", "released", "cancelled"])
+def test_a_claim_that_counts_later_is_counted_where_it_was_until_its_next_change(then):
+    waiting = J.from_record(model.new_record({"type": "mail.send", "args": [], "meta": {"tenant_id": "acme"}}, NOW))
+    claimed = J.claimed(waiting, NOW, "w1", LEASE, count_later=True)
+    record = J.to_record(claimed)
+    assert claimed.state == J.State.ACTIVE and record["_counted"] == "available" and "_counted" not in J.public(claimed)
+    assert tally.moves(J.counted(waiting), record) == [], "the claim moves no count: one plain write"
+    assert J.from_record(record).counted_as == "available" and J.counted(J.from_record(record))["state"] == "available"
+    after = MOVES[then][0](J.from_record(record))
+    assert after.counted_as is None and "_counted" not in J.to_record(after)
+    place = tally.place(J.to_record(after))
+
+    def moved(counted_as: str) -> list:
+        return [] if place[1] == counted_as else [("default", counted_as, "", -1), ("default", *place[1:], 1),
+                                                   ("default/acme", counted_as, "", -1), ("default/acme", *place[1:], 1)]
+    assert tally.moves(J.counted(claimed), J.to_record(after)) == moved("available")
+    assert tally.moves(J.counted(J.claimed(waiting, NOW, "w1", LEASE)), J.to_record(after)) == moved("active")
 
 
 def test_failures_retry_by_the_policy_then_discard_and_keep_every_attempt():
