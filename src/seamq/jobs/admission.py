@@ -72,7 +72,6 @@ class Admission:
             await self.store.commit([Write(record["id"], record, 0, finished=True)])
         except Conflict:
             return
-        await self.store.finished(record["queue"], record["state"])
         await self.events.emit("job.discarded", record)
 
     async def admitted(self, record: dict, revision: int) -> None:
@@ -99,8 +98,6 @@ class Admission:
             await self.store.withdraw(job.queue, job.priority, job.id, tenants.of_meta(job.meta))
         if after.disarm:
             await self.store.disarm(after.disarm, timer_key(job))
-        if after.finished:
-            await self.store.finished(job.queue, job.state.value)
         if after.release:
             await self.limiter.release(job)
         if after.event:

@@ -43,7 +43,6 @@ class MemoryJobStore:
         self.timers: dict[tuple[str, str], tuple[datetime, dict]] = {}
         self.handed: dict[tuple[str, str], tuple[datetime, dict]] = {}  # fired, not yet done: (when, token)
         self.deliveries: Counter[tuple[str, str]] = Counter()
-        self.ended: Counter[tuple[str, str]] = Counter()
         self.batches: deque[tuple[int, bytes]] = deque(maxlen=LOG_KEPT)  # the event log
         self.locks: dict[str, tuple[str, datetime | None]] = {}  # fingerprint -> (job id, until)
         self.followers: list[tuple[tuple[str, ...], asyncio.Queue]] = []
@@ -175,7 +174,7 @@ class MemoryJobStore:
         return counts
 
     async def queues(self) -> list[str]:
-        return sorted({*self.ready, *(queue for queue, _ in self.ended)})
+        return sorted(self.ready)
 
     async def ready_counts(self, queue: str) -> tuple[int, int]:
         self._expire_holds()
@@ -216,10 +215,7 @@ class MemoryJobStore:
         if self.handed.pop(fired.handle, None) is not None:
             self.timers.setdefault(fired.handle, (self.clock() + timedelta(seconds=seconds), fired.token))
 
-    # ---- finished jobs --------------------------------------------------------------------
-
-    async def finished(self, queue: str, state: str) -> None:
-        self.ended[(queue, state)] += 1
+    # ---- the event log ----------------------------------------------------------------------
 
     async def log(self, batch: bytes) -> int:
         seq = self.batches[-1][0] + 1 if self.batches else 1

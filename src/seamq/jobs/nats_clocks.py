@@ -17,6 +17,7 @@ from datetime import datetime, timezone
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import NotFoundError
 
+from seamq.jobs.nats_records import NatsRecords, made
 from seamq.jobs.ports import Fired
 from seamq.jobs.route import ROUTE
 from seamq.nats.pull import PullSource
@@ -26,9 +27,14 @@ TIMERS, TIMER_CONSUMER, INTAKE_CONSUMER = "OJS_TIMERS", "ojs-timers", "ojs-intak
 DUPLICATE_WINDOW = 3600.0  # seconds: a relay re-publishing a job (killed before it marked it) is dropped
 
 
-class Clocks:
-    async def _start_clocks(self) -> None:
-        await self._stream(StreamConfig(name=TIMERS, subjects=["ojs.sched.>", "ojs.fire.>"], allow_msg_schedules=True,
+class NatsClocks:
+    def __init__(self, records: NatsRecords) -> None:
+        self.records, self.nc, self.js, self.replicas = records, records.nc, records.js, records.replicas
+        self._timers: PullSource | None = None
+        self._intake: PullSource | None = None
+
+    async def start(self) -> None:
+        await made(self.js, StreamConfig(name=TIMERS, subjects=["ojs.sched.>", "ojs.fire.>"], allow_msg_schedules=True,
                                         max_msgs_per_subject=1, storage=StorageType.FILE, max_age=30 * 86400,
                                         num_replicas=self.replicas))
         await self.js.add_consumer(TIMERS, ConsumerConfig(
@@ -37,7 +43,7 @@ class Clocks:
         # A standing pull: a fired timer is handed over the moment it arrives (a fetch of a batch
         # would wait for the batch or its timeout).
         self._timers = await PullSource(self.nc, TIMERS, TIMER_CONSUMER, buffer=200).start()
-        await self._stream(StreamConfig(name=ROUTE.stream, subjects=[ROUTE.subject], retention=RetentionPolicy.WORK_QUEUE,
+        await made(self.js, StreamConfig(name=ROUTE.stream, subjects=[ROUTE.subject], retention=RetentionPolicy.WORK_QUEUE,
                                         storage=StorageType.FILE, duplicate_window=DUPLICATE_WINDOW,
                                         num_replicas=self.replicas))
         await self.js.add_consumer(ROUTE.stream, ConsumerConfig(
@@ -45,16 +51,17 @@ class Clocks:
             deliver_policy=DeliverPolicy.ALL, max_ack_pending=1000))
         self._intake = await PullSource(self.nc, ROUTE.stream, INTAKE_CONSUMER, buffer=200).start()
 
-    async def _close_clocks(self) -> None:
+    async def close(self) -> None:
         for source in (self._timers, self._intake):
             if source is not None:
                 await source.close()
+        self._timers = self._intake = None
 
     # ---- timers -------------------------------------------------------------------------------
 
     async def arm(self, kind: str, key: str, at: datetime, token: dict) -> None:
         stamp = at.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-        await self.published(f"ojs.sched.{kind}.{key}", json.dumps(token).encode(), header_block({
+        await self.records.published(f"ojs.sched.{kind}.{key}", json.dumps(token).encode(), header_block({
             "Nats-Schedule": f"@at {stamp}", "Nats-Schedule-Target": f"ojs.fire.{kind}.{key}"}))
 
     async def disarm(self, kind: str, key: str) -> None:

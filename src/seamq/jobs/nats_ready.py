@@ -1,4 +1,4 @@
-"""The job store's ready order on NATS, held as leases, and its log of finished jobs. Part of
+"""The job store's ready order on NATS, held as leases, and its event log. Part of
 seamq.jobs.nats_store's adapter.
 
 - Stream `OJS_READY` (work queue): an empty entry per available job, on
@@ -14,8 +14,7 @@ seamq.jobs.nats_store's adapter.
   (`prio.{queue}`) that every server follows, and a take pulls from the highest first; within a
   priority, from each lane in turn, a share of the count each; within a lane, JetStream's order is
   first in, first out, with entries that come again before later ones.
-- Stream `OJS_DONE`: an empty message per finished job on `ojs.done.{queue}.{state}`, kept for the
-  records' retention; the counts of finished jobs are its subject counts.
+- Stream `OJS_EVENTS`: the events, a batch of them per message (seamq.jobs.events).
 """
 
 from __future__ import annotations
@@ -27,12 +26,12 @@ from collections import deque
 
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, RetentionPolicy, StorageType, StreamConfig
 
-from seamq.jobs.nats_records import RECORD_TTL_SECONDS
+from seamq.jobs.nats_records import RECORD_TTL_SECONDS, NatsRecords, made
 from seamq.jobs.ports import TAKEN_HOLD, Conflict, Taken, Write
 from seamq.observability import log
 from seamq.model import describe
 
-READY, DONE, EVENTS = "OJS_READY", "OJS_DONE", "OJS_EVENTS"
+READY, EVENTS = "OJS_READY", "OJS_EVENTS"
 LOG_KEPT = 10_000  # batches of events
 EMPTY_LANE = 0.25  # seconds a tenant's lane found empty is not asked again by this server
 REPLY_WAIT = 5.0  # seconds for the server's answer to a no_wait pull (it answers at once; this only bounds it)
@@ -70,8 +69,12 @@ class _PullInbox:
         return self.messages.popleft()
 
 
-class ReadyOrder:
-    async def _start_ready(self) -> None:
+class NatsReadyOrder:
+    def __init__(self, records: NatsRecords) -> None:
+        self.records, self.nc, self.js, self.replicas = records, records.nc, records.js, records.replicas
+        self._follower: asyncio.Task | None = None
+
+    async def start(self) -> None:
         self._made: set[str] = set()  # consumers known to exist
         self._inboxes: list = []  # idle pull subscriptions, one pull at a time on each (a delivery
         # names the entry's subject, not the inbox, so one wildcard inbox cannot tell the pulls apart)
@@ -82,19 +85,29 @@ class ReadyOrder:
         self._registering: dict[tuple[str, int, str], asyncio.Future] = {}
         for config in (StreamConfig(name=READY, subjects=["ojs.ready.>"], retention=RetentionPolicy.WORK_QUEUE,
                                     storage=StorageType.FILE, num_replicas=self.replicas),
-                       StreamConfig(name=DONE, subjects=["ojs.done.>"], max_age=RECORD_TTL_SECONDS,
-                                    storage=StorageType.FILE, num_replicas=self.replicas),
                        StreamConfig(name=EVENTS, subjects=["ojs.events"], max_msgs=LOG_KEPT, max_bytes=256 * 2 ** 20,
                                     max_age=RECORD_TTL_SECONDS, allow_direct=True, storage=StorageType.FILE,
                                     num_replicas=self.replicas)):
-            await self._stream(config)
-        for record, _ in await self.scan("prio."):
+            await made(self.js, config)
+        for record, _ in await self.records.scan("prio."):
             self._known_lanes(record["_key"].removeprefix("prio."), record)
-        self._tasks.append(asyncio.create_task(self._follow_priorities()))
+        self._follower = asyncio.create_task(self._follow_priorities())
 
-    async def _close_ready(self) -> None:
+    async def stop_following(self) -> None:
+        if self._follower is not None:
+            self._follower.cancel()
+            await asyncio.gather(self._follower, return_exceptions=True)
+            self._follower = None
+
+    async def close(self) -> None:
+        await self.stop_following()
         for inbox in self._inboxes:
             await inbox.sub.unsubscribe()
+        self._inboxes.clear()
+
+    def forget(self) -> None:
+        """Every queue's priorities and lanes (the store was wiped)."""
+        self._priorities.clear()
 
     async def offer(self, queue: str, priority: int, job_id: str, tenant: str = "") -> None:
         if priority not in self._priorities.get(queue, ()) or (tenant and tenant not in self._lanes.get((queue, priority), ())):
@@ -108,7 +121,7 @@ class ReadyOrder:
                                                         done.cancelled() or done.exception()))  # heard, if late
             await asyncio.shield(pending)
         self._empty.pop((queue, priority, tenant), None)
-        await self.published(_subject(queue, priority, job_id, tenant), b"")  # the subject names the job
+        await self.records.published(_subject(queue, priority, job_id, tenant), b"")  # the subject names the job
 
     async def withdraw(self, queue: str, priority: int, job_id: str, tenant: str = "") -> None:
         await self.js.purge_stream(READY, subject=_subject(queue, priority, job_id, tenant))
@@ -118,7 +131,7 @@ class ReadyOrder:
         only those, highest first, with no request to find which subjects hold entries."""
         key = f"prio.{queue}"
         for _ in range(10):
-            held = await self.get(key)
+            held = await self.records.get(key)
             record = dict(held.record) if held else {"_key": key, "priorities": []}
             record["priorities"] = sorted({*record["priorities"], priority})
             if tenant:
@@ -126,7 +139,7 @@ class ReadyOrder:
                 lanes[str(priority)] = sorted({*lanes.get(str(priority), ()), tenant})
                 record["lanes"] = lanes
             try:
-                await self.commit([Write(key, record, held.revision if held else 0)])
+                await self.records.commit([Write(key, record, held.revision if held else 0)])
             except Conflict:
                 continue  # another server added one meanwhile
             self._known_lanes(queue, record)
@@ -143,7 +156,7 @@ class ReadyOrder:
     async def _follow_priorities(self) -> None:
         while True:
             try:
-                async for key, record in self.follow(["prio."]):
+                async for key, record in self.records.follow(["prio."]):
                     if key:
                         self._known_lanes(key.removeprefix("prio."), record)
             except asyncio.CancelledError:
@@ -188,7 +201,7 @@ class ReadyOrder:
         # The queue's priorities as last stored, not as the watch has told this server so far: a job
         # pushed through another server a moment ago may be at a priority (or in a queue) this one
         # has not heard of yet, and a fetch must find it (conformance, two servers, on a busy machine).
-        held = await self.get(f"prio.{queue}")
+        held = await self.records.get(f"prio.{queue}")
         if held is not None:
             before = self._priorities.get(queue, set())
             self._known_lanes(queue, held.record)
@@ -254,21 +267,15 @@ class ReadyOrder:
                 for priority in self._priorities.get(queue, ()) for lane in ("", *self._lanes.get((queue, priority), ()))]
 
     async def queues(self) -> list[str]:
-        await self.nc.flush()
-        done = await self.js.stream_info(DONE, subjects_filter="ojs.done.>")
-        return sorted({*self._priorities, *(s.removeprefix("ojs.done.").rsplit(".", 1)[0]
-                                            for s in done.state.subjects or {})})
-
-    async def finished(self, queue: str, state: str) -> None:
-        await self.nc.publish(f"ojs.done.{queue}.{state}", b"")
+        return sorted(self._priorities)
 
     # ---- the event log ------------------------------------------------------------------------
 
     async def log(self, batch: bytes) -> int:
-        return await self.published("ojs.events", batch)
+        return await self.records.published("ojs.events", batch)
 
     async def logged(self, after: int, most: int) -> list[tuple[int, bytes]]:
-        return [(int(m.headers["Nats-Sequence"]), m.data) async for m in self.replies.answers(
+        return [(int(m.headers["Nats-Sequence"]), m.data) async for m in self.records.replies.answers(
             f"$JS.API.DIRECT.GET.{EVENTS}", json.dumps({"seq": after + 1, "batch": most}).encode(), ends=("204", "404"))]
 
     async def log_bounds(self) -> tuple[int, int]:

@@ -20,13 +20,15 @@ import uuid
 from dataclasses import replace
 from typing import AsyncIterator
 
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, KeyValueConfig, StorageType
+from nats.aio.client import Client
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, KeyValueConfig, StorageType, StreamConfig
+from nats.js.client import JetStreamContext
 from nats.js.errors import APIError, BadRequestError, KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 
 from seamq.jobs.model import decode, encode, utcnow
 from seamq.jobs.ports import Conflict, Stored, Write
 from seamq.jobs.tally import RETENTION, record_ttl
-from seamq.nats.replies import acked
+from seamq.nats.replies import Replies, acked
 from seamq.nats.wire import header_block
 
 JOBS, UNIQUE = "OJS_JOBS", "OJS_UNIQUE"
@@ -45,8 +47,19 @@ async def _nothing_sent(watcher) -> bool:
     return info.num_pending == 0 and info.delivered.consumer_seq == 0
 
 
-class Records:
-    async def _start_records(self) -> None:
+async def made(js: JetStreamContext, config: StreamConfig) -> None:
+    """A stream made, or updated to `config` if it exists (each part of the store makes its own)."""
+    try:
+        await js.add_stream(config)
+    except BadRequestError:  # it exists: as configured now
+        await js.update_stream(config)
+
+
+class NatsRecords:
+    def __init__(self, nc: Client, replies: Replies, replicas: int) -> None:
+        self.nc, self.js, self.replies, self.replicas = nc, nc.jetstream(), replies, replicas
+
+    async def start(self) -> None:
         self.jobs = await self._bucket(JOBS)
         self.unique = await self._bucket(UNIQUE)
         await self._allow_atomic(f"KV_{JOBS}")

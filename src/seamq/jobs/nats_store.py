@@ -1,13 +1,15 @@
-"""The job store port (seamq.jobs.ports.JobStore) on NATS: one adapter, its parts by what they keep.
+"""The job store port (seamq.jobs.ports.JobStore) on NATS: one adapter made of three parts, each
+keeping its own streams, each port method answered by the part that keeps what it touches.
 
 - seamq.jobs.nats_records: the records, KV `OJS_JOBS` written by compare-and-set in atomic
   batches, and the unique-job locks, KV `OJS_UNIQUE`;
-- seamq.jobs.nats_ready: the ready order held as leases, stream `OJS_READY`, and the logs of
-  finished jobs, stream `OJS_DONE`, and of events, stream `OJS_EVENTS`;
+- seamq.jobs.nats_ready: the ready order held as leases, stream `OJS_READY`, and the log of
+  events, stream `OJS_EVENTS`;
 - seamq.jobs.nats_clocks: the timers as message schedules, stream `OJS_TIMERS`, and the jobs
   relayed from outboxes, stream `OJS_ENQUEUE`.
 
-Every resource is made at start if missing (with `replicas` copies), so any number of servers
+The ready order and the clocks write through the records part (its replies, its publish). Every
+resource is made at start if missing (with `replicas` copies), so any number of servers
 start on one NATS in any order. The engine sees records as dicts and revisions as ints; of
 nats-py's types only the opaque handles of fired timers and relayed jobs leave the adapter.
 """
@@ -18,12 +20,11 @@ import asyncio
 
 import nats.errors
 from nats.aio.client import Client
-from nats.js.api import StreamConfig
-from nats.js.errors import BadRequestError, ServiceUnavailableError
+from nats.js.errors import ServiceUnavailableError
 
-from seamq.jobs.nats_clocks import TIMERS, Clocks
-from seamq.jobs.nats_ready import DONE, EVENTS, READY, ReadyOrder
-from seamq.jobs.nats_records import JOBS, UNIQUE, Records
+from seamq.jobs.nats_clocks import TIMERS, NatsClocks
+from seamq.jobs.nats_ready import EVENTS, READY, NatsReadyOrder
+from seamq.jobs.nats_records import JOBS, UNIQUE, NatsRecords
 from seamq.jobs.route import ROUTE
 from seamq.model import describe
 from seamq.nats.provision import cluster_size
@@ -34,14 +35,25 @@ START_BACKOFF = (0.5, 1, 2, 4, 5, 5, 5)  # seconds between the tries of a start
 FOLLOWED = ("queue.", "system.", "limit.", "schema.", "cron.", "prio.", "worker.", "webhook.", "whd.", "pool.")  # wiped with delete markers
 
 
-class NatsJobStore(Records, ReadyOrder, Clocks):
+class NatsJobStore:
     def __init__(self, nc: Client, *, replicas: int | None = None) -> None:
         """`replicas`: copies of each stream in a cluster; by default 3 in a cluster of 3 or more, else 1."""
         self.nc, self.js = nc, nc.jetstream()
         self.replicas = replicas or (3 if (cluster_size(self.js) or 1) >= 3 else 1)
         self.replies = Replies(nc)
-        self._tasks: list[asyncio.Task] = []
-        self._timers = self._intake = None
+        self.records = records = NatsRecords(nc, self.replies, self.replicas)
+        self.ready = ready = NatsReadyOrder(records)
+        self.clocks = clocks = NatsClocks(records)
+        self.get, self.get_many, self.commit, self.delete, self.scan, self.follow = (
+            records.get, records.get_many, records.commit, records.delete, records.scan, records.follow)
+        self.lock_unique, self.take_unique = records.lock_unique, records.take_unique
+        self.offer, self.withdraw, self.take, self.hold, self.settle = (
+            ready.offer, ready.withdraw, ready.take, ready.hold, ready.settle)
+        self.waiting, self.queues, self.ready_counts = ready.waiting, ready.queues, ready.ready_counts
+        self.log, self.logged, self.log_bounds = ready.log, ready.logged, ready.log_bounds
+        self.arm, self.disarm, self.fired, self.done, self.again = (
+            clocks.arm, clocks.disarm, clocks.fired, clocks.done, clocks.again)
+        self.taken_in, self.later, self.intake_done = clocks.taken_in, clocks.later, clocks.intake_done
 
     async def start(self) -> "NatsJobStore":
         """Make or update every resource, and start following. Servers started together on a new
@@ -58,29 +70,19 @@ class NatsJobStore(Records, ReadyOrder, Clocks):
         return await self._start_parts()
 
     async def _start_parts(self) -> "NatsJobStore":
-        await self._start_records()
-        await self._start_clocks()
-        await self._start_ready()
+        await self.records.start()
+        await self.clocks.start()
+        await self.ready.start()
         return self
 
     async def _stop_following(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._tasks.clear()
-        await self._close_clocks()
-        self._timers = self._intake = None
+        await self.ready.stop_following()
+        await self.clocks.close()
 
     async def close(self) -> None:
-        await self._stop_following()
-        await self._close_ready()
+        await self.clocks.close()
+        await self.ready.close()
         await self.replies.close()
-
-    async def _stream(self, config: StreamConfig) -> None:
-        try:
-            await self.js.add_stream(config)
-        except BadRequestError:  # it exists: as configured now
-            await self.js.update_stream(config)
 
     def reachable(self) -> bool:
         return self.nc.is_connected
@@ -88,7 +90,7 @@ class NatsJobStore(Records, ReadyOrder, Clocks):
     async def wipe(self) -> None:
         """Empty every OJS bucket and stream (`POST /ojs/v1/admin/reset`, test mode)."""
         for key in [r["_key"] for prefix in FOLLOWED for r, _ in await self.scan(prefix) if "_key" in r]:
-            await self.jobs.delete(key)  # each server following it hears that it is gone
-        for stream in (f"KV_{JOBS}", f"KV_{UNIQUE}", TIMERS, ROUTE.stream, READY, DONE, EVENTS):
+            await self.records.jobs.delete(key)  # each server following it hears that it is gone
+        for stream in (f"KV_{JOBS}", f"KV_{UNIQUE}", TIMERS, ROUTE.stream, READY, EVENTS):
             await self.js.purge_stream(stream)
-        self._priorities.clear()
+        self.ready.forget()

@@ -126,7 +126,7 @@ class JobStore(Protocol):
         """Entries not yet settled (held ones too), by priority."""
 
     async def queues(self) -> list[str]:
-        """The queues that hold entries or finished jobs."""
+        """The queues that were offered entries (their ready orders)."""
 
     async def ready_counts(self, queue: str) -> tuple[int, int]:
         """(entries waiting to be taken, entries held) of `queue`."""
@@ -142,12 +142,6 @@ class JobStore(Protocol):
 
     async def again(self, fired: Fired, seconds: float) -> None:
         """Hand the timer out again in `seconds` (it came before the change it was armed for was stored)."""
-
-    # ---- the log of finished jobs ----------------------------------------------------------------------
-
-    async def finished(self, queue: str, state: str) -> None:
-        """A job of `queue` ended in `state`: the queue is listed for the retention period (`queues`).
-        What is counted is counted in the tallies (seamq.jobs.tally)."""
 
     # ---- the event log: batches of events, from every server ------------------------------------------
 

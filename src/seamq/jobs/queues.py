@@ -267,8 +267,14 @@ class Queues:
                        if (found := tenants.from_tally(record.get("queue", "")))})
 
     async def names(self) -> list[str]:
-        """Every queue that holds or held a job (within the retention period), was paused, and `default`."""
-        return sorted({model.DEFAULT_QUEUE, *await self.store.queues(), *(r["name"] for r in self.of("queue."))})
+        """Every queue that was offered jobs, counts a job (finished ones within the retention period) or
+        has flags, and `default`: a pass over the tallies, for listings."""
+        tallies: dict[str, list[dict]] = {}
+        for record, _ in await self.store.scan("tally."):
+            if not tenants.from_tally(record.get("queue", "")):
+                tallies.setdefault(record["queue"], []).append(record)
+        counted = [queue for queue, held in tallies.items() if any(tally.summed(held, self.clock()).values())]
+        return sorted({model.DEFAULT_QUEUE, *await self.store.queues(), *counted, *(r["name"] for r in self.of("queue."))})
 
     async def listing(self) -> list[dict]:
         return [{"name": name, "status": "paused" if self.paused(name) else "active", "paused": self.paused(name)}

@@ -416,3 +416,12 @@ async def test_a_relayed_job_meeting_a_full_queue_waits_for_room_and_is_never_di
     await engine.ops.fetch(["q"], 1, "w1")  # the queue has room again
     assert await intake.take_in(engine, json.dumps(relayed).encode()) == "created"
     assert (await engine.ops.info(relayed["id"]))["state"] == "available"
+
+
+async def test_a_queue_is_listed_while_it_counts_a_job_though_none_of_its_jobs_was_ever_offered(engine, clock):
+    pushed = await push(engine, job(queue="later", scheduled_at="2099-01-01T00:00:00Z"))
+    assert "later" in await engine.queues.names()
+    await engine.ops.cancel(pushed["id"])  # never available, so never offered: counted as cancelled alone
+    assert "later" in await engine.queues.names()
+    clock.advance(8 * 24 * 3600)  # its count's hour is past the retention period
+    assert "later" not in await engine.queues.names()

@@ -179,6 +179,21 @@ def test_a_job_state_is_written_once():
     assert not offenders, f"job states written again: {offenders}"
 
 
+def test_no_class_is_put_together_from_mixins():
+    """A class made of classes of seamq's own (the job store was `NatsJobStore(Records, ReadyOrder,
+    Clocks)`, each calling the others' methods through `self`) is one class split by size: its
+    parts go in through its constructor instead (issue 46). Bases from outside seamq (`str, Enum`, a
+    library's interfaces) are not counted."""
+    import ast
+
+    ours = {node.name for p in SRC.rglob("*.py") for node in ast.walk(ast.parse(p.read_text()))
+            if isinstance(node, ast.ClassDef)}
+    found = [f"{p.relative_to(SRC)}: {node.name}" for p in sorted(SRC.rglob("*.py"))
+             for node in ast.walk(ast.parse(p.read_text())) if isinstance(node, ast.ClassDef)
+             and len([b for b in node.bases if ast.unparse(b).rsplit(".", 1)[-1] in ours]) > 1]
+    assert not found, found
+
+
 def test_no_file_of_the_product_over_400_lines():
     """A file that grows past 400 lines holds more than one idea: split it by idea, not by size."""
     root = TESTS.parent
