@@ -58,6 +58,7 @@ class Tallied:
         self._running: set[asyncio.Task] = set()
         self._known: dict[str, tuple[dict | None, int]] = {}  # a slot's tally as this process last saw it
         self._timer: asyncio.TimerHandle | None = None  # wakes the first commit that may wait when its time is up
+        self._timer_at = math.inf  # when (uvloop's handles cannot say)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.store, name)
@@ -107,10 +108,10 @@ class Tallied:
         loop, first = asyncio.get_running_loop(), self._first_due
         if first <= loop.time():
             return True
-        if self._timer is None or self._timer.when() > first:
+        if self._timer is None or self._timer_at > first:
             if self._timer is not None:
                 self._timer.cancel()
-            self._timer = loop.call_at(first, self._woken)
+            self._timer, self._timer_at = loop.call_at(first, self._woken), first
         return False
 
     def _woken(self) -> None:

@@ -261,3 +261,18 @@ async def test_a_commit_that_may_wait_rides_with_the_next_one_or_goes_alone_when
     assert 0.5 <= loop.time() - started < 30 and store.batches == 3 and alone
     counts = tally.summed([r for r, _ in await raw_store.scan(tally.prefix("waits"))], model.utcnow())
     assert {s: n for s, n in counts.items() if n} == {"active": 2}
+
+
+def test_commits_that_may_wait_go_when_their_time_is_up_on_uvloop_too():
+    """uvloop hands back a plain handle, which cannot say when it is due, for a timer due within its
+    millisecond: a native worker run on uvloop had its acks refused with an AttributeError."""
+    import uvloop  # with the http extra, which make install installs
+
+    async def main() -> list[list[int]]:
+        tallied = Tallied(MemoryJobStore())
+        keys = [f"u{n}" for n in range(200)]
+        made = [await tallied.commit([Write(k, {"id": k, "queue": "uv", "state": "available"})]) for k in keys]
+        return await asyncio.wait_for(asyncio.gather(*(tallied.commit([Write(
+            k, {"id": k, "queue": "uv", "state": "active"}, rev, before={"id": k, "queue": "uv", "state": "available"},
+            may_wait=0.0001)]) for k, [rev] in zip(keys, made))), 5)
+    assert [len(r) for r in uvloop.run(main())] == [1] * 200
