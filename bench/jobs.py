@@ -12,6 +12,7 @@ The job queues users would install instead are in bench/peers_jobs.py.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import statistics
 import time
@@ -262,19 +263,27 @@ def draining_worker(client, queue: str, count: int, concurrency: int):
 async def processed_native(nats_url: str, count: int, queue: str, concurrency: int = WORKERS) -> float:
     """`count` jobs waiting, processed by seamq's worker with the engine in its own process (`seamq jobs
     worker --nats`: seamq.jobs.native), `concurrency` no-op jobs at once, as the peers run theirs."""
-    from seamq.jobs.native import EngineClient, started_engine
+    from seamq.jobs.engine import Engine
+    from seamq.jobs.nats_store import NatsJobStore
+    from seamq.jobs.native import EngineClient, collect_less, started_engine
 
     nc = await nats.connect(nats_url)
-    engine = await started_engine(nc)
+    producer = await Engine(await NatsJobStore(nc).start()).start(clocks=False)  # as an application's, apart
     for start in range(0, count, 999):
-        await engine.ops.push_batch({"jobs": [{"type": "noop", "args": [n], "options": {"queue": queue}}
-                                              for n in range(start, min(count, start + 999))]})
+        await producer.ops.push_batch({"jobs": [{"type": "noop", "args": [n], "options": {"queue": queue}}
+                                                for n in range(start, min(count, start + 999))]})
+    await producer.stop()
+    engine = await started_engine(nc)
+    gc_was = gc.get_threshold()
+    collect_less()  # as `seamq jobs worker --nats` does once started
     worker = draining_worker(EngineClient(engine), queue, count, concurrency)
     try:
         started = time.perf_counter()
         await worker.run()
         return _rate(count, started)
     finally:
+        gc.unfreeze()
+        gc.set_threshold(*gc_was)
         await engine.stop()
         await nc.close()
 

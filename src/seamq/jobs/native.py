@@ -41,7 +41,7 @@ from seamq.settings import Settings
 
 ACK_WAIT = 0.05  # seconds an ack or a nack may wait for others, to share their batch
 SETTLES_AHEAD = 16  # acks and nacks on their way, in slots' worth, before the worker stops fetching
-COUNTED_AFTER = 1.0  # seconds after its claim a job still running here is counted as active
+COUNTED_AFTER = 0.25  # seconds after its claim a job still running here is counted as active
 SETTLE_TRIES = 6  # an ack or a nack tried while NATS is away, 3 to 6 s in all
 SETTLE_BACKOFF = Backoff(0.2, 3.2)  # the house's retry delay: doubling from 0.2 s, with jitter
 AWAY = (*UNREACHABLE, nats.errors.NoRespondersError, nats.js.errors.ServiceUnavailableError)
@@ -51,6 +51,14 @@ GC_THRESHOLD = 10_000  # allocations between the collector's youngest rounds (Py
 async def started_engine(nc: Any, *, replicas: int | None = None) -> Engine:
     """An engine for a worker's own process: its claims leave their counts to the job's next change."""
     return await Engine(await NatsJobStore(nc, replicas=replicas).start(), count_claims_later=True).start()
+
+
+def collect_less() -> None:
+    """Jobs make and drop many small objects: at Python's default threshold the collector runs every
+    few jobs, and each of its oldest rounds scans all that start-up made (docs/benchmarks.md 7k).
+    That lives as long as the process: frozen, it is never scanned again."""
+    gc.freeze()
+    gc.set_threshold(GC_THRESHOLD, 10, 10)
 
 
 class EngineClient:
@@ -140,11 +148,7 @@ async def run_native_worker(settings: Settings, handler: JobHandlers | Callable,
     nc = await connect(settings.nats, name="seamq-jobs-worker")
     try:
         engine = await started_engine(nc, replicas=settings.jobs.replicas)
-        # Jobs make and drop many small objects: at Python's default threshold the collector runs every
-        # few jobs, and each of its oldest rounds scans all that start-up made (docs/benchmarks.md 7k).
-        # That lives as long as the process: frozen, it is never scanned again.
-        gc.freeze()
-        gc.set_threshold(GC_THRESHOLD, 10, 10)
+        collect_less()
         try:
             await run_until_signalled(Worker(EngineClient(engine), handler, config),
                                       via=f"engine on {redact(settings.nats.url)}")
