@@ -16,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from seamq import codec
+from seamq.jobs import attempts
 from seamq.jobs.model import OjsError, invalid
 
 MEDIA_TYPE = "application/openjobspec+json"
@@ -114,3 +115,8 @@ class OjsHeaders:
             await send(message)
 
         await self.app(scope, receive, sending)
+
+
+def may_wait(request: Request) -> float:
+    """Seconds the request's ack or nack may wait to share the store's batch (seamq.jobs.attempts)."""
+    return attempts.may_wait(request.headers.get(attempts.MAY_WAIT_HEADER))

@@ -1,6 +1,6 @@
 """What a worker reports: a failed attempt (the `errors[]` entry it becomes, and the error's type that
-`non_retryable_errors` match) and the jobs a heartbeat names, read from whichever shape the client
-sent. No I/O."""
+`non_retryable_errors` match), the jobs a heartbeat names, read from whichever shape the client
+sent, and how long its ack may wait. No I/O."""
 
 from __future__ import annotations
 
@@ -9,6 +9,20 @@ from datetime import datetime
 from typing import Any
 
 from seamq.jobs.model import MAX_BATCH, State, invalid, iso, public
+
+# seamq's worker does not wait on its acks and nacks: it says so, and a seamq server may hold one this
+# long to store it in one batch with others (seamq.jobs.tallied). Not OJS: other clients never wait.
+MAY_WAIT_HEADER, MAY_WAIT_MOST_MS = "X-Seamq-May-Wait", 50
+
+
+def may_wait(said: str | None) -> float:
+    """Seconds from the header's value (whole milliseconds); 0 when not said."""
+    if said is None:
+        return 0.0
+    if not (said.isascii() and said.isdigit()) or int(said) > MAY_WAIT_MOST_MS:
+        raise invalid(f"{MAY_WAIT_HEADER} must be whole milliseconds from 0 to {MAY_WAIT_MOST_MS}, got {said[:40]!r}")
+    return int(said) / 1000
+
 
 RAISED = re.compile(r"^([A-Za-z_][\w.]*)(?::|$)")  # `ValueError: bad`, `mod.Error`, JS `TypeError: x`
 

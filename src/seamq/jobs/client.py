@@ -21,6 +21,7 @@ import aiohttp
 
 from seamq.backoff import Backoff
 from seamq.jobs import sealing
+from seamq.jobs.attempts import MAY_WAIT_HEADER, MAY_WAIT_MOST_MS
 from seamq.jobs.sealing import Keys
 from seamq.http import CLIENT_IDLE
 from seamq.model import ErrorCode, SeamqError
@@ -100,13 +101,17 @@ class JobsClient:
         headers = {"X-OJS-Tenant": tenant} if tenant is not None else None
         return (await self._call("POST", "/workers/fetch", body, retry=False, headers=headers))["jobs"]
 
-    async def ack(self, job_id: str, result: Any = None) -> dict:
-        return await self._call("POST", "/workers/ack", {"job_id": job_id, "result": result})
+    async def ack(self, job_id: str, result: Any = None, *, may_wait: float = 0.0) -> dict:
+        """`may_wait`: seconds (50 ms at most) the server may hold it to store it with others (a worker
+        that does not wait on its acks; a seamq server, X-Seamq-May-Wait)."""
+        return await self._call("POST", "/workers/ack", {"job_id": job_id, "result": result},
+                                headers=_waits(may_wait))
 
-    async def nack(self, job_id: str, error: BaseException | dict | str, *, requeue: bool = False) -> dict:
+    async def nack(self, job_id: str, error: BaseException | dict | str, *, requeue: bool = False,
+                   may_wait: float = 0.0) -> dict:
         """Fail the job's attempt: retried by its policy, or released unchanged with `requeue`."""
         return await self._call("POST", "/workers/nack", {"job_id": job_id, "error": error_body(error),
-                                                          "requeue": requeue})
+                                                          "requeue": requeue}, headers=_waits(may_wait))
 
     async def beat(self, worker_id: str, state: str, active_jobs: int) -> dict:
         """Say this worker's state (graceful shutdown: quiet, drain, terminate); said once, not retried."""
@@ -246,3 +251,7 @@ def error_body(error: BaseException | dict | str) -> dict:
         until = getattr(error, "rate_limit_until", None)  # seamq.jobs.RateLimited: its key waits until then
         return {**body, "rate_limit_until": until.isoformat()} if isinstance(until, datetime) else body
     return {"code": "handler_error", "message": str(error)}
+
+
+def _waits(may_wait: float) -> dict[str, str] | None:
+    return {MAY_WAIT_HEADER: str(round(min(may_wait * 1000, MAY_WAIT_MOST_MS)))} if may_wait > 0 else None

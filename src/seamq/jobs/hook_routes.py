@@ -28,7 +28,7 @@ def hook_routes(engine: Engine, post: Post | None = None) -> list[Route]:
         return answer({"subscription": {**shown, **({"secret": made} if made else {})}, **shown}, 201)
 
     async def listing(request: Request) -> Response:
-        return answer({"subscriptions": [webhooks.public(r) for r in subscriptions.all()]})
+        return answer({"subscriptions": [webhooks.public(r) for r in await subscriptions.listing()]})
 
     async def one(request: Request) -> Response:
         return answer({"subscription": webhooks.public(await subscriptions.get(request.path_params["sub_id"]))})

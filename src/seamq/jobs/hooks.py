@@ -40,7 +40,12 @@ class Subscriptions:
         self.store, self.queues, self.clock = store, queues, clock
 
     def all(self) -> list[dict]:
+        """As this server follows them (the deliverer's, at each batch of events)."""
         return sorted(self.queues.of(webhooks.PREFIX), key=lambda r: r["created_at"])
+
+    async def listing(self) -> list[dict]:
+        """As stored: one made through another server a moment ago too (a client's read after its write)."""
+        return sorted((record for record, _ in await self.store.scan(webhooks.PREFIX)), key=lambda r: r["created_at"])
 
     async def find(self, sub_id: str) -> dict | None:
         """As this server follows it, else as stored (made through another server a moment ago)."""

@@ -6,8 +6,9 @@ the same cores; here the worker (seamq.jobs.worker, the same code) calls the ser
 and this worker runs beside `seamq jobs serve` instances and the SDKs' workers on the same queues.
 Its claims leave their counts to the job's next change (seamq.jobs.job.claimed, `count_later`), so a
 claim is one plain compare-and-set, not an atomic batch: its acks and failures, which the worker does
-not wait on, then wait a little (ACK_WAIT) to share one batch, many rounds of short jobs in it
-(seamq.jobs.tallied), and a job still running after COUNTED_AFTER is counted as active. An ack
+not wait on and lets wait a little (seamq.jobs.worker.ACK_WAIT), then share one batch, many rounds of
+short jobs in it (seamq.jobs.tallied), and a job still running after COUNTED_AFTER is counted as
+active. An ack
 or a nack that meets NATS away (a node lost, an election) is said again a few times, as the HTTP
 client says one again over a lost connection; one stored meanwhile is then refused, and the worker
 logs that. A refusal is the JobsError the HTTP client raises for the same answer.
@@ -31,7 +32,7 @@ from seamq.jobs.engine import Engine
 from seamq.jobs.handlers import JobHandlers
 from seamq.jobs.model import OjsError
 from seamq.jobs.nats_store import NatsJobStore
-from seamq.jobs.worker import Worker, WorkerConfig, run_until_signalled
+from seamq.jobs.worker import ACK_WAIT, Worker, WorkerConfig, run_until_signalled
 from seamq.nats.connect import connect
 from seamq.nats.publisher import UNREACHABLE
 from seamq.model import describe
@@ -39,8 +40,6 @@ from seamq.observability import log
 from seamq.redact import redact
 from seamq.settings import Settings
 
-ACK_WAIT = 0.05  # seconds an ack or a nack may wait for others, to share their batch
-SETTLES_AHEAD = 16  # acks and nacks on their way, in slots' worth, before the worker stops fetching
 COUNTED_AFTER = 0.25  # seconds after its claim a job still running here is counted as active
 SETTLE_TRIES = 6  # an ack or a nack tried while NATS is away, 3 to 6 s in all
 SETTLE_BACKOFF = Backoff(0.2, 3.2)  # the house's retry delay: doubling from 0.2 s, with jitter
@@ -64,8 +63,6 @@ def collect_less() -> None:
 class EngineClient:
     """The calls a worker makes of a job server (seamq.jobs.client.JobsClient's), made of an engine."""
 
-    settles_ahead = SETTLES_AHEAD  # seamq.jobs.worker: short jobs' acks fill a batch over many rounds
-
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._uncounted: dict[str, asyncio.TimerHandle] = {}  # claimed here, neither settled nor recounted yet
@@ -80,13 +77,14 @@ class EngineClient:
             self._uncounted[job["id"]] = loop.call_later(COUNTED_AFTER, self._recount, job["id"])
         return jobs
 
-    async def ack(self, job_id: str, result: Any = None) -> dict:
+    async def ack(self, job_id: str, result: Any = None, *, may_wait: float = 0.0) -> dict:
         self._settling(job_id)
-        return await _settled(functools.partial(self.engine.ops.ack, may_wait=ACK_WAIT), job_id, result)
+        return await _settled(functools.partial(self.engine.ops.ack, may_wait=may_wait), job_id, result)
 
-    async def nack(self, job_id: str, error: BaseException | dict | str, *, requeue: bool = False) -> dict:
+    async def nack(self, job_id: str, error: BaseException | dict | str, *, requeue: bool = False,
+                   may_wait: float = 0.0) -> dict:
         self._settling(job_id)
-        return await _settled(functools.partial(self.engine.ops.nack, may_wait=ACK_WAIT), job_id,
+        return await _settled(functools.partial(self.engine.ops.nack, may_wait=may_wait), job_id,
                               error_body(error), requeue)
 
     def _settling(self, job_id: str) -> None:
@@ -103,7 +101,7 @@ class EngineClient:
 
     async def _recounted(self, job_id: str) -> None:
         try:
-            await self.engine.ops.change(job_id, moves.recounted, may_wait=ACK_WAIT)
+            await self.engine.ops.change(job_id, moves.recounted, may_wait=ACK_WAIT)  # rides with the acks
         except OjsError:
             pass  # it ended or moved on meanwhile, and that change moved its count
         except Exception as exc:  # counted as available until its next change

@@ -44,6 +44,10 @@ from seamq.stopping import wait_event
 
 STARTUP_WAIT = 5.0  # seconds the job server may take to answer a starting worker
 SAY_WAIT = 2.0  # seconds a stopping worker gives the server to hear that it drains, then that it ends
+# An ack or a nack, which the worker does not wait on, may wait this long to share the store's batch
+# with others (a seamq server, or the engine of `--nats`): one batch then holds many rounds of short jobs.
+ACK_WAIT = 0.05
+SETTLES_AHEAD = 16  # acks and nacks on their way, in slots' worth, before the worker stops fetching
 
 
 @dataclass(frozen=True)
@@ -70,11 +74,9 @@ class Worker:
         self.stopping = asyncio.Event()
         self.quiet = False  # told by the server (an operator, through the admin API): fetch nothing more
         self.running: dict[str, asyncio.Task] = {}
-        # Acks and nacks on their way: a slot is free once its function returns, so the next fetch's
-        # claims travel with this round's acks instead of after them. At most `concurrency` of them, or as
-        # many slots' worth as the client says it gathers (seamq.jobs.native: acks that wait to share a batch).
+        # Acks and nacks on their way, which nobody waits on: a slot is free once its function returns.
+        # Each may wait ACK_WAIT to share a batch, so many rounds of short jobs fill one.
         self.settling: set[asyncio.Task] = set()
-        self.settles_ahead: int = getattr(client, "settles_ahead", 1)
         self.cancelled: set[str] = set()  # by the server: nothing to release
         self.in_threads: set[str] = set()  # jobs whose sync function runs in a thread: cannot be cancelled
         self._slot = asyncio.Event()
@@ -88,7 +90,7 @@ class Worker:
         beat = asyncio.create_task(self._heartbeats())
         try:
             while not self.stopping.is_set():
-                beyond = max(0, len(self.settling) - self.config.concurrency * self.settles_ahead)
+                beyond = max(0, len(self.settling) - self.config.concurrency * SETTLES_AHEAD)
                 free = 0 if self.quiet else self.config.concurrency - len(self.running) - beyond
                 jobs = await self._fetch(free) if free > 0 else []
                 for job in jobs:
@@ -135,19 +137,19 @@ class Worker:
             except sealing.Unopenable as exc:  # another worker may hold the key (a rotation half done)
                 log.warning("job_args_unopenable", job_id=job["id"], type=job["type"], error=str(exc))
                 self._settle_later(self.client.nack(job["id"], {"code": "args_unopenable", "type": "Unopenable",
-                                                                 "message": str(exc)}), job, "nack")
+                                                                 "message": str(exc)}, may_wait=ACK_WAIT), job, "nack")
                 return
             except UnknownJobType as exc:
                 log.warning("job_type_unknown", job_id=job["id"], type=job["type"], error=str(exc))
                 self._settle_later(self.client.nack(job["id"], {"code": "unknown_job_type", "type": "UnknownJobType",
-                                                                 "message": str(exc)}), job, "nack")
+                                                                 "message": str(exc)}, may_wait=ACK_WAIT), job, "nack")
                 return
             except Exception as exc:
                 log.warning("job_failed", job_id=job["id"], type=job["type"], attempt=job.get("attempt"),
                             error=describe(exc), exc_info=exc)
-                self._settle_later(self.client.nack(job["id"], exc), job, "nack")
+                self._settle_later(self.client.nack(job["id"], exc, may_wait=ACK_WAIT), job, "nack")
                 return
-            self._settle_later(self.client.ack(job["id"], _jsonable(result)), job, "ack")
+            self._settle_later(self.client.ack(job["id"], _jsonable(result), may_wait=ACK_WAIT), job, "ack")
         finally:
             self.running.pop(job["id"], None)
             self.cancelled.discard(job["id"])

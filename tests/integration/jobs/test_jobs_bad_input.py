@@ -91,3 +91,26 @@ async def test_every_malformed_request_is_a_4xx_with_the_ojs_error_and_changes_n
     assert after == before, "a bad request changed a job"
     assert stats["available"] == 1 and stats["active"] == 0, "a bad request enqueued or claimed something"
     assert "Traceback" not in server.log(), server.log()[-3000:]
+
+
+async def test_an_ack_may_wait_only_as_long_as_the_header_allows_and_a_bad_value_changes_nothing(server):
+    """X-Seamq-May-Wait (seamq's worker: its acks may wait up to 50 ms to share a batch): whole
+    milliseconds up to 50, else 400 and the job stays as it was."""
+    base = server.url + "/ojs/v1"
+    async with aiohttp.ClientSession(headers={"Content-Type": "application/openjobspec+json"}) as http:
+        async with http.post(base + "/jobs", json={**JOB, "options": {"queue": "waits"}}) as response:
+            job_id = (await response.json())["job"]["id"]
+        async with http.post(base + "/workers/fetch", json={"queues": ["waits"], "worker_id": "w"}) as response:
+            assert [j["id"] for j in (await response.json())["jobs"]] == [job_id]
+        for bad in ("abc", "51", "-1", "1.5", "9" * 400, "0x10", "5e1", "", "5 ms"):
+            async with http.post(base + "/workers/ack", json={"job_id": job_id},
+                                 headers={"X-Seamq-May-Wait": bad}) as response:
+                text = await response.text()
+                assert_ojs_error(response.status, response.headers, text, bad)
+                assert response.status == 400 and "X-Seamq-May-Wait" in text, (bad, text)
+        async with http.get(base + f"/jobs/{job_id}") as response:
+            assert (await response.json())["job"]["state"] == "active"
+        async with http.post(base + "/workers/ack", json={"job_id": job_id},
+                             headers={"X-Seamq-May-Wait": "50"}) as response:
+            assert response.status == 200 and (await response.json())["state"] == "completed"
+    assert "Traceback" not in server.log(), server.log()[-3000:]

@@ -170,11 +170,16 @@ async def test_a_sync_job_still_running_after_grace_keeps_its_lease_and_is_never
         server.kill()
 
 
-async def test_a_slot_frees_when_its_function_returns_and_a_stop_waits_for_every_ack():
-    """The next fetch does not wait for the last round's acks (its claims travel with them), at most
-    `concurrency` acks are on their way, and a stopping worker returns only once each is answered.
-    The job server here is an in-memory stand-in: what is tested is the worker's own bookkeeping."""
+async def test_a_slot_frees_when_its_function_returns_and_a_stop_waits_for_every_ack(monkeypatch):
+    """The next fetch does not wait for the last round's acks, at most SETTLES_AHEAD slots' worth of
+    acks are on their way (1 here), each saying it may wait, and a stopping worker returns only once
+    each is answered. The job server here is an in-memory stand-in: what is tested is the worker's
+    own bookkeeping."""
+    from seamq.jobs import worker as module
     from seamq.jobs.worker import Worker, WorkerConfig
+
+    monkeypatch.setattr(module, "SETTLES_AHEAD", 1)
+    waits = []
 
     release, ran, acked, fetched = asyncio.Event(), [], [], []
 
@@ -185,7 +190,8 @@ async def test_a_slot_frees_when_its_function_returns_and_a_stop_waits_for_every
             fetched.append(count)
             return [self.jobs.pop(0)] if self.jobs else []
 
-        async def ack(self, job_id, result=None):
+        async def ack(self, job_id, result=None, *, may_wait=0.0):
+            waits.append(may_wait)
             await release.wait()
             acked.append(job_id)
             return {"acknowledged": True}
@@ -208,4 +214,4 @@ async def test_a_slot_frees_when_its_function_returns_and_a_stop_waits_for_every
     assert not running.done()
     release.set()
     await asyncio.wait_for(running, 10)
-    assert acked == ["j1", "j2"] and ran == [1, 2]
+    assert acked == ["j1", "j2"] and ran == [1, 2] and waits == [module.ACK_WAIT] * 2

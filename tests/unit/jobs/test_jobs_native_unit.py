@@ -36,8 +36,8 @@ class Ops:
 async def test_an_ack_met_by_nats_away_is_said_again_and_may_wait_for_the_next_fetch():
     ops = Ops(nats.errors.TimeoutError(), nats.errors.NoRespondersError())
     with capture_logs() as logs:
-        assert await native.EngineClient(SimpleNamespace(ops=ops)).ack("j1", {"ok": True}) == {"id": "j1"}
-    assert ops.calls == [("ack", "j1", native.ACK_WAIT)] * 3
+        assert await native.EngineClient(SimpleNamespace(ops=ops)).ack("j1", {"ok": True}, may_wait=0.05) == {"id": "j1"}
+    assert ops.calls == [("ack", "j1", 0.05)] * 3
     assert [(e["event"], e["job_id"], e["attempt"]) for e in logs] == [("job_settle_retrying", "j1", 1),
                                                                        ("job_settle_retrying", "j1", 2)]
 
