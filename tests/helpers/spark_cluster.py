@@ -126,6 +126,8 @@ class SparkCluster:
                 state = json.load(answer)
         except OSError:
             return 0
+        except ValueError:  # a page instead of the state (seen once while the cluster started): asked again
+            return 0
         return sum(1 for w in state.get("workers", []) if w.get("state") == "ALIVE")
 
     def stop(self) -> None:

@@ -92,6 +92,12 @@ def heartbeat_ids(active_jobs: Any, active_job_ids: Any) -> list[str]:
     return list(dict.fromkeys(ids))
 
 
+def ack_answer(record: dict[str, Any]) -> dict[str, Any]:
+    """An ack's answer: the job as stored after it."""
+    return {"acknowledged": True, "id": record["id"], "job_id": record["id"], "state": record["state"],
+            "completed_at": record["completed_at"], "job": public(record)}
+
+
 def nack_answer(record: dict[str, Any]) -> dict[str, Any]:
     """A nack's answer: the job as stored after it, and when it runs again or why it will not."""
     answer = {"id": record["id"], "job_id": record["id"], "state": record["state"], "attempt": record["attempt"],

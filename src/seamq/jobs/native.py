@@ -61,7 +61,8 @@ def collect_less() -> None:
 
 
 class EngineClient:
-    """The calls a worker makes of a job server (seamq.jobs.client.JobsClient's), made of an engine."""
+    """The calls a worker makes of a job server (seamq.jobs.client.JobsClient's), made of an engine. An
+    ack or a nack answers the job's record as stored (the worker reads nothing of it), not the HTTP answer."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine

@@ -311,17 +311,15 @@ class Operations:
                                    **verdict.told())
 
     async def ack(self, job_id: Any, result: Any = None, *, may_wait: float = 0.0) -> dict:
-        _, done, record = await self.change(job_id, lambda job: moves.completed(job, self.clock(), result),
-                                            may_wait=may_wait)
-        return {"acknowledged": True, "id": done.id, "job_id": done.id, "state": "completed",
-                "completed_at": record["completed_at"], "job": model.public(record)}
+        """The job's record as stored once completed (an answer is the face's: attempts.ack_answer)."""
+        return (await self.change(job_id, lambda job: moves.completed(job, self.clock(), result), may_wait=may_wait))[2]
 
     async def nack(self, job_id: Any, error: Any = None, requeue: Any = False, *, may_wait: float = 0.0) -> dict:
+        """The job's record as stored once failed, or released with `requeue` (attempts.nack_answer)."""
         def move(job: Job) -> Job:
             now = self.clock()
             return moves.released(job, now, error) if requeue is True else moves.failed(job, now, error, self.rng)
-        _, failed, record = await self.change(job_id, move, may_wait=may_wait)
-        return attempts.nack_answer(record)
+        return (await self.change(job_id, move, may_wait=may_wait))[2]
 
     async def heartbeat(self, worker_id: Any, active_jobs: Any, visibility: Any = None,
                         active_job_ids: Any = None) -> dict:

@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from seamq.jobs import admin, tenants
+from seamq.jobs import admin, attempts, tenants
 from seamq.jobs.api import VERSION, answer, body_of, limit_of, may_wait
 from seamq.jobs.engine import EVENTS_KEPT, Engine
 from seamq.jobs.model import OjsError, invalid
@@ -135,12 +135,13 @@ def core(engine: Engine, conformance_level: int) -> list[Route]:
 
     async def ack(request: Request) -> Response:
         body = await body_of(request)
-        return answer(await engine.ops.ack(named(request, body), body.get("result"), may_wait=may_wait(request)))
+        return answer(attempts.ack_answer(await engine.ops.ack(named(request, body), body.get("result"),
+                                                               may_wait=may_wait(request))))
 
     async def nack(request: Request) -> Response:
         body = await body_of(request)
-        return answer(await engine.ops.nack(named(request, body), body.get("error"), body.get("requeue", False),
-                                            may_wait=may_wait(request)))
+        return answer(attempts.nack_answer(await engine.ops.nack(named(request, body), body.get("error"),
+                                                                 body.get("requeue", False), may_wait=may_wait(request))))
 
     async def beat(request: Request) -> Response:  # graceful shutdown: the state a worker says it is in
         body = await body_of(request)

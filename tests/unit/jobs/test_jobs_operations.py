@@ -42,7 +42,7 @@ async def test_an_ack_ends_the_job_and_its_entry_never_comes_again(engine, clock
     pushed = await push(engine, job())
     [got] = await engine.ops.fetch(["q"], 1, "w", 1000)
     done = await engine.ops.ack(got["id"], {"ok": True})
-    assert done["state"] == "completed" and done["job"]["result"] == {"ok": True}
+    assert done["state"] == "completed" and done["result"] == {"ok": True}
     clock.advance(5)
     assert await engine.ops.fetch(["q"], 1, "w") == []
     with pytest.raises(OjsError) as again:
@@ -66,7 +66,7 @@ async def test_a_failure_retries_after_its_backoff_then_is_dead_lettered(engine,
     [again] = await engine.ops.fetch(["q"], 1, "w")
     assert again["attempt"] == 2
     last = await engine.ops.nack(again["id"], {"type": "Timeout", "message": "slower"})
-    assert last["state"] == "discarded" and [e["attempt"] for e in last["job"]["errors"]] == [1, 2]
+    assert last["state"] == "discarded" and [e["attempt"] for e in last["errors"]] == [1, 2]
     assert [d["id"] for d in await engine.dead_letters(None)] == [pushed["id"]]
     assert (await engine.retry_dead_letter(pushed["id"]))["state"] == "available"
     assert await engine.dead_letters(None) == []
