@@ -8,10 +8,9 @@ Its claims leave their counts to the job's next change (seamq.jobs.job.claimed, 
 claim is one plain compare-and-set, not an atomic batch: its acks and failures, which the worker does
 not wait on and lets wait a little (seamq.jobs.worker.ACK_WAIT), then share one batch, many rounds of
 short jobs in it (seamq.jobs.tallied), and a job still running after COUNTED_AFTER is counted as
-active. An ack
-or a nack that meets NATS away (a node lost, an election) is said again a few times, as the HTTP
-client says one again over a lost connection; one stored meanwhile is then refused, and the worker
-logs that. A refusal is the JobsError the HTTP client raises for the same answer.
+active. An ack or a nack that meets NATS away (a node lost, an election) is said again a few times,
+as the HTTP client says one again over a lost connection; one stored meanwhile is then refused, and
+the worker logs that. A refusal is the JobsError the HTTP client raises for the same answer.
 """
 
 from __future__ import annotations
