@@ -21,17 +21,18 @@ def fair_routes(engine: Engine) -> list[Route]:
             raise invalid(f"a tenant id matches {tenants.PATTERN.pattern}")
         return tenant
 
-    async def summary(tenant: str) -> dict:
-        queues = await engine.queues.tenant_stats(tenant)
+    def summary(tenant: str, tallied: dict[str, dict[str, int]]) -> dict:
+        queues = engine.queues.tenant_stats(tenant, tallied)
         jobs = {state: sum(counts[state] for counts in queues.values()) for state in STATES}
         return {"tenant_id": tenant, "total_jobs": sum(jobs.values()), "jobs": jobs, "queues": queues}
 
     async def listing(request: Request) -> Response:
-        rows = [await summary(tenant) for tenant in await engine.queues.tenant_names()]
+        tallied = await engine.queues.tallied()
+        rows = [summary(tenant, tallied) for tenant in engine.queues.tenant_names(tallied)]
         return answer(admin.paged(rows, request.query_params))
 
     async def stats(request: Request) -> Response:
-        return answer(await summary(named(request)))
+        return answer(summary(named(request), await engine.queues.tallied()))
 
     async def jobs(request: Request) -> Response:
         tenant = named(request)

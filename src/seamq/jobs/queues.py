@@ -252,28 +252,31 @@ class Queues:
         return {"name": queue, **{state: counts[state] for state in model.STATES}, "paused": self.paused(queue),
                 "depth": backpressure.depth(counts), **({"max_depth": bound.max_depth} if bound else {})}
 
-    async def tenant_stats(self, tenant: str) -> dict[str, dict[str, int]]:
-        """A tenant's counts in each queue that holds or held its jobs (within the retention period)."""
-        out = {}
-        for name in await self.names():
-            counts = await self.stats(name, tenant)
-            if any(counts[state] for state in model.STATES):
-                out[name] = {state: counts[state] for state in model.STATES}
-        return out
-
-    async def tenant_names(self) -> list[str]:
-        """Every tenant with counts in some queue: a pass over the tallies, for listings."""
-        return sorted({found[1] for record, _ in await self.store.scan("tally.")
-                       if (found := tenants.from_tally(record.get("queue", "")))})
-
-    async def names(self) -> list[str]:
-        """Every queue that was offered jobs, counts a job (finished ones within the retention period) or
-        has flags, and `default`: a pass over the tallies, for listings."""
-        tallies: dict[str, list[dict]] = {}
+    async def tallied(self) -> dict[str, dict[str, int]]:
+        """Each tally's name (a queue's own, or a tenant's in a queue: tenants.tally_queue) and its counts:
+        one pass over the tallies, which a listing reads once however many queues and tenants it shows."""
+        held: dict[str, list[dict]] = {}
         for record, _ in await self.store.scan("tally."):
-            if not tenants.from_tally(record.get("queue", "")):
-                tallies.setdefault(record["queue"], []).append(record)
-        counted = [queue for queue, held in tallies.items() if any(tally.summed(held, self.clock()).values())]
+            held.setdefault(record.get("queue", ""), []).append(record)
+        now = self.clock()
+        return {name: tally.summed(records, now) for name, records in held.items()}
+
+    @staticmethod
+    def tenant_stats(tenant: str, tallied: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+        """A tenant's counts in each queue that holds or held its jobs (within the retention period)."""
+        return {found[0]: counts for name, counts in tallied.items()
+                if (found := tenants.from_tally(name)) and found[1] == tenant and any(counts.values())}
+
+    @staticmethod
+    def tenant_names(tallied: dict[str, dict[str, int]]) -> list[str]:
+        """Every tenant with a tally in some queue."""
+        return sorted({found[1] for name in tallied if (found := tenants.from_tally(name))})
+
+    async def names(self, tallied: dict[str, dict[str, int]] | None = None) -> list[str]:
+        """Every queue that was offered jobs, counts a job (finished ones within the retention period) or
+        has flags, and `default`."""
+        tallied = await self.tallied() if tallied is None else tallied
+        counted = [name for name, counts in tallied.items() if not tenants.from_tally(name) and any(counts.values())]
         return sorted({model.DEFAULT_QUEUE, *await self.store.queues(), *counted, *(r["name"] for r in self.of("queue."))})
 
     async def listing(self) -> list[dict]:

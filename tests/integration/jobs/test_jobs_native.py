@@ -17,7 +17,8 @@ from pathlib import Path
 
 from seamq.jobs.client import JobsClient
 from seamq.jobs.model import STATES
-from seamq.jobs.native import COUNTED_AFTER, EngineClient, started_engine
+from seamq.jobs import native
+from seamq.jobs.native import EngineClient, started_engine
 
 from helpers.jobs_harness import JobServer, push_numbered, runs_of, start_worker
 
@@ -90,9 +91,38 @@ async def test_native_workers_beside_a_server_run_each_job_once_at_a_time_throug
         assert "job_settle" not in (tmp_path / f"{name}.log").read_text(), name
 
 
+async def _stats_when(engine, queue: str, done) -> dict:
+    for _ in range(200):  # a liveness bound only
+        if done(stats := await engine.queues.stats(queue)):
+            return stats
+        await asyncio.sleep(0.05)
+    return stats
+
+
+async def test_a_native_claim_moves_no_count_and_its_ack_moves_it_from_available(nats_server, monkeypatch):
+    """The claim is one plain write: the job stays counted as available until its ack, which counts it
+    completed. (The recount is held off here, so that a slow machine cannot fire it first.)"""
+    import nats
+
+    monkeypatch.setattr(native, "COUNTED_AFTER", 3600.0)
+    nc = await nats.connect(nats_server.url)
+    engine = await started_engine(nc)
+    try:
+        client = EngineClient(engine)
+        await engine.ops.push({"type": "test.quick", "args": [], "options": {"queue": "uncounted"}})
+        [job] = await client.fetch(["uncounted"], count=1, worker_id="w")
+        stats = await engine.queues.stats("uncounted")
+        assert (stats["available"], stats["active"]) == (1, 0), stats
+        await client.ack(job["id"], None)
+        stats = await _stats_when(engine, "uncounted", lambda s: s["completed"] == 1)
+        assert (stats["available"], stats["active"], stats["completed"]) == (0, 0, 1), stats
+    finally:
+        await engine.stop()
+        await nc.close()
+
+
 async def test_a_job_a_native_worker_runs_is_counted_as_active_once_it_has_run_a_moment(nats_server):
-    """Its claim leaves it counted as available (one plain write); COUNTED_AFTER later it is counted as
-    active, and its ack counts it completed."""
+    """COUNTED_AFTER after its claim a running job is counted as active, and its ack counts it completed."""
     import nats
 
     nc = await nats.connect(nats_server.url)
@@ -101,17 +131,10 @@ async def test_a_job_a_native_worker_runs_is_counted_as_active_once_it_has_run_a
         client = EngineClient(engine)
         await engine.ops.push({"type": "test.long", "args": [], "options": {"queue": "counted"}})
         [job] = await client.fetch(["counted"], count=1, worker_id="w")
-        assert (await engine.queues.stats("counted"))["available"] == 1, "the claim moved no count"
-        for _ in range(200):  # a liveness bound only
-            if (stats := await engine.queues.stats("counted"))["active"] == 1:
-                break
-            await asyncio.sleep(COUNTED_AFTER / 10)
+        stats = await _stats_when(engine, "counted", lambda s: s["active"] == 1)
         assert (stats["available"], stats["active"]) == (0, 1), stats
         await client.ack(job["id"], None)
-        for _ in range(200):
-            if (stats := await engine.queues.stats("counted"))["completed"] == 1:
-                break
-            await asyncio.sleep(0.05)
+        stats = await _stats_when(engine, "counted", lambda s: s["completed"] == 1)
         assert (stats["available"], stats["active"], stats["completed"]) == (0, 0, 1), stats
     finally:
         await engine.stop()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from seamq.jobs import pools, tally, tenants
-from seamq.jobs.model import OjsError, check_queue
+from seamq.jobs.model import STATES, OjsError, check_queue
 
 
 def test_a_tenant_comes_from_meta_or_the_header_and_the_two_must_agree():
@@ -55,8 +55,10 @@ async def test_a_fetch_for_a_tenant_gets_its_jobs_alone_and_one_for_all_takes_ea
     assert (counted["active"], counted["available"]) == (4, 6)
     assert (await other.queues.stats("mt", "small"))["active"] == 1
     assert (await other.queues.stats("mt"))["active"] == 5
-    assert await other.queues.tenant_names() == ["big", "small"]
-    assert (await other.queues.tenant_stats("big"))["mt"]["active"] == 4
+    tallied = await other.queues.tallied()
+    assert other.queues.tenant_names(tallied) == ["big", "small"]
+    assert other.queues.tenant_stats("big", tallied) == {"mt": {**dict.fromkeys(STATES, 0), "active": 4, "available": 6}}
+    assert "mt" in await other.queues.names(tallied)
 
 
 async def test_a_pool_makes_a_fetch_of_two_queues_take_from_both(servers):
