@@ -7,6 +7,7 @@ import shutil
 import signal
 import stat
 import subprocess
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -76,6 +77,15 @@ def test_dev_on_a_three_node_cluster_runs_r3_streams_three_job_servers_and_stops
     # on a busy machine the checks alone may take longer than any fixed run.
     dev = subprocess.Popen([*SEAMQ, "dev", "--cluster", "3", "--data-dir", str(tmp_path / "data"), "--run-for", "600"],
                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    errors: list[str] = []  # read as written: a full pipe would stop the process that writes to it
+    reader = threading.Thread(target=lambda: errors.extend(dev.stderr), daemon=True)
+    reader.start()
+
+    def said() -> str:
+        """What the run wrote besides its dashboard, for a failure to show."""
+        log = tmp_path / "data" / "seamq.log"
+        return "stderr:\n" + "".join(errors)[-2000:] + "\nseamq.log:\n" + (log.read_text()[-4000:] if log.exists() else "")
+
     try:
         lines = []
         for line in dev.stdout:
@@ -85,20 +95,29 @@ def test_dev_on_a_three_node_cluster_runs_r3_streams_three_job_servers_and_stops
         urls = re.findall(r"job server \(OJS\)\s*│\s*(http://127\.0\.0\.1:\d+)/ojs/v1", "".join(lines))
         assert len(set(urls)) == 3, "".join(lines)[-3000:]
         job = jobs_call(urls[0], "/ojs/v1/jobs", {"type": "dev.check", "args": [1], "options": {"queue": "dev"}})["job"]
-        fetched = fetch_until(urls[2], "dev")
-        assert [j["id"] for j in fetched] == [job["id"]]
+        try:
+            fetched = fetch_until(urls[2], "dev")
+        except OSError as exc:
+            raise AssertionError(f"no answer from {urls[2]}: {exc}\n{said()}") from None
+        assert [j["id"] for j in fetched] == [job["id"]], said()
         jobs_call(urls[1], "/ojs/v1/workers/ack", {"job_id": job["id"]})
         for line in dev.stdout:  # its dashboard, every 5 s: stopped once events have flowed end to end
             lines.append(line)
             if handled(line, "sea__from_vibespro") > 50:
                 break
         dev.send_signal(signal.SIGTERM)
-        stdout, stderr = dev.communicate(timeout=180)
+        rest: list[str] = []
+        tail = threading.Thread(target=lambda: rest.extend(dev.stdout), daemon=True)
+        tail.start()
+        dev.wait(180)
+        tail.join(30)
+        reader.join(30)
+        stdout = "".join(rest)
     finally:
         if dev.poll() is None:
             dev.kill()
             dev.wait(60)
-    assert dev.returncode == 0, stderr[-3000:]
+    assert dev.returncode == 0, said()
     stdout = "".join(lines) + stdout
     assert "NATS cluster (3 servers)" in stdout
     ports = {int(p) for p in re.findall(r"nats://127\.0\.0\.1:(\d+)", stdout)}
