@@ -221,10 +221,25 @@ async def test_one_partition_after_another_loses_nothing_doubles_nothing_and_kee
     last: dict[str, int] = {}
     for aggregate, n, message_id in rows:
         assert n > last.get(aggregate, -1) or message_id in repaired, \
-            f"{aggregate} handled out of order: {n} after {last[aggregate]}"
+            f"{aggregate} handled out of order: {n} after {last[aggregate]}\n{story(dsn, aggregate)}"
         last[aggregate] = max(n, last.get(aggregate, -1))
     # Each fault but the consumer's host cut off from every node: that one stops its handling for as
     # long as it lasts, by definition.
     slow = [f for f in faults if f["node"] != "consumer" and max(f["publishing"], f["handling"]) > (
         SPLIT_BOUND if "split" in f["fault"] else PAUSE_BOUND)]
     assert not (HOLD_BOUNDS and slow), f"a single node cut off stopped the flow for longer than its bound: {slow}"
+
+
+def story(dsn: str, aggregate: str) -> str:
+    """An aggregate's events as written, published, received and handled, for an order broken to be
+    told apart: a stream order that differs from the write order is the relay's, a handling order that
+    differs from the stream's is the consumer's."""
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(
+            "SELECT (o.payload->>'n')::int, o.seq, o.stream_seq, o.published_at, o.publish_attempts, i.received_at, "
+            "i.processed_at, i.attempts, i.duplicates, h.id, h.pid FROM outbox_events o "
+            "LEFT JOIN inbox_messages i ON i.message_id = o.id LEFT JOIN handled_order h ON h.message_id = o.id "
+            "WHERE o.aggregate_id = %s ORDER BY o.seq", (aggregate,)).fetchall()
+    head = "n | outbox seq | stream seq | published | publish attempts | received | processed | attempts | dups | handled # | pid"
+    return "\n".join([head, *(" | ".join(f"{v:%H:%M:%S.%f}" if hasattr(v, "hour") else str(v) for v in row)
+                               for row in rows)])

@@ -63,10 +63,14 @@ async def test_one_answer_late_is_no_process_gone(nats_server, monkeypatch):
         await other_nc.subscribe(subject("c"), cb=answer)
         await other_nc.flush()  # the server has the subscription before the first count asks
         first = await Roll(first_nc, "c", changed=told.append).start()
-        assert told == [False] and first.count == 2
+        # Its first answer may itself come late on a busy machine (alone, then two): what counts is
+        # that the round meant to be late changes nothing.
+        await wait_for(lambda: first.count == 2, timeout=10 * COUNT_EVERY, what="the other process counted")
+        assert told[-1] is False, told
+        seen = list(told)
         await wait_for(lambda: late.is_set(), timeout=10 * COUNT_EVERY, what="the late answer")
-        assert told == [False] and first.count == 2, "one late answer took for a process gone"
-        await wait_for(lambda: told == [False, True], timeout=10 * COUNT_EVERY, what="gone after two rounds")
+        assert told == seen and first.count == 2, "one late answer took for a process gone"
+        await wait_for(lambda: told == [*seen, True], timeout=10 * COUNT_EVERY, what="gone after two rounds")
         assert len(rounds) >= 4  # the late round and one more
         await first.close()
     finally:
