@@ -30,6 +30,12 @@ A message the server sent and the consumer never received (lost in flight with
 a connection or a route cut) comes back after ack_wait too; the source names
 those (seamq.nats.gaps) and they wait here as if sent back (`expect`).
 
+Time in which nothing could come back does not count against the grace: after
+this process lost its connection, or while no consumer leader answered its
+pulls (an election, a leader cut off or split from its peers), the waiting ones
+wait ack_wait again from when deliveries resume (`resumed`): a leader can be
+away longer than the grace (18 s once, a split on a busy machine).
+
 A hold is not an attempt: it costs the held message none of its max_deliver
 (seamq.verdict), so a message may be held as often as its aggregate needs.
 """
@@ -73,9 +79,10 @@ class Holds:
         self._waiting.setdefault(aggregate, {})[seq] = time.monotonic() + self.ack_wait
 
     def resumed(self, at: float) -> None:
-        """Deliveries came again at `at` after the connection was lost: a message sent back before was
-        sent again while we were away, and lost too; it comes back within ack_wait from now, so what
-        waits for it waits that long again."""
+        """Deliveries came again at `at` after the connection was lost, or after no consumer leader
+        answered: a message sent back before may have been sent again while we were away, and lost
+        too, or its NAK lost with the leader; it comes back within ack_wait from now, so what waits
+        for it waits that long again."""
         for waiting in self._waiting.values():
             for seq, due in waiting.items():
                 waiting[seq] = max(due, at)

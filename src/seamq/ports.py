@@ -140,9 +140,10 @@ class DeliverySource(Protocol):
         JetStream sends them again after ack_wait, and their aggregates wait for them."""
 
     def resumed(self) -> float | None:
-        """When deliveries came again after this process lost its connection to the broker, since last
-        asked (time.monotonic()); None if it did not. What was sent back before then and sent again
-        while it was away was lost as well: it comes back within ack_wait from then (seamq.holds)."""
+        """When deliveries came again after this process lost its connection to the broker, or after a
+        time when no consumer leader answered it, since last asked (time.monotonic()); None if neither.
+        What was sent back before then may have been lost with either: it comes back within ack_wait
+        from then (seamq.holds)."""
 
     def stop_requesting(self) -> None: ...
 

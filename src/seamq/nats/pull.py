@@ -61,7 +61,8 @@ class PullSource:
         self.paused = False  # a partition this process does not want now: no new requests
         self.gaps = Gaps(nc, stream, durable, alone=alone) if gaps else None
         self._contact = nc.stats["reconnects"]
-        self.resumed_at: float | None = None  # deliveries came again after a reconnect (`resumed()`)
+        self._unheard = False  # no consumer leader answered a request since the last delivery
+        self.resumed_at: float | None = None  # deliveries came again after either (`resumed()`)
 
     async def start(self) -> "PullSource":
         self._inbox = self.nc.new_inbox()
@@ -74,6 +75,8 @@ class PullSource:
             if self.gaps:
                 self.gaps.suspect()
         if msg.data or not msg.headers or "Status" not in msg.headers:
+            if self._unheard:  # a leader again: what it is to send again comes within ack_wait from now
+                self._unheard, self.resumed_at = False, time.monotonic()
             pin = self.group and msg.headers and msg.headers.get("Nats-Pin-Id")
             if pin and pin != self.pin:
                 self.pin = pin
@@ -92,6 +95,8 @@ class PullSource:
             self.unpinned += 1
             if self.gaps:
                 self.gaps.restart()
+        if status == "409" and "leadership" in (msg.headers.get("Description") or "").lower():
+            self._unheard = True  # the consumer's leader changed: a NAK it had, or its redelivery, may be lost
         if status in ("404", "408", "409", "423"):  # request expired, nothing left, the server ended it, unpinned
             left = msg.headers.get("Nats-Pending-Messages")
             self._requested = max(0, self._requested - int(left)) if left else 0
@@ -100,7 +105,7 @@ class PullSource:
             # No responders: the request reached no consumer leader (an election, or a new leader's interest
             # not yet known on our route), so nothing will come for it. fetch() asks again within a second,
             # not after the request's expiry, and not at once, which would spin while there is no leader.
-            self._requested = 0
+            self._requested, self._unheard = 0, True
             if self.gaps:
                 self.gaps.suspect()
 
@@ -127,8 +132,10 @@ class PullSource:
         reconnects = self.nc.stats["reconnects"]
         if reconnects != self._reconnects or time.monotonic() - self._requested_at > EXPIRES + 0.5:
             # Every request has expired by now, or went with the connection: ask again at once.
-            if self._requested > 0 and self.gaps:  # unanswered: the consumer leader, or the way to it, went
-                self.gaps.suspect()
+            if self._requested > 0:  # unanswered: the consumer leader, or the way to it, went
+                self._unheard = True
+                if self.gaps:
+                    self.gaps.suspect()
             self._requested, self._reconnects = 0, reconnects
 
     async def top_up(self) -> None:
@@ -169,7 +176,8 @@ class PullSource:
         return out
 
     def resumed(self) -> float | None:
-        """When deliveries came again after a reconnect, since last asked."""
+        """When deliveries came again after a reconnect, or after a time when no consumer leader
+        answered (no responders, a leadership change, a request never answered), since last asked."""
         at, self.resumed_at = self.resumed_at, None
         return at
 

@@ -69,6 +69,31 @@ async def test_a_pull_that_reaches_no_consumer_is_asked_again_not_waited_out(nc,
         await source.close()
 
 
+async def test_deliveries_after_a_time_no_consumer_leader_answered_say_they_resumed(nc):
+    """While no consumer leader answers (an election: no responders), a NAK or a redelivery the last
+    leader had may be lost, and comes back within ack_wait of a leader delivering again: the source
+    says when that was (`resumed()`), as after a reconnect, so that held aggregates wait that long
+    again (seamq.holds). Deliveries from a leader that always answered say nothing."""
+    js = nc.jetstream()
+    await js.add_stream(name="RESUMED", subjects=["resumed.>"])
+    source = await pull.PullSource(nc, "RESUMED", "late", buffer=10).start()
+    try:
+        assert await source.fetch(10, timeout=0.2) == []  # no consumer yet: no responders
+        await wait_for(lambda: source.idle, timeout=10, what="the 503 to end the pull request")
+        assert source.resumed() is None, "nothing delivered yet"
+        await js.add_consumer("RESUMED", durable_name="late", ack_policy="explicit")
+        before = time.monotonic()
+        await js.publish("resumed.1", b"x")
+        assert [m.data for m in await source.fetch(10, timeout=10)] == [b"x"]
+        at = source.resumed()
+        assert at is not None and at >= before
+        await js.publish("resumed.2", b"y")
+        assert [m.data for m in await source.fetch(10, timeout=10)] == [b"y"]
+        assert source.resumed() is None, "a leader that answered all along"
+    finally:
+        await source.close()
+
+
 async def test_a_connection_whose_server_reads_nothing_more_is_dropped_when_closed_not_waited_on():
     """What a server cut off by the network looks like from here: the connection holds what it could
     not send, and nats-py waits for it to close before it tries another server. The wait is bounded
