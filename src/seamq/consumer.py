@@ -109,8 +109,9 @@ class InboxConsumer:
                 if messages:
                     self._metrics.pending.set(messages[-1].pending)
                 if self.config.ordered:  # before what came after them reaches a lane
-                    if (at := self.source.resumed()) is not None:
-                        self._holds.resumed(at)
+                    if (at := self.source.resumed()) is not None and (held := self._holds.resumed(at)):
+                        log.info("consumer_holds_renewed", consumer=self.spec.name, aggregates=held,
+                                 why="deliveries resumed after a reconnect or a time with no consumer leader")
                     self._expect(self.source.missed())
                 for i, msg in enumerate(messages):
                     item = self._prepare(msg)

@@ -78,14 +78,15 @@ class Holds:
         ack_wait, and its aggregate's later messages wait for it as for one sent back."""
         self._waiting.setdefault(aggregate, {})[seq] = time.monotonic() + self.ack_wait
 
-    def resumed(self, at: float) -> None:
+    def resumed(self, at: float) -> int:
         """Deliveries came again at `at` after the connection was lost, or after no consumer leader
         answered: a message sent back before may have been sent again while we were away, and lost
         too, or its NAK lost with the leader; it comes back within ack_wait from now, so what waits
-        for it waits that long again."""
+        for it waits that long again. The number of aggregates that wait."""
         for waiting in self._waiting.values():
             for seq, due in waiting.items():
                 waiting[seq] = max(due, at)
+        return len(self._waiting)
 
     def record(self, pending: "Pending") -> None:
         """After a commit: what the lane sent back waits; what it handled or dead-lettered is done."""

@@ -11,6 +11,8 @@ import copy
 import json
 from contextlib import asynccontextmanager
 
+from structlog.testing import capture_logs
+
 from seamq.consumer import InboxConsumer
 from seamq.envelope import HandlerResult, Outcome
 from seamq.settings import ConsumerSettings
@@ -278,8 +280,10 @@ async def test_after_a_reconnect_an_aggregate_waits_for_its_failed_message_howev
         await wait_until(lambda: len(source.naks) == 2)  # a0 failed, a1 held behind it; both lost
         await asyncio.sleep(1.3)  # away longer than the grace (ack_wait + 1 s)
         source.reconnected()
-        again(a1, 2)  # a1 comes again first
-        await wait_until(lambda: len(source.naks) == 3, f"a1 held again (handled: {handler.calls})")
+        with capture_logs() as logs:
+            again(a1, 2)  # a1 comes again first
+            await wait_until(lambda: len(source.naks) == 3, f"a1 held again (handled: {handler.calls})")
+        assert [e["aggregates"] for e in logs if e["event"] == "consumer_holds_renewed"] == [1], logs
         assert source.naks[-1][0] == a1.seq and handler.calls == [("a", 0)], "a1 waits for a0"
         again(a0, 3)
         await wait_until(lambda: handler.calls[-1:] == [("a", 0)] and len(handler.calls) == 2)
