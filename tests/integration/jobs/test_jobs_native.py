@@ -13,6 +13,7 @@ import asyncio
 import signal
 import subprocess
 import time
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 from seamq.jobs.client import JobsClient
@@ -99,43 +100,43 @@ async def _stats_when(engine, queue: str, done) -> dict:
     return stats
 
 
-async def test_a_native_claim_moves_no_count_and_its_ack_moves_it_from_available(nats_server, monkeypatch):
-    """The claim is one plain write: the job stays counted as available until its ack, which counts it
-    completed. (The recount is held off here, so that a slow machine cannot fire it first.)"""
+@asynccontextmanager
+async def one_claimed(url: str, queue: str):
+    """An engine as a native worker runs it, its client, and one job of `queue` it claimed."""
     import nats
 
-    monkeypatch.setattr(native, "COUNTED_AFTER", 3600.0)
-    nc = await nats.connect(nats_server.url)
+    nc = await nats.connect(url)
     engine = await started_engine(nc)
     try:
         client = EngineClient(engine)
-        await engine.ops.push({"type": "test.quick", "args": [], "options": {"queue": "uncounted"}})
-        [job] = await client.fetch(["uncounted"], count=1, worker_id="w")
-        stats = await engine.queues.stats("uncounted")
-        assert (stats["available"], stats["active"]) == (1, 0), stats
-        await client.ack(job["id"], None)
-        stats = await _stats_when(engine, "uncounted", lambda s: s["completed"] == 1)
-        assert (stats["available"], stats["active"], stats["completed"]) == (0, 0, 1), stats
+        await engine.ops.push({"type": "test.quick", "args": [], "options": {"queue": queue}})
+        [job] = await client.fetch([queue], count=1, worker_id="w")
+        yield engine, client, job
     finally:
         await engine.stop()
         await nc.close()
+
+
+async def acked_counts(engine, client: EngineClient, job: dict) -> tuple[int, int, int]:
+    """(available, active, completed) of the job's queue once its ack is counted."""
+    await client.ack(job["id"], None)
+    stats = await _stats_when(engine, job["queue"], lambda s: s["completed"] == 1)
+    return stats["available"], stats["active"], stats["completed"]
+
+
+async def test_a_native_claim_moves_no_count_and_its_ack_moves_it_from_available(nats_server, monkeypatch):
+    """The claim is one plain write: the job stays counted as available until its ack, which counts it
+    completed. (The recount is held off here, so that a slow machine cannot fire it first.)"""
+    monkeypatch.setattr(native, "COUNTED_AFTER", 3600.0)
+    async with one_claimed(nats_server.url, "uncounted") as (engine, client, job):
+        stats = await engine.queues.stats("uncounted")
+        assert (stats["available"], stats["active"]) == (1, 0), stats
+        assert await acked_counts(engine, client, job) == (0, 0, 1)
 
 
 async def test_a_job_a_native_worker_runs_is_counted_as_active_once_it_has_run_a_moment(nats_server):
     """COUNTED_AFTER after its claim a running job is counted as active, and its ack counts it completed."""
-    import nats
-
-    nc = await nats.connect(nats_server.url)
-    engine = await started_engine(nc)
-    try:
-        client = EngineClient(engine)
-        await engine.ops.push({"type": "test.long", "args": [], "options": {"queue": "counted"}})
-        [job] = await client.fetch(["counted"], count=1, worker_id="w")
+    async with one_claimed(nats_server.url, "counted") as (engine, client, job):
         stats = await _stats_when(engine, "counted", lambda s: s["active"] == 1)
         assert (stats["available"], stats["active"]) == (0, 1), stats
-        await client.ack(job["id"], None)
-        stats = await _stats_when(engine, "counted", lambda s: s["completed"] == 1)
-        assert (stats["available"], stats["active"], stats["completed"]) == (0, 0, 1), stats
-    finally:
-        await engine.stop()
-        await nc.close()
+        assert await acked_counts(engine, client, job) == (0, 0, 1)
