@@ -19,6 +19,7 @@ from seamq.jobs.limits import Policy, Verdict
 from seamq.jobs.ports import CAS_TRIES, Conflict, JobStore, Write
 from seamq.observability import log
 
+CROWD_SPAN = 30.0  # seconds a job held back counts in its key's crowd here (limits.Verdict.held_for)
 PATIENCE_MS, PATIENCE_TRIES = 250, 2  # a start that a window frees this soon is waited for (beyond a worker's idle wait)
 KNOWN_KEPT = 10_000  # keys whose last verdict this process remembers
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
@@ -31,6 +32,7 @@ class Limiter:
         # A key's last "wait" here, until it may change: a window's or a throttle's until its time (only
         # time frees them; another server's start makes them stricter), a full key's for a short while.
         self._waiting: dict[Policy, tuple[int, Verdict]] = {}
+        self._crowds: dict[str, dict[str, float]] = {}  # key -> {job id: when last held back (s)}
 
     def _now_ms(self) -> int:
         return _ms(self.clock())
@@ -47,10 +49,21 @@ class Limiter:
         for _ in range(PATIENCE_TRIES):
             verdict = await self._decided(policy, job, now)
             if verdict.strategy == "concurrency" or not 0 < verdict.wait_ms <= PATIENCE_MS:
-                return verdict
+                break
             await asyncio.sleep(verdict.wait_ms / 1000)
             now = max(now + verdict.wait_ms, self._now_ms())
-        return verdict
+        return self._counted(verdict, job.id) if verdict.wait_ms else verdict
+
+    def _counted(self, verdict: Verdict, job_id: str) -> Verdict:
+        """The verdict with its key's crowd: the jobs held back on it here in the last CROWD_SPAN."""
+        if len(self._crowds) >= KNOWN_KEPT and verdict.key not in self._crowds:
+            self._crowds.clear()
+        crowd, now = self._crowds.setdefault(verdict.key, {}), self._now_ms() / 1000
+        crowd.pop(job_id, None)
+        crowd[job_id] = now  # in the order they were last held back: the oldest go first
+        while (oldest := next(iter(crowd.items())))[1] < now - CROWD_SPAN:
+            del crowd[oldest[0]]
+        return verdict._replace(crowd=len(crowd))
 
     async def _decided(self, policy: Policy, job: Job, now: int) -> Verdict:
         key = limits.record_key(policy.key)
@@ -113,6 +126,7 @@ class Limiter:
     def forget(self) -> None:
         """The store was wiped (test mode's reset)."""
         self._waiting.clear()
+        self._crowds.clear()
 
     async def learn(self, record: dict) -> None:
         """A new job names a key: its partition exists from now on, to be inspected before any job of it ran."""

@@ -31,6 +31,7 @@ CONCURRENCY_WAIT_MS = 250  # a job held back is looked at again after this at fi
 CONCURRENCY_WAIT_MOST_MS = 2000  # this on a full key (a permit may come back at any moment),
 LOOK_MOST_MS = 5000  # this on a window or a throttle (each look costs NATS a take and a hold)
 SPREAD_MS = 1000  # the jobs waiting on a key come back spread over at most this
+CROWD_SPREAD_MOST_MS = 60_000  # ... or, a crowd waiting on a window or a throttle, over at most this
 GRACE_MS = 30_000  # a permit whose claim is not stored within this is not on its way (ports.TAKEN_HOLD)
 
 
@@ -67,6 +68,8 @@ class Verdict(NamedTuple):
     key: str = ""
     on_limit: str = "wait"
     at_ms: int = 0  # the start its key counts: never before one it counted already
+    per_second: float = 0.0  # starts a window or a throttle lets through (0: a concurrency limit, a pause)
+    crowd: int = 0  # the jobs this server held back on the key lately (seamq.jobs.limiter)
 
     def told(self) -> Record:
         """The `rate_limit.exceeded` event's data."""
@@ -75,10 +78,18 @@ class Verdict(NamedTuple):
 
     def held_for(self, looks: int, rng: random.Random) -> float:
         """Seconds a job held back waits before it is looked at again (`looks`: how often it was):
-        spread, so that the jobs waiting on a key do not all come back at the moment it frees one."""
+        spread, so that the jobs waiting on a key do not all come back at the moment it frees one.
+        A crowd on a window or a throttle is spread over the time it needs to start at the key's
+        rate, so that it comes back about as often as the key lets jobs start, whatever its size:
+        each look costs a take and a hold, and a crowd looked at faster than the servers can look
+        holds up every other job of its queue (an entry that comes again is taken before any new
+        one), for as long as the crowd is large on a slow machine (47 s once in CI)."""
         most = CONCURRENCY_WAIT_MOST_MS if self.strategy == "concurrency" else LOOK_MOST_MS
         wait = max(self.wait_ms, min(most, CONCURRENCY_WAIT_MS * 2 ** min(looks - 1, 8)))
-        return float(wait + rng.uniform(0, min(wait, SPREAD_MS))) / 1000
+        spread = min(wait, SPREAD_MS)
+        if self.per_second:
+            spread = max(spread, min(CROWD_SPREAD_MOST_MS, 1000 * self.crowd / self.per_second))
+        return float(wait + rng.uniform(0, spread)) / 1000
 
     def refusal(self) -> Record:
         """The error of a job dropped by its key (`on_limit: drop`)."""
@@ -160,19 +171,22 @@ def _admit(policy: Policy, partition: Record | None, job_id: str, attempt: int, 
         if policy.rate.limit <= SLIDING_MOST:
             starts = sorted(t for t in starts if t > now_ms - period_ms)[-policy.rate.limit:]  # servers' starts interleave
             if len(starts) >= policy.rate.limit:
-                return Verdict(max(1, starts[0] + period_ms - now_ms), held, "rate", policy.rate.limit, len(starts))
+                return Verdict(max(1, starts[0] + period_ms - now_ms), held, "rate", policy.rate.limit, len(starts),
+                               per_second=policy.rate.limit / policy.rate.period)
             starts = [*starts, now_ms]
         else:
             if now_ms // period_ms * period_ms != window[0]:
                 window = [now_ms // period_ms * period_ms, 0]
             if window[1] >= policy.rate.limit:
-                return Verdict(window[0] + period_ms - now_ms, held, "rate", policy.rate.limit, window[1])
+                return Verdict(window[0] + period_ms - now_ms, held, "rate", policy.rate.limit, window[1],
+                               per_second=policy.rate.limit / policy.rate.period)
             window = [window[0], window[1] + 1]
             held["window_last_ms"] = now_ms
     next_ms = held.get("next_ms", 0)
     if policy.throttle is not None:
         if next_ms > now_ms:
-            return Verdict(next_ms - now_ms, held, "throttle", policy.throttle.limit, 1)
+            return Verdict(next_ms - now_ms, held, "throttle", policy.throttle.limit, 1,
+                           per_second=policy.throttle.limit / policy.throttle.period)
         next_ms = now_ms + int(policy.throttle.period * 1000 / policy.throttle.limit)
     permits = {**active, job_id: [attempt, now_ms]} if concurrency is not None else active  # none kept without a limit
     return Verdict(0, {**held, "active": permits, "starts": starts,

@@ -12,19 +12,24 @@ Each delivery carries the consumer's delivery sequence, one higher for every
 message the server sends on this consumer. After something that can lose
 messages in flight (a reconnect, a pull request the server never answered, no
 responders) the next delivery shows whether any was lost: a gap in that
-sequence. The lost fresh ones lie between the highest stream sequence we had
-and the first fresh delivery after the gap, so they are read back from the
-stream there, under the consumer's filter. Redeliveries lost the same way are
-of messages we had already: they hold their aggregates from before
-(seamq.holds' grace). Only after such a fault: processes sharing one durable
-consumer see gaps all the time (the others' deliveries), and a lookup then
-names their messages too, which costs those aggregates a wait of up to ack_wait
-once per fault, not their order. Deliveries can also be lost with no fault a
-client sees: a route between two servers that stalls for 10 s drops what it
-held (nats-server's "Slow Consumer Detected" on a route; seen in the partitions
-lab as an aggregate handled out of order). A process alone on its durable
-consumer (counted, seamq.nats.members), or a partition's pull while pinned,
-treats every gap as a loss.
+sequence. The lost ones lie above the highest stream sequence we had and at or
+below the highest the consumer has sent (its info's `delivered`), so they are
+read back from the stream there, under the consumer's filter, at once: before
+the delivery that showed the gap is handed on. Waiting for more would come too
+late. After ack_wait the server sends the lost ones again before anything new,
+and not always in stream order (seen in the partitions lab: an order's events
+75-80 came back before its 74, in one lane, and were handled first), so each
+aggregate must wait for its lost ones before any of them comes back.
+Redeliveries lost the same way are of messages we had already: they hold their
+aggregates from before (seamq.holds' grace). Only after such a fault: processes
+sharing one durable consumer see gaps all the time (the others' deliveries),
+and a lookup then names their messages too, which costs those aggregates a wait
+of up to ack_wait once per fault, not their order. Deliveries can also be lost
+with no fault a client sees: a route between two servers that stalls for 10 s
+drops what it held (nats-server's "Slow Consumer Detected" on a route; seen in
+the partitions lab as an aggregate handled out of order). A process alone on
+its durable consumer (counted, seamq.nats.members), or a partition's pull while
+pinned, treats every gap as a loss.
 """
 
 from __future__ import annotations
@@ -55,7 +60,6 @@ class Gaps:
         self._suspect = False
         self._last = 0  # delivery sequence of the last delivery
         self._highest = 0  # highest stream sequence delivered to us
-        self._open: int | None = None  # a gap seen: the highest stream sequence we had before it
         self._filters: list[str] | None = None
 
     def suspect(self) -> None:
@@ -64,7 +68,7 @@ class Gaps:
 
     def restart(self) -> None:
         """The pull changed hands (a partition's pin): what others were sent is no gap of ours."""
-        self._last, self._open, self._suspect = 0, None, False
+        self._last, self._suspect = 0, False
 
     def set_alone(self, alone: bool) -> None:
         """The consumer's processes were counted (seamq.nats.members)."""
@@ -79,27 +83,24 @@ class Gaps:
         """Called for each delivery as it arrives, before it is handed on."""
         if self._suspect or self.alone:
             self._suspect = False
-            if self._last and consumer_seq > self._last + 1 and self._open is None:
-                self._open = self._highest
+            if self._last and consumer_seq > self._last + 1:
+                await self._read_back(self._highest, seq)
         self._last = max(self._last, consumer_seq)
-        if self._open is not None and delivered == 1:
-            low, self._open = self._open, None
-            if seq > low + 1:
-                await self._read_back(low, seq)
         self._highest = max(self._highest, seq)
 
-    async def _read_back(self, low: int, high: int) -> None:
-        """The stream's messages under our filter with `low` < seq < `high`."""
+    async def _read_back(self, low: int, arrived: int) -> None:
+        """The stream's messages under our filter above `low` that the consumer has sent, but for
+        `arrived` (the delivery at hand)."""
         self.lookups += 1
         deadline = time.monotonic() + LOOKUP_FOR
         while True:
             try:
-                found = await self._between(low, high)
+                found = [m for m in await self._between(low) if m.seq != arrived]
                 break
             except Exception as exc:  # the stream leader is away too: try again, for a while
                 if time.monotonic() > deadline:
                     log.error("consumer_missed_unknown", stream=self.stream, consumer=self.durable,
-                              between=f"{low + 1}-{high - 1}", error=describe(exc),
+                              after=low, error=describe(exc),
                               effect="their aggregates are not held: they come back after ack_wait, "
                                      "and may be handled after later messages")
                     return
@@ -109,12 +110,11 @@ class Gaps:
                         seqs=[m.seq for m in found[:20]], then="their aggregates wait for them (up to ack_wait)")
         self.found += found
 
-    async def _between(self, low: int, high: int) -> list[StoredMessage]:
-        if self._filters is None:
-            self._filters = await stream_read.filters(self.nc, self.stream, self.durable)
-        found = await stream_read.between(self.nc, self.stream, low, high, self._filters, MOST)
+    async def _between(self, low: int) -> list[StoredMessage]:
+        filters, sent = await stream_read.sent_so_far(self.nc, self.stream, self.durable)
+        self._filters = self._filters or filters
+        found = await stream_read.between(self.nc, self.stream, low, sent + 1, self._filters, MOST)
         if len(found) >= MOST:
             log.error("consumer_missed_too_many", stream=self.stream, consumer=self.durable,
-                      between=f"{low + 1}-{high - 1}", held=MOST,
-                      effect="only the first ones hold their aggregates")
+                      between=f"{low + 1}-{sent}", held=MOST, effect="only the first ones hold their aggregates")
         return found

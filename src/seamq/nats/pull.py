@@ -144,7 +144,7 @@ class PullSource:
             return
         now = time.monotonic()
         want = self.buffer - self._requested - len(self._ready)
-        if want >= self.buffer // 2 or (want > 0 and not self._requested):
+        if want > 0 and (want >= self.buffer // 2 or not self._requested):
             request = {"batch": want, "expires": int(EXPIRES * 1e9)}
             if self.group:
                 request["group"] = self.group

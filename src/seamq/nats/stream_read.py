@@ -20,9 +20,15 @@ from seamq.ports import StoredMessage
 
 async def filters(nc: Client, stream: str, durable: str) -> list[str]:
     """The subjects a durable consumer reads (">" for all of the stream's)."""
+    return (await sent_so_far(nc, stream, durable))[0]
+
+
+async def sent_so_far(nc: Client, stream: str, durable: str) -> tuple[list[str], int]:
+    """A durable consumer's filters, and the highest stream sequence it has sent (to anyone) yet."""
     info = await jsapi.call(nc, f"CONSUMER.INFO.{stream}.{durable}") or {}
     config = info.get("config") or {}
-    return list(config.get("filter_subjects") or []) or [config.get("filter_subject") or ">"]
+    subjects = list(config.get("filter_subjects") or []) or [config.get("filter_subject") or ">"]
+    return subjects, int((info.get("delivered") or {}).get("stream_seq") or 0)
 
 
 async def between(nc: Client, stream: str, low: int, high: int, subjects: list[str], most: int) -> list[StoredMessage]:

@@ -62,6 +62,7 @@ async def test_deliveries_lost_with_the_connection_are_named_after_the_reconnect
         assert [(m.seq, m.subject) for m in pull.missed()] == [(seqs[4], "gaps.a.4"), (seqs[5], "gaps.a.5")]
         assert pull.missed() == [], "each is named once"
 
+        await wait_for(lambda: pull.buffered == 1, timeout=10, what="the next delivery")
         await nc.force_reconnect()  # this time nothing is in flight
         await wait_for(lambda: nc.stats["reconnects"] == 2, timeout=10, what="a reconnect")
         more = await pull.fetch(1, 5)
@@ -69,6 +70,45 @@ async def test_deliveries_lost_with_the_connection_are_named_after_the_reconnect
         assert pull.gaps.lookups == 1
         await pull.close()
     finally:
+        await nc.close()
+
+
+async def test_lost_deliveries_sent_again_out_of_order_are_named_at_the_gap_and_none_twice(nats_server):
+    """The server sends what it must send again before anything new, and not always in stream order
+    (here: three lost ones given back newest first). The gap shows at the first of them, and every
+    lost one is named there, before it is handed on, so that each aggregate already waits for the
+    others; none of them is named again once it came."""
+    nc = await connect(NatsSettings(url=nats_server.url), name="gaps")
+    away, dropped = await connect(NatsSettings(url=nats_server.url), name="gaps-void"), []
+    try:
+        await _stream(nc)
+        js = nc.jetstream()
+        seqs = [(await js.publish(f"gaps.a.{i}", b"x")).seq for i in range(8)]
+        pull = await PullSource(nc, "GAPS", "c", buffer=1, gaps=True, alone=True).start()
+        [first] = await pull.fetch(1, 5)
+        await first.ack()
+        await wait_for(lambda: pull.buffered == 1, timeout=10, what="the second delivery")
+        await away.subscribe("_void.here", cb=_into(dropped))
+        await away.publish("$JS.API.CONSUMER.MSG.NEXT.GAPS.c", json.dumps({"batch": 3}).encode(), reply="_void.here")
+        await wait_for(lambda: len(dropped) == 3, timeout=10, what="three deliveries sent where nobody takes them")
+        for msg in reversed(dropped):  # back to the server newest first: it sends them again in that order
+            await msg.nak()
+        await away.flush()
+        [second] = await pull.fetch(1, 5)
+        await second.ack()
+        [again] = await pull.fetch(1, 10)
+        assert (again.delivered, again.seq) == (2, seqs[4])
+        assert [m.seq for m in pull.missed()] == seqs[2:4], "the other lost ones named at the gap"
+        rest = [again]
+        while len(rest) < 6:
+            rest += await pull.fetch(1, 10)
+        assert [m.seq for m in rest] == [seqs[4], seqs[3], seqs[2], *seqs[5:]]
+        assert pull.missed() == [] and pull.gaps.lookups == 1, "what came back is not named again"
+        for msg in rest:
+            await msg.ack()
+        await pull.close()
+    finally:
+        await away.close()
         await nc.close()
 
 

@@ -8,8 +8,9 @@ from datetime import timedelta
 
 import pytest
 
-from seamq.jobs import limits
+from seamq.jobs import limiter, limits
 from seamq.jobs.engine import Engine
+from seamq.jobs.job import from_record
 from seamq.jobs.model import iso
 from seamq.jobs.ports import Write
 
@@ -100,6 +101,17 @@ async def test_a_permit_left_by_a_server_killed_before_its_claim_is_dropped_when
     got = await one.ops.fetch(["q"], 1, "w1")
     assert [j["id"] for j in got] == [job_id]
     assert list((await store_record(one, "api"))["active"]) == [job_id]
+
+
+async def test_a_keys_crowd_counts_each_job_held_back_here_once_and_forgets_it_after_a_while(servers, clock):
+    one, _ = servers
+    ids = await push(one, 6, rate={"limit": 1, "period": "PT1M"})
+    jobs = [from_record((await one.store.get(job_id)).record) for job_id in ids]
+    assert (await one.limiter.admit(jobs[0], clock())).wait_ms == 0
+    crowds = [(await one.limiter.admit(job, clock())).crowd for job in jobs[1:] + jobs[1:3]]
+    assert crowds == [1, 2, 3, 4, 5, 5, 5], "a job looked at again is not counted twice"
+    clock.advance(limiter.CROWD_SPAN + 1)
+    assert (await one.limiter.admit(jobs[5], clock())).crowd == 1, "the others were not held back lately"
 
 
 async def store_record(engine: Engine, key: str) -> dict:

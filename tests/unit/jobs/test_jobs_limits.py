@@ -3,6 +3,9 @@ key's partition says of each start."""
 
 from __future__ import annotations
 
+import random
+import statistics
+
 import pytest
 
 from seamq.jobs import limits
@@ -98,6 +101,26 @@ def test_a_throttle_spaces_starts_evenly():
     held = started(p, None, "a", 1000)
     assert limits.admit(p, held, "b", 1, 1100).wait_ms == 150
     assert started(p, held, "b", 1250)["next_ms"] == 1500
+
+
+def test_a_crowd_on_a_window_comes_back_about_as_often_as_the_key_lets_jobs_start():
+    """1,000 jobs held back on a key of 20 a second come back spread over the 50 s they need to start,
+    about 40 looks a second, not ~200 (the 5 s cap for each): a crowd looked at faster than the servers
+    can look holds up every other job of its queue. A few, and a full concurrency key, as before."""
+    rng = random.Random(7)
+    p = policy(rate={"limit": 20, "period": "PT1S"})
+    full = {"starts": list(range(1000, 1020))}
+    verdict = limits.admit(p, full, "late", 1, 1020)
+    assert verdict.wait_ms > 0 and verdict.per_second == 20.0
+    crowded = [verdict._replace(crowd=1000).held_for(8, rng) for _ in range(2000)]
+    assert max(crowded) <= limits.LOOK_MOST_MS / 1000 + 50 and min(crowded) >= limits.LOOK_MOST_MS / 1000
+    assert 15 <= 1000 / statistics.mean(crowded) <= 60, statistics.mean(crowded)
+    few = [verdict._replace(crowd=5).held_for(1, rng) for _ in range(200)]
+    first = max(verdict.wait_ms, limits.CONCURRENCY_WAIT_MS)  # a first look: the key's wait, spread by as much
+    assert max(few) <= (first + min(first, limits.SPREAD_MS)) / 1000
+    busy = limits.admit(policy(concurrency=1), {"active": {"other": [1, 1000]}}, "late", 1, 1020)
+    assert busy.strategy == "concurrency" and busy.per_second == 0
+    assert max(busy._replace(crowd=1000).held_for(8, rng) for _ in range(200)) <= limits.CONCURRENCY_WAIT_MOST_MS * 2 / 1000
 
 
 def test_an_override_by_hand_wins_until_it_ends_and_a_handlers_pause_holds_the_key():
