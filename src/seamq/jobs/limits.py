@@ -39,6 +39,10 @@ class Window(NamedTuple):
     limit: int
     period: float  # seconds
 
+    @property
+    def per_second(self) -> float:
+        return self.limit / self.period
+
     def public(self) -> Record:
         return {"limit": self.limit, "period": _iso(self.period)}
 
@@ -172,21 +176,21 @@ def _admit(policy: Policy, partition: Record | None, job_id: str, attempt: int, 
             starts = sorted(t for t in starts if t > now_ms - period_ms)[-policy.rate.limit:]  # servers' starts interleave
             if len(starts) >= policy.rate.limit:
                 return Verdict(max(1, starts[0] + period_ms - now_ms), held, "rate", policy.rate.limit, len(starts),
-                               per_second=policy.rate.limit / policy.rate.period)
+                               per_second=policy.rate.per_second)
             starts = [*starts, now_ms]
         else:
             if now_ms // period_ms * period_ms != window[0]:
                 window = [now_ms // period_ms * period_ms, 0]
             if window[1] >= policy.rate.limit:
                 return Verdict(window[0] + period_ms - now_ms, held, "rate", policy.rate.limit, window[1],
-                               per_second=policy.rate.limit / policy.rate.period)
+                               per_second=policy.rate.per_second)
             window = [window[0], window[1] + 1]
             held["window_last_ms"] = now_ms
     next_ms = held.get("next_ms", 0)
     if policy.throttle is not None:
         if next_ms > now_ms:
             return Verdict(next_ms - now_ms, held, "throttle", policy.throttle.limit, 1,
-                           per_second=policy.throttle.limit / policy.throttle.period)
+                           per_second=policy.throttle.per_second)
         next_ms = now_ms + int(policy.throttle.period * 1000 / policy.throttle.limit)
     permits = {**active, job_id: [attempt, now_ms]} if concurrency is not None else active  # none kept without a limit
     return Verdict(0, {**held, "active": permits, "starts": starts,

@@ -60,7 +60,6 @@ class Gaps:
         self._suspect = False
         self._last = 0  # delivery sequence of the last delivery
         self._highest = 0  # highest stream sequence delivered to us
-        self._filters: list[str] | None = None
 
     def suspect(self) -> None:
         """Something happened that can lose deliveries in flight: check the next one."""
@@ -79,7 +78,7 @@ class Gaps:
                      gaps="every one a loss" if alone else "looked at after a fault only")
         self.alone = alone
 
-    async def seen(self, delivered: int, seq: int, consumer_seq: int) -> None:
+    async def seen(self, seq: int, consumer_seq: int) -> None:
         """Called for each delivery as it arrives, before it is handed on."""
         if self._suspect or self.alone:
             self._suspect = False
@@ -112,8 +111,7 @@ class Gaps:
 
     async def _between(self, low: int) -> list[StoredMessage]:
         filters, sent = await stream_read.sent_so_far(self.nc, self.stream, self.durable)
-        self._filters = self._filters or filters
-        found = await stream_read.between(self.nc, self.stream, low, sent + 1, self._filters, MOST)
+        found = await stream_read.between(self.nc, self.stream, low, sent + 1, filters, MOST)
         if len(found) >= MOST:
             log.error("consumer_missed_too_many", stream=self.stream, consumer=self.durable,
                       between=f"{low + 1}-{sent}", held=MOST, effect="only the first ones hold their aggregates")

@@ -84,7 +84,7 @@ class PullSource:
                     self.gaps.restart()
             item = JsDelivery(msg) if self.deliveries else msg
             if self.gaps:  # before it is handed on: the lost ones must hold their aggregates first
-                await self.gaps.seen(item.delivered, item.seq, item.consumer_seq)
+                await self.gaps.seen(item.seq, item.consumer_seq)
             self._ready.append(item)
             self._requested -= 1
             self._arrived.set()
