@@ -256,7 +256,20 @@ def draining_worker(client, queue: str, count: int, concurrency: int):
             worker.stop()
         return answer
 
+    def counted_soon(*args, **kwargs):
+        future = ack_soon(*args, **kwargs)
+        future.add_done_callback(lambda f: one_done() if not f.cancelled() and f.exception() is None else None)
+        return future
+
+    def one_done() -> None:
+        nonlocal done
+        done += 1
+        if done >= count:
+            worker.stop()
+
     client.ack = counted
+    if hasattr(client, "ack_soon"):
+        ack_soon, client.ack_soon = client.ack_soon, counted_soon
     return worker
 
 

@@ -24,7 +24,7 @@ import nats.errors
 import nats.js.errors
 
 from seamq.backoff import Backoff
-from seamq.jobs import ext, tenants
+from seamq.jobs import completions, ext, tenants
 from seamq.jobs import job as moves
 from seamq.jobs.client import JobsError, error_body
 from seamq.jobs.engine import Engine
@@ -65,17 +65,59 @@ class EngineClient:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self._uncounted: dict[str, asyncio.TimerHandle] = {}  # claimed here, neither settled nor recounted yet
-        self._recounting: set[asyncio.Task] = set()
+        self._uncounted: dict[str, float] = {}  # claimed here (loop time), neither settled nor recounted yet
+        self._recount_timer: asyncio.TimerHandle | None = None
+        self._tasks: set[asyncio.Task] = set()  # recounts and rounds of acks on their way
+        self._acks: list[tuple[str, Any, asyncio.Future]] = []  # said in this turn of the loop
 
     async def fetch(self, queues: list[str], *, count: int = 1, worker_id: str | None = None,
                     visibility_timeout_ms: int | None = None, tenant: str | None = None) -> list[dict]:
         jobs = await _asked(self.engine.ops.fetch, queues, count, worker_id, visibility_timeout_ms,
                             None if tenant is None else tenants.given(tenant))
-        loop = asyncio.get_running_loop()
+        now = asyncio.get_running_loop().time()
         for job in jobs:
-            self._uncounted[job["id"]] = loop.call_later(COUNTED_AFTER, self._recount, job["id"])
+            self._uncounted.pop(job["id"], None)  # claimed again: its place is at the end
+            self._uncounted[job["id"]] = now
+        if jobs and self._recount_timer is None:
+            self._recount_timer = asyncio.get_running_loop().call_later(COUNTED_AFTER, self._recount)
         return jobs
+
+    def ack_soon(self, job_id: str, result: Any = None) -> asyncio.Future:
+        """An ack the worker does not wait on, settled as `ack` is: the acks said in one turn of the loop
+        go to the engine together (seamq.jobs.completions), with no task each."""
+        self._settling(job_id)
+        future = asyncio.get_running_loop().create_future()
+        self._acks.append((job_id, result, future))
+        if len(self._acks) == 1:
+            asyncio.get_running_loop().call_soon(self._send_acks)
+        return future
+
+    def _send_acks(self) -> None:
+        acks, self._acks = self._acks, []
+        self._spawn(self._acked(acks))
+
+    async def _acked(self, acks: list[tuple[str, Any, asyncio.Future]]) -> None:
+        try:
+            outcomes = await completions.acks(self.engine.ops, [(job_id, result) for job_id, result, _ in acks],
+                                              may_wait=ACK_WAIT)
+        except Exception as exc:  # each is told, and said again if NATS was away (as `ack` says one)
+            outcomes = [exc] * len(acks)
+        for (job_id, result, future), outcome in zip(acks, outcomes):
+            if future.done():
+                continue
+            if isinstance(outcome, AWAY):  # said again, a few times, as `ack` says one
+                self._spawn(_chained(future, self.ack(job_id, result, may_wait=ACK_WAIT)))
+            elif isinstance(outcome, OjsError):
+                future.set_exception(JobsError(outcome.status, outcome.code, outcome.message, outcome.details))
+            elif isinstance(outcome, BaseException):
+                future.set_exception(outcome)
+            else:
+                future.set_result(outcome)
+
+    def _spawn(self, work: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def ack(self, job_id: str, result: Any = None, *, may_wait: float = 0.0) -> dict:
         self._settling(job_id)
@@ -89,15 +131,20 @@ class EngineClient:
 
     def _settling(self, job_id: str) -> None:
         """Its ack or nack moves its count: no recount."""
-        handle = self._uncounted.pop(job_id, None)
-        if handle is not None:
-            handle.cancel()
-
-    def _recount(self, job_id: str) -> None:
         self._uncounted.pop(job_id, None)
-        task = asyncio.create_task(self._recounted(job_id))
-        self._recounting.add(task)
-        task.add_done_callback(self._recounting.discard)
+
+    def _recount(self) -> None:
+        """The jobs claimed COUNTED_AFTER ago or more and still running, recounted; then the timer is set
+        for the oldest left (one timer for them all: claims come in time order)."""
+        self._recount_timer, loop = None, asyncio.get_running_loop()
+        due = loop.time() - COUNTED_AFTER
+        while self._uncounted:
+            job_id, claimed_at = next(iter(self._uncounted.items()))
+            if claimed_at > due:
+                self._recount_timer = loop.call_later(claimed_at - due, self._recount)
+                return
+            del self._uncounted[job_id]
+            self._spawn(self._recounted(job_id))
 
     async def _recounted(self, job_id: str) -> None:
         try:
@@ -120,6 +167,17 @@ class EngineClient:
     async def heartbeat(self, worker_id: str, active_jobs: list[str], *,
                         visibility_timeout_ms: int | None = None) -> dict:
         return await _asked(self.engine.ops.heartbeat, worker_id, active_jobs, visibility_timeout_ms)
+
+
+async def _chained(future: asyncio.Future, answer: Awaitable[Any]) -> None:
+    try:
+        outcome = await answer
+    except Exception as exc:
+        if not future.done():
+            future.set_exception(exc)
+        return
+    if not future.done():
+        future.set_result(outcome)
 
 
 async def _settled(call: Callable[..., Awaitable[Any]], *args: Any) -> Any:

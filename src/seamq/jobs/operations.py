@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from seamq.backoff import NO_JITTER, Backoff
 from seamq.jobs import job as moves  # one pure function per change of state: moves.claimed(job, now, ...)
-from seamq.jobs.job import WAITING, Job, State, aftermath, counted, from_record, public, timer_key, to_record
+from seamq.jobs.job import WAITING, Aftermath, Job, State, aftermath, counted, from_record, public, timer_key, to_record
 from seamq.jobs import attempts, limits, model, unique
 from seamq.jobs.activity import Workers
 from seamq.jobs.admission import Admission
@@ -138,28 +138,26 @@ class Operations:
                 if current is None or current.revision != revision:
                     raise Lost(409, "conflict", f"job {job.id} changed meanwhile; read it again") from None
                 # the job is as it was: its workflow moved on meanwhile (another of its jobs ended)
-        stored = revisions[0]
-        if job.state == State.ACTIVE:
-            self._hand_out(job, stored)
-        else:
-            self.handed_out.pop(job.id, None)
-        data = {} if job.state != State.COMPLETED else dict(result=job.result, duration_ms=round(
-            (job.completed_at - before.started_at).total_seconds() * 1000) if before.started_at else 0)
-        await self.admission.let_go(job, after, record, **data)
+        await self.after_stored(job, revisions[0], before, after, record)
         for new, revision in zip(started, revisions[2:]):
             await self.admission.admitted(new, revision)
         if self.flows is not None:
             await self.flows.ended(moved)
-        return stored, record
+        return revisions[0], record
+
+    async def after_stored(self, job: Job, revision: int, before: Job, after: Aftermath, record: dict) -> None:
+        """Once `job` is stored over `before`: the copy kept for its next change, and what it lets go."""
+        self.handed_out.pop(job.id, None)
+        if job.state == State.ACTIVE:
+            self._hand_out(job, revision)
+        data = {} if job.state != State.COMPLETED else dict(result=job.result, duration_ms=round(
+            (job.completed_at - before.started_at).total_seconds() * 1000) if before.started_at else 0)
+        await self.admission.let_go(job, after, record, **data)
 
     def _hand_out(self, job: Job, revision: int) -> None:
         self.handed_out[job.id] = (job, revision)
         if len(self.handed_out) > HANDED_OUT_KEPT:  # acked through another server: forget the oldest
             del self.handed_out[next(iter(self.handed_out))]
-
-    @staticmethod
-    def _lease(job: Job, visibility: Any) -> timedelta:
-        return timedelta(milliseconds=model.visibility_ms({"options": job.options}, visibility))
 
     async def _cancelled(self, job_id: Any) -> bool:
         try:
@@ -271,7 +269,7 @@ class Operations:
         """The claim's CAS; None when it lost (claimed through another entry of it, or moved on). A lease
         shorter than the entry's hold holds it for the lease; a longer one (the default, 30 minutes) meets
         its entry again when the hold ends, and is held then for what remains of it (`_claim`)."""
-        lease = self._lease(job, visibility)
+        lease = _lease(job, visibility)
         claimed = moves.claimed(job, now, worker_id, lease, taken.entry, taken.hold, self.count_claims_later)
         record = to_record(claimed)
         if claimed.timeout_ms:  # armed first: one that comes before the claim is stored waits for it
@@ -335,7 +333,7 @@ class Operations:
         for job_id in ids:
             try:
                 before, longer, _ = await self.change(
-                    job_id, lambda job: moves.extended(job, now, self._lease(job, visibility)))
+                    job_id, lambda job: moves.extended(job, now, _lease(job, visibility)))
             except OjsError:  # not active (finished, cancelled, released), or no such job: not extended
                 if await self._cancelled(job_id):
                     cancelled.append(job_id)
@@ -396,3 +394,7 @@ class Operations:
                 await self._store(moves.failed(job, now, error, self.rng), revision, job)
         except OjsError:  # another server or request moved it first: the timer no longer applies
             pass
+
+
+def _lease(job: Job, visibility: Any) -> timedelta:
+    return timedelta(milliseconds=model.visibility_ms({"options": job.options}, visibility))

@@ -64,23 +64,47 @@ class Tallied:
         return getattr(self.store, name)
 
     async def commit(self, writes: list[Write]) -> list[int]:
-        moved = [move for write in writes if _is_job(write) for move in tally.moves(_before(write), write.record)]
+        moved = _moved(writes)
         if not moved:
             return await self.store.commit(writes)
-        loop = asyncio.get_running_loop()
-        pending = _Commit(writes, moved, loop.time() + min(write.may_wait for write in writes))
-        pending.done.add_done_callback(_heard)
-        self._waiting.append(pending)
-        self._first_due = min(self._first_due, pending.due)
+        pending = self._queued(writes, moved)
         self._lend()
         try:
             return await asyncio.shield(pending.done)
         except asyncio.CancelledError:
-            if pending in self._waiting:  # not yet sent: it never will be
-                self._waiting.remove(pending)
-                self._first_due = min((p.due for p in self._waiting), default=math.inf)
-                pending.done.cancel()
+            self._unsent([pending])
             raise  # else it is in a batch on its way, stored or not as NATS decides
+
+    async def commit_each(self, commits: list[list[Write]]) -> list[list[int] | BaseException]:
+        """Several commits, each all or nothing on its own, gathered as `commit` gathers them, with no
+        task or wait of their own: the outcome of each, its revisions or its error (a Conflict its own)."""
+        queued: list[asyncio.Future] = []
+        for writes in commits:
+            moved = _moved(writes)
+            queued.append(self._queued(writes, moved).done if moved else
+                          asyncio.ensure_future(self.store.commit(writes)))
+        self._lend()
+        try:
+            return await asyncio.gather(*queued, return_exceptions=True)
+        except asyncio.CancelledError:
+            mine = set(queued)
+            self._unsent([p for p in self._waiting if p.done in mine])
+            raise
+
+    def _queued(self, writes: list[Write], moved: list[tally.Move]) -> _Commit:
+        pending = _Commit(writes, moved, asyncio.get_running_loop().time() + min(write.may_wait for write in writes))
+        pending.done.add_done_callback(_heard)
+        self._waiting.append(pending)
+        self._first_due = min(self._first_due, pending.due)
+        return pending
+
+    def _unsent(self, cancelled: list[_Commit]) -> None:
+        """Commits whose callers went away: those not yet sent never will be."""
+        for pending in cancelled:
+            if pending in self._waiting:
+                self._waiting.remove(pending)
+                pending.done.cancel()
+        self._first_due = min((p.due for p in self._waiting), default=math.inf)
 
     async def wipe(self) -> None:
         self._known.clear()
@@ -220,6 +244,10 @@ def _heard(done: asyncio.Future) -> None:
     """A caller cancelled while its batch was on the way is not there to hear how it went."""
     if not done.cancelled():
         done.exception()
+
+
+def _moved(writes: list[Write]) -> list[tally.Move]:
+    return [move for write in writes if _is_job(write) for move in tally.moves(_before(write), write.record)]
 
 
 def _is_job(write: Write) -> bool:

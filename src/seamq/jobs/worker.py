@@ -47,7 +47,10 @@ SAY_WAIT = 2.0  # seconds a stopping worker gives the server to hear that it dra
 # An ack or a nack, which the worker does not wait on, may wait this long to share the store's batch
 # with others (a seamq server, or the engine of `--nats`): one batch then holds many rounds of short jobs.
 ACK_WAIT = 0.05
-SETTLES_AHEAD = 16  # acks and nacks on their way, in slots' worth, before the worker stops fetching
+# Acks and nacks on their way, in slots' worth, before the worker stops fetching. Acks wait ACK_WAIT by
+# design, so a fast worker has its rate times that on their way (200 at 4,000 jobs/s): at 16 slots'
+# worth that bound, not the work, held a native worker at 16 at once back (docs/benchmarks.md 7r).
+SETTLES_AHEAD = 64
 
 
 @dataclass(frozen=True)
@@ -76,7 +79,7 @@ class Worker:
         self.running: dict[str, asyncio.Task] = {}
         # Acks and nacks on their way, which nobody waits on: a slot is free once its function returns.
         # Each may wait ACK_WAIT to share a batch, so many rounds of short jobs fill one.
-        self.settling: set[asyncio.Task] = set()
+        self.settling: set[asyncio.Future] = set()
         self.cancelled: set[str] = set()  # by the server: nothing to release
         self.in_threads: set[str] = set()  # jobs whose sync function runs in a thread: cannot be cancelled
         self._slot = asyncio.Event()
@@ -149,7 +152,10 @@ class Worker:
                             error=describe(exc), exc_info=exc)
                 self._settle_later(self.client.nack(job["id"], exc, may_wait=ACK_WAIT), job, "nack")
                 return
-            self._settle_later(self.client.ack(job["id"], _jsonable(result), may_wait=ACK_WAIT), job, "ack")
+            if hasattr(self.client, "ack_soon"):  # the engine in this process: acks said together, no task each
+                self._track(self.client.ack_soon(job["id"], _jsonable(result)), job, "ack")
+            else:
+                self._settle_later(self.client.ack(job["id"], _jsonable(result), may_wait=ACK_WAIT), job, "ack")
         finally:
             self.running.pop(job["id"], None)
             self.cancelled.discard(job["id"])
@@ -161,17 +167,25 @@ class Worker:
         self.settling.add(task)
         task.add_done_callback(self._settled)
 
-    def _settled(self, task: asyncio.Task) -> None:
+    def _settled(self, task: asyncio.Future) -> None:
         self.settling.discard(task)
         self._slot.set()
+
+    def _track(self, settled: asyncio.Future, job: dict, what: str) -> None:
+        """A settling the client carries on without a task of ours: told as `_settle` tells one."""
+        self.settling.add(settled)
+        settled.add_done_callback(lambda done: self._told(done, job, what))
+
+    def _told(self, done: asyncio.Future, job: dict, what: str) -> None:
+        self._settled(done)
+        if not done.cancelled() and (exc := done.exception()) is not None:
+            _said_unsettled(job, what, exc)
 
     async def _settle(self, call, job: dict, what: str) -> None:
         try:
             await call
-        except JobsError as exc:  # the job moved on without us (lease ran out, cancelled): say so
-            log.warning("job_settle_refused", job_id=job["id"], what=what, error=str(exc))
         except Exception as exc:
-            log.error("job_settle_failed", job_id=job["id"], what=what, error=describe(exc))
+            _said_unsettled(job, what, exc)
 
     async def _heartbeats(self) -> None:
         while True:
@@ -226,9 +240,18 @@ class Worker:
         await asyncio.gather(*pending, return_exceptions=True)
 
 
+def _said_unsettled(job: dict, what: str, exc: BaseException) -> None:
+    if isinstance(exc, JobsError):  # the job moved on without us (lease ran out, cancelled): say so
+        log.warning("job_settle_refused", job_id=job["id"], what=what, error=str(exc))
+    else:
+        log.error("job_settle_failed", job_id=job["id"], what=what, error=describe(exc))
+
+
 def _jsonable(value: Any) -> Any:
     import json
 
+    if value is None or type(value) in (str, int, float, bool):
+        return value
     try:
         json.dumps(value)
         return value

@@ -276,3 +276,25 @@ def test_commits_that_may_wait_go_when_their_time_is_up_on_uvloop_too():
             k, {"id": k, "queue": "uv", "state": "active"}, rev, before={"id": k, "queue": "uv", "state": "available"},
             may_wait=0.0001)]) for k, [rev] in zip(keys, made))), 5)
     assert [len(r) for r in uvloop.run(main())] == [1] * 200
+
+
+async def test_commits_given_together_go_as_one_batch_and_each_hears_its_own_outcome(raw_store):
+    """`commit_each` (a native worker's acks, seamq.jobs.completions): the commits share a batch with no
+    task each, and one that moves no count goes alone; one whose CAS loses hears Conflict, and no other."""
+    store = Counted(raw_store)
+    tallied = Tallied(store)
+
+    def job(n: int, state: str) -> dict:
+        return {"id": f"e{n}", "queue": "each", "state": state}
+
+    made = await tallied.commit_each([[Write(f"e{n}", job(n, "available"))] for n in range(10)])
+    before = store.batches
+    moved = await tallied.commit_each([[Write(f"e{n}", job(n, "active"), made[n][0], before=job(n, "available"))]
+                                       for n in range(6)] + [[Write("cron.each", {"_key": "cron.each"})]])
+    assert all(isinstance(m, list) for m in moved), moved
+    assert store.batches - before == 2  # the six in one batch, the write that moves no count alone
+    moved = await tallied.commit_each([[Write(f"e{n}", job(n, "active"), made[n][0] - (n == 8), before=job(n, "available"))]
+                                       for n in range(6, 10)])
+    assert [type(m) for m in moved] == [list, list, Conflict, list], moved
+    counts = tally.summed([r for r, _ in await raw_store.scan(tally.prefix("each"))], model.utcnow())
+    assert {s: n for s, n in counts.items() if n} == {"available": 1, "active": 9}

@@ -140,3 +140,37 @@ async def test_a_job_a_native_worker_runs_is_counted_as_active_once_it_has_run_a
         stats = await _stats_when(engine, "counted", lambda s: s["active"] == 1)
         assert (stats["available"], stats["active"]) == (0, 1), stats
         assert await acked_counts(engine, client, job) == (0, 0, 1)
+
+
+async def test_acks_said_together_each_get_their_own_answer(nats_server):
+    """Acks said in one turn are stored together (seamq.jobs.completions); one whose job another server
+    wrote meanwhile is read again, and each gets its own answer: completed, or the refusal `ack` gives."""
+    import nats
+
+    from seamq.jobs.client import JobsError
+
+    nc = await nats.connect(nats_server.url)
+    engine, other = await started_engine(nc), await started_engine(nc)  # `other`: another server on the queue
+    try:
+        client = EngineClient(engine)
+        for n in range(4):
+            await engine.ops.push({"type": "test.quick", "args": [n], "options": {"queue": "together"}})
+        plain, extended, cancelled, twice = await client.fetch(["together"], count=4, worker_id="w")
+        await other.ops.heartbeat("w", [extended["id"]])  # the copy kept here is one revision behind
+        await other.ops.cancel(cancelled["id"])
+        missing = "019ae4a1-0000-7000-8000-000000000000"
+        said = [client.ack_soon(job["id"], {"n": n}) for n, job in enumerate((plain, extended, cancelled, twice))]
+        said += [client.ack_soon(twice["id"]), client.ack_soon(missing)]
+        answers = await asyncio.gather(*said, return_exceptions=True)
+        shown = [a["state"] if isinstance(a, dict) else a.status for a in answers]
+        assert shown[:3] + shown[5:] == ["completed", "completed", 409, 404], answers
+        assert sorted(shown[3:5], key=str) == [409, "completed"], answers  # one of the two, whichever came first
+        assert answers[1]["result"] == {"n": 1}
+        stats = await _stats_when(engine, "together", lambda s: s["completed"] == 3)
+        assert {k: stats[k] for k in ("available", "active", "completed", "cancelled")} == {
+            "available": 0, "active": 0, "completed": 3, "cancelled": 1}, stats
+        assert all(isinstance(a, JobsError) for a in answers if not isinstance(a, dict))
+    finally:
+        await other.stop()
+        await engine.stop()
+        await nc.close()

@@ -55,3 +55,48 @@ async def test_nats_away_for_longer_than_the_tries_is_said(monkeypatch):
     with pytest.raises(nats.errors.TimeoutError):
         await native.EngineClient(SimpleNamespace(ops=ops)).ack("j3")
     assert len(ops.calls) == 3
+
+
+async def test_a_worker_tells_an_ack_said_together_that_was_refused_and_waits_for_the_rest_as_it_stops():
+    """A client whose acks go together (`ack_soon`, the engine in the worker's process): the worker
+    counts them as on their way, logs a refusal as it logs one of `ack`, and stops once all are heard."""
+    import asyncio
+
+    from seamq.jobs.worker import Worker, WorkerConfig
+
+    class Together:
+        def __init__(self) -> None:
+            self.fetched, self.said = False, []
+
+        async def fetch(self, queues, **kwargs):
+            if self.fetched:
+                return []
+            self.fetched = True
+            return [{"id": "j1", "type": "t", "args": []}, {"id": "j2", "type": "t", "args": []}]
+
+        def ack_soon(self, job_id, result=None):
+            future = asyncio.get_running_loop().create_future()
+            self.said.append((job_id, future))
+            return future
+
+        async def beat(self, *args, **kwargs):
+            return {}
+
+    client = Together()
+
+    async def quick() -> str:
+        return "ok"
+
+    worker = Worker(client, quick, WorkerConfig(queues=("q",), concurrency=2, idle_wait=0.01))
+    running = asyncio.create_task(worker.run())
+    while len(client.said) < 2:
+        await asyncio.sleep(0.01)
+    worker.stop()
+    await asyncio.sleep(0.05)
+    assert not running.done() and len(worker.settling) == 2  # it waits for what it said
+    with capture_logs() as logs:
+        client.said[0][1].set_exception(JobsError(409, "conflict", "cannot acknowledge job j1: it is cancelled"))
+        client.said[1][1].set_result({"id": "j2", "state": "completed"})
+        await asyncio.wait_for(running, 5)  # a liveness bound only
+    assert [(e["event"], e["job_id"]) for e in logs if e["event"].startswith("job_settle")] == [("job_settle_refused", "j1")]
+    assert not worker.settling

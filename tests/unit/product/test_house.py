@@ -48,7 +48,7 @@ CORE = {"ids", "stopping", "units", "backoff", "health", "model", "envelope", "d
 JOBS_CORE = {"jobs.model", "jobs.job", "jobs.attempts", "jobs.cron", "jobs.workflows", "jobs.schemas", "jobs.admin",
              "jobs.activity", "jobs.tally", "jobs.checkpoints", "jobs.webhooks", "jobs.backpressure",
              "jobs.limits", "jobs.tenants", "jobs.pools", "jobs.sealing"}
-WORKERS = {"relay", "consumer", "handling", "metered", "dlq_replay", "dlq_desk", "jobs.operations", "jobs.admission",
+WORKERS = {"relay", "consumer", "handling", "metered", "dlq_replay", "dlq_desk", "jobs.operations", "jobs.completions", "jobs.admission",
            "jobs.flows", "jobs.crontab", "jobs.queues", "jobs.events", "jobs.unique", "jobs.ext", "jobs.engine",
            "jobs.intake", "jobs.tallied", "jobs.hooks", "jobs.limiter", "tables_desk"}
 DRIVERS = ("nats", "psycopg", "psycopg_pool", "sqlalchemy", "asyncpg", "aiohttp", "httptools", "seamq.nats", "seamq.pg",
