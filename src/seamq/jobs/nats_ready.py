@@ -20,6 +20,7 @@ seamq.jobs.nats_store's adapter.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 from collections import deque
@@ -197,26 +198,56 @@ class NatsReadyOrder:
             raise
 
     async def take(self, queue: str, count: int, tenant: str | None = None) -> list[Taken]:
-        out: list[Taken] = []
-        # The queue's priorities as last stored, not as the watch has told this server so far: a job
-        # pushed through another server a moment ago may be at a priority (or in a queue) this one
+        # The queue's priorities and lanes as last stored, not as the watch has told this server so far:
+        # a job pushed through another server a moment ago may be at a priority, or in a lane, this one
         # has not heard of yet, and a fetch must find it (conformance, two servers, on a busy machine).
-        held = await self.records.get(f"prio.{queue}")
+        # The read goes beside the pull of the highest priority known (one wait a fetch, not two); if it
+        # shows a priority or a lane that pull did not know, what the pull took goes back at once and
+        # the take starts again on what was read.
+        reading = asyncio.ensure_future(self.records.get(f"prio.{queue}"))
+        priorities = sorted(self._priorities.get(queue, ()), reverse=True)
+        known, first = self._lanes_of(queue), []
+        try:
+            if priorities:
+                first = await self._take_priority(queue, priorities[0], count, tenant)
+            held = await reading
+        except BaseException:
+            reading.cancel()
+            reading.add_done_callback(lambda done: done.cancelled() or done.exception())  # heard, whatever it was
+            with contextlib.suppress(Exception):  # else they come again when their hold ends
+                await self._give_back(first)
+            raise
         if held is not None:
             before = self._priorities.get(queue, set())
             self._known_lanes(queue, held.record)
             self._priorities[queue] |= before
-        now = asyncio.get_running_loop().time()
+        if self._lanes_of(queue) != known:
+            await self._give_back(first)
+            first, priorities = [], []
+        out = first
         for priority in sorted(self._priorities.get(queue, ()), reverse=True):
-            known = self._lanes.get((queue, priority), set())
-            lanes = ["", *sorted(known)] if tenant is None else [tenant] if not tenant or tenant in known else []
-            if len(lanes) > 1:  # lanes found empty here a moment ago take no turn (an idle tenant's, or the queue's own)
-                lanes = [lane for lane in lanes if self._empty.get((queue, priority, lane), 0) <= now]
-            turn = next(self._turns) % len(lanes) if len(lanes) > 1 else 0
-            out += await self._take_lanes(queue, priority, lanes[turn:] + lanes[:turn], count - len(out))
             if len(out) >= count:
                 break
+            if priority not in priorities[:1]:
+                out += await self._take_priority(queue, priority, count - len(out), tenant)
         return out
+
+    def _lanes_of(self, queue: str) -> dict[int, frozenset[str]]:
+        return {p: frozenset(self._lanes.get((queue, p), ())) for p in self._priorities.get(queue, ())}
+
+    async def _take_priority(self, queue: str, priority: int, count: int, tenant: str | None) -> list[Taken]:
+        known = self._lanes.get((queue, priority), set())
+        lanes = ["", *sorted(known)] if tenant is None else [tenant] if not tenant or tenant in known else []
+        if len(lanes) > 1:  # lanes found empty here a moment ago take no turn (an idle tenant's, or the queue's own)
+            now = asyncio.get_running_loop().time()
+            lanes = [lane for lane in lanes if self._empty.get((queue, priority, lane), 0) <= now]
+        turn = next(self._turns) % len(lanes) if len(lanes) > 1 else 0
+        return await self._take_lanes(queue, priority, lanes[turn:] + lanes[:turn], count)
+
+    async def _give_back(self, taken: list[Taken]) -> None:
+        """Entries taken and not handed out: delivered again at once, before any later one of their lane."""
+        for entry in taken:
+            await self.hold(entry.hold, 0)
 
     async def _take_lanes(self, queue: str, priority: int, lanes: list[str], count: int) -> list[Taken]:
         """Each lane in turn, a share of what is left each; a lane that had fewer leaves the rest to
