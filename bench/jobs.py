@@ -249,11 +249,8 @@ def draining_worker(client, queue: str, count: int, concurrency: int):
     done, ack = 0, client.ack
 
     async def counted(*args, **kwargs):
-        nonlocal done
         answer = await ack(*args, **kwargs)
-        done += 1
-        if done >= count:
-            worker.stop()
+        one_done()
         return answer
 
     def counted_soon(*args, **kwargs):

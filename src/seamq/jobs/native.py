@@ -97,22 +97,19 @@ class EngineClient:
         self._spawn(self._acked(acks))
 
     async def _acked(self, acks: list[tuple[str, Any, asyncio.Future]]) -> None:
+        said = [(job_id, result) for job_id, result, _ in acks]
         try:
-            outcomes = await completions.acks(self.engine.ops, [(job_id, result) for job_id, result, _ in acks],
-                                              may_wait=ACK_WAIT)
-        except Exception as exc:  # each is told, and said again if NATS was away (as `ack` says one)
+            outcomes = await completions.acks(self.engine.ops, said, may_wait=ACK_WAIT)
+        except Exception as exc:  # each is told, and said again if NATS was away
             outcomes = [exc] * len(acks)
-        for (job_id, result, future), outcome in zip(acks, outcomes):
-            if future.done():
-                continue
-            if isinstance(outcome, AWAY):  # said again, a few times, as `ack` says one
-                self._spawn(_chained(future, self.ack(job_id, result, may_wait=ACK_WAIT)))
-            elif isinstance(outcome, OjsError):
-                future.set_exception(JobsError(outcome.status, outcome.code, outcome.message, outcome.details))
-            elif isinstance(outcome, BaseException):
-                future.set_exception(outcome)
-            else:
-                future.set_result(outcome)
+        again = [n for n, outcome in enumerate(outcomes) if isinstance(outcome, AWAY)]
+        for (_, _, future), outcome in zip(acks, outcomes):
+            if not isinstance(outcome, AWAY):
+                _tell(future, outcome=outcome)
+        answers = await asyncio.gather(*(self.ack(*said[n], may_wait=ACK_WAIT) for n in again),  # as `ack` says one
+                                       return_exceptions=True)
+        for n, answer in zip(again, answers):
+            _tell(acks[n][2], outcome=answer)
 
     def _spawn(self, work: Awaitable[None]) -> None:
         task = asyncio.ensure_future(work)
@@ -169,15 +166,18 @@ class EngineClient:
         return await _asked(self.engine.ops.heartbeat, worker_id, active_jobs, visibility_timeout_ms)
 
 
-async def _chained(future: asyncio.Future, answer: Awaitable[Any]) -> None:
-    try:
-        outcome = await answer
-    except Exception as exc:
-        if not future.done():
-            future.set_exception(exc)
+def _tell(future: asyncio.Future, *, outcome: Any) -> None:
+    if future.done():
         return
-    if not future.done():
+    if isinstance(outcome, BaseException):
+        future.set_exception(_refusal(outcome) if isinstance(outcome, OjsError) else outcome)
+    else:
         future.set_result(outcome)
+
+
+def _refusal(exc: OjsError) -> JobsError:
+    """The JobsError the HTTP client raises for the same answer."""
+    return JobsError(exc.status, exc.code, exc.message, exc.details)
 
 
 async def _settled(call: Callable[..., Awaitable[Any]], *args: Any) -> Any:
@@ -196,7 +196,7 @@ async def _asked(call: Callable[..., Awaitable[Any]], *args: Any) -> Any:
     try:
         return await call(*args)
     except OjsError as exc:
-        raise JobsError(exc.status, exc.code, exc.message, exc.details) from None
+        raise _refusal(exc) from None
 
 
 async def run_native_worker(settings: Settings, handler: JobHandlers | Callable, config: WorkerConfig) -> None:

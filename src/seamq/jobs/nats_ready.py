@@ -221,14 +221,15 @@ class NatsReadyOrder:
             before = self._priorities.get(queue, set())
             self._known_lanes(queue, held.record)
             self._priorities[queue] |= before
+        pulled = priorities[0] if priorities else None
         if self._lanes_of(queue) != known:
             await self._give_back(first)
-            first, priorities = [], []
+            first, pulled = [], None
         out = first
         for priority in sorted(self._priorities.get(queue, ()), reverse=True):
             if len(out) >= count:
                 break
-            if priority not in priorities[:1]:
+            if priority != pulled:
                 out += await self._take_priority(queue, priority, count - len(out), tenant)
         return out
 

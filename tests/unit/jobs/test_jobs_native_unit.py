@@ -100,3 +100,23 @@ async def test_a_worker_tells_an_ack_said_together_that_was_refused_and_waits_fo
         await asyncio.wait_for(running, 5)  # a liveness bound only
     assert [(e["event"], e["job_id"]) for e in logs if e["event"].startswith("job_settle")] == [("job_settle_refused", "j1")]
     assert not worker.settling
+
+
+async def test_acks_said_together_that_met_nats_away_are_said_again_alone_and_the_rest_told_at_once(monkeypatch):
+    """One round of `ack_soon`: an ack NATS did not answer goes through `ack` (its tries), a refusal is
+    the HTTP client's JobsError, and a stored one is told without waiting for the others."""
+    import asyncio
+
+    async def round_of(ops, said, *, may_wait):
+        return [nats.errors.TimeoutError(), OjsError(409, "conflict", "it is cancelled"), {"id": said[2][0]}]
+
+    monkeypatch.setattr(native.completions, "acks", round_of)
+    ops = Ops(nats.errors.TimeoutError())  # the ack said again meets NATS away once more, then is stored
+    client = native.EngineClient(SimpleNamespace(ops=ops))
+    away, refused, stored = (client.ack_soon(job_id) for job_id in ("j1", "j2", "j3"))
+    assert await stored == {"id": "j3"} and not away.done()
+    with pytest.raises(JobsError) as told:
+        await refused
+    assert told.value.status == 409
+    assert await asyncio.wait_for(away, 10) == {"id": "j1"}  # a liveness bound only
+    assert [call[:2] for call in ops.calls] == [("ack", "j1")] * 2
