@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from seamq.jobs.attempts import error_entry
-from seamq.jobs.model import FINISHED, WAITING, Record, RetryPolicy, State, conflict, iso, parse_time
+from seamq.jobs.model import FINISHED, WAITING, Record, RetryPolicy, State, conflict, iso, parse_time, visibility_ms
 from seamq.jobs.model import public as model_public
 
 RECORD_TTL = timedelta(days=7)  # a finished job is kept this long (the store's per-message TTL)
@@ -246,6 +246,17 @@ def released(job: Job, now: datetime, error: Any) -> Job:
     entry = error_entry(error, job.attempt, now)
     return replace(job, state=State.AVAILABLE, enqueued_at=now, error=_last(entry), errors=(*job.errors, entry),
                    lease_until=None, worker_id=None, entry=None, hold=None)
+
+
+def lease_expired(job: Job, now: datetime) -> Job:
+    """No ack, nack or heartbeat within the lease: released, the attempt kept as `lease_expired`."""
+    return released(job, now, {"code": "lease_expired", "type": "LeaseExpired", "message": f"worker {job.worker_id or '?'} "
+                               "sent no ack, nack or heartbeat within the visibility timeout: the job went back to its queue"})
+
+
+def lease(job: Job, visibility: Any) -> timedelta:
+    """How long a claim holds the job: the fetch's visibility timeout, else the job's, else the default."""
+    return timedelta(milliseconds=visibility_ms({"options": job.options}, visibility))
 
 
 def cancelled(job: Job, now: datetime) -> Job:

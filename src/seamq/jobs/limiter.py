@@ -37,6 +37,11 @@ class Limiter:
     def _now_ms(self) -> int:
         return _ms(self.clock())
 
+    @staticmethod
+    def names(job: Job) -> bool:
+        """Whether the job names a rate limit key (else `admit` has nothing to say of it)."""
+        return limits.policy_of((job.options or {}).get("rate_limit")) is not None
+
     async def admit(self, job: Job, at: datetime) -> Verdict | None:
         """None when the job names no key; else its key's verdict on its next attempt, stored when it
         may start at `at`. A window or a throttle that frees a start within PATIENCE_MS is waited for

@@ -68,6 +68,15 @@ class MemoryJobStore:
     def catch_up(self) -> None:
         self.replica = None
 
+    async def commit_each(self, commits: list[list[Write]]) -> list[list[int] | BaseException]:
+        out: list[list[int] | BaseException] = []
+        for writes in commits:
+            try:
+                out.append(await self.commit(writes))
+            except Exception as exc:
+                out.append(exc)
+        return out
+
     async def commit(self, writes: list[Write]) -> list[int]:
         for write in writes:  # every check first: all or none
             current = self.records.get(write.key)

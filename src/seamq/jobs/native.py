@@ -24,7 +24,7 @@ import nats.errors
 import nats.js.errors
 
 from seamq.backoff import Backoff
-from seamq.jobs import completions, ext, tenants
+from seamq.jobs import beats, completions, ext, tenants
 from seamq.jobs import job as moves
 from seamq.jobs.client import JobsError, error_body
 from seamq.jobs.engine import Engine
@@ -152,7 +152,7 @@ class EngineClient:
             log.warning("job_recount_failed", job_id=job_id, error=describe(exc))
 
     async def beat(self, worker_id: str, state: str, active_jobs: int) -> dict:
-        return await _asked(self.engine.ops.beat, worker_id, state, active_jobs)
+        return await _asked(beats.beat, self.engine.ops, worker_id, state, active_jobs)
 
     async def save_checkpoint(self, job_id: str, state: Any, *, worker_id: str | None = None) -> dict:
         return await _asked(ext.save_checkpoint, self.engine.ops, self.engine.events, job_id,

@@ -21,6 +21,7 @@ from dataclasses import replace
 from typing import AsyncIterator
 
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, KeyValueConfig, StorageType, StreamConfig
 from nats.js.client import JetStreamContext
 from nats.js.errors import APIError, BadRequestError, KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
@@ -45,6 +46,18 @@ async def _nothing_sent(watcher) -> bool:
     saw the marker before a key that was there): the server's own counts, read together, decide."""
     info = await watcher._sub.consumer_info()
     return info.num_pending == 0 and info.delivered.consumer_seq == 0
+
+
+def _stored(writes: list[Write], answer: Msg) -> list[int]:
+    """The revisions of writes published together, from the answer to the last; a lost CAS is a Conflict."""
+    reply = acked(answer)
+    error = reply.get("error")
+    if error:
+        if error.get("err_code") in CAS_LOST:
+            raise Conflict(", ".join(w.key for w in writes))
+        raise APIError.from_error(error)
+    last = reply["seq"]  # an atomic batch is stored in order, contiguously: the commit's is the last
+    return list(range(last - len(writes) + 1, last + 1))
 
 
 async def made(js: JetStreamContext, config: StreamConfig) -> None:
@@ -105,7 +118,28 @@ class NatsRecords:
                 raise
             return await self._publish([replace(w, revision=m or w.revision) for w, m in zip(writes, markers)])
 
+    async def commit_each(self, commits: list[list[Write]]) -> list[list[int] | BaseException]:
+        """Several commits, each all or nothing on its own, sent together and awaited together (a
+        fetch's claims: no task each); the outcome of each, its revisions or its error."""
+        sent: list[asyncio.Future] = []
+        for writes in commits:
+            if len(writes) == 1 and writes[0].revision != 0:  # a key to create may meet a delete's marker
+                sent.append(await self._sent(writes))
+            else:
+                sent.append(asyncio.ensure_future(self.commit(writes)))
+        outcomes: list[list[int] | BaseException] = []
+        for writes, answer in zip(commits, await asyncio.gather(*sent, return_exceptions=True)):
+            try:
+                outcomes.append(_stored(writes, answer) if isinstance(answer, Msg) else answer)
+            except Exception as exc:
+                outcomes.append(exc)
+        return outcomes
+
     async def _publish(self, writes: list[Write]) -> list[int]:
+        return _stored(writes, await (await self._sent(writes)))
+
+    async def _sent(self, writes: list[Write]) -> asyncio.Future:
+        """The writes published, the last asking for the answer: its future."""
         batch_id = uuid.uuid4().hex if len(writes) > 1 else None
         for index, write in enumerate(writes, 1):
             headers = {} if write.revision is None else {"Nats-Expected-Last-Subject-Sequence": str(write.revision)}
@@ -123,15 +157,9 @@ class NatsRecords:
             if batch_id:
                 headers["Nats-Batch-Commit"] = "1"
             # NATS stores a batch whole, so a bigger one may take longer before its ack.
-            reply = acked(await self.replies.request(subject, payload, header_block(headers),
-                                                     timeout=self.replies.timeout + BATCH_WAIT * len(writes)))
-        error = reply.get("error")
-        if error:
-            if error.get("err_code") in CAS_LOST:
-                raise Conflict(", ".join(w.key for w in writes))
-            raise APIError.from_error(error)
-        last = reply["seq"]  # an atomic batch is stored in order, contiguously: the commit's is the last
-        return list(range(last - len(writes) + 1, last + 1))
+            return await self.replies.sent(subject, payload, header_block(headers),
+                                           timeout=self.replies.timeout + BATCH_WAIT * len(writes))
+        raise AssertionError("no writes")
 
     async def _marker(self, key: str) -> int:
         """The revision of a deleted key's marker (0 if the key never existed or holds a record)."""

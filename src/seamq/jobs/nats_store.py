@@ -44,8 +44,9 @@ class NatsJobStore:
         self.records = records = NatsRecords(nc, self.replies, self.replicas)
         self.ready = ready = NatsReadyOrder(records)
         self.clocks = clocks = NatsClocks(records)
-        self.get, self.get_many, self.commit, self.delete, self.scan, self.follow = (
-            records.get, records.get_many, records.commit, records.delete, records.scan, records.follow)
+        self.get, self.get_many, self.commit, self.commit_each, self.delete, self.scan, self.follow = (
+            records.get, records.get_many, records.commit, records.commit_each, records.delete, records.scan,
+            records.follow)
         self.lock_unique, self.take_unique = records.lock_unique, records.take_unique
         self.offer, self.withdraw, self.take, self.hold, self.settle = (
             ready.offer, ready.withdraw, ready.take, ready.hold, ready.settle)

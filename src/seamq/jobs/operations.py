@@ -91,9 +91,7 @@ class Operations:
 
     def _lease_expired(self, job: Job) -> Job:
         log.warning("job_lease_expired", job_id=job.id, worker_id=job.worker_id or "?", attempt=job.attempt)
-        return moves.released(job, self.clock(), {
-            "code": "lease_expired", "type": "LeaseExpired", "message": f"worker {job.worker_id or '?'} sent no "
-            "ack, nack or heartbeat within the visibility timeout: the job went back to its queue"})
+        return moves.lease_expired(job, self.clock())
 
     async def change(self, job_id: Any, move: Callable[[Job], Job], *,
                      may_wait: float = 0.0) -> tuple[Job, Job, dict]:
@@ -215,8 +213,7 @@ class Operations:
                     break
                 seen += len(taken)
                 held = await self.store.get_many([t.job_id for t in taken])
-                for claimed in await asyncio.gather(*(self._claim(t, held.get(t.job_id), worker, visibility)
-                                                      for t in taken)):
+                for claimed in await self._claims(taken, held, worker, visibility):
                     if claimed is not None:
                         out.append(model.public(claimed))
                         got += 1
@@ -224,6 +221,22 @@ class Operations:
         # A fetch slower than a lease (a starved server) may meet its own claim again, run out, and
         # claim the job anew: the worker gets the job once, as last claimed.
         return list({job["id"]: job for job in out}.values())
+
+    async def _claims(self, taken: list[Taken], held: dict[str, Stored], worker_id: str | None,
+                      visibility: Any) -> list[dict | None]:
+        """The claims of one take. The jobs read as available and naming no rate limit key are claimed
+        together (`_claimed`); the others, and those whose CAS lost, as `_claim` decides for each."""
+        now, plain, rest = self.clock(), [], []
+        for t in taken:
+            hint = held.get(t.job_id)
+            job = from_record(hint.record) if hint else None
+            if job is None or job.state != State.AVAILABLE or (job.expires and job.expires <= now) or self.limiter.names(job):
+                rest.append((t, hint))
+            else:
+                plain.append((job, hint.revision, t, job, now))
+        out, lost = await self._claimed(plain, worker_id, visibility)
+        rest += [(t, None) for t in lost]  # read again
+        return [*out, *await asyncio.gather(*(self._claim(t, hint, worker_id, visibility) for t, hint in rest))]
 
     async def _claim(self, taken: Taken, held: Stored | None, worker_id: str | None,
                      visibility: Any) -> dict | None:
@@ -258,32 +271,40 @@ class Operations:
                 if verdict.wait_ms:
                     return await self._held_back(job, revision, taken, read, verdict)
                 now = limits.moment(verdict.at_ms)  # the start its key counted
-            claimed = await self._claimed(job, revision, taken, worker_id, visibility, read, now)
-            if claimed is not None:
-                return claimed
+            claimed, _ = await self._claimed([(job, revision, taken, read, now)], worker_id, visibility)
+            if claimed:
+                return claimed[0]
         await self.store.settle(taken.hold)  # claimed through another entry of it, or moved on, as it was read
         return None
 
-    async def _claimed(self, job: Job, revision: int, taken: Taken, worker_id: str | None,
-                       visibility: Any, read: Job, now: datetime) -> dict | None:
-        """The claim's CAS; None when it lost (claimed through another entry of it, or moved on). A lease
-        shorter than the entry's hold holds it for the lease; a longer one (the default, 30 minutes) meets
-        its entry again when the hold ends, and is held then for what remains of it (`_claim`)."""
-        lease = _lease(job, visibility)
-        claimed = moves.claimed(job, now, worker_id, lease, taken.entry, taken.hold, self.count_claims_later)
-        record = to_record(claimed)
-        if claimed.timeout_ms:  # armed first: one that comes before the claim is stored waits for it
-            at = claimed.started_at + timedelta(milliseconds=claimed.timeout_ms)
-            await self.admission.arm("timeout", timer_key(claimed), at, {"attempt": claimed.attempt})
-        try:
-            [stored] = await self.store.commit([Write(job.id, record, revision, before=counted(read))])
-        except Conflict:
-            return None
-        self._hand_out(claimed, stored)
-        if lease.total_seconds() < TAKEN_HOLD:
-            await self.store.hold(taken.hold, lease.total_seconds())
-        await self.events.emit(aftermath(read, claimed).event, record)
-        return record
+    async def _claimed(self, claims: list[tuple[Job, int, Taken, Job, datetime]], worker_id: str | None,
+                       visibility: Any) -> tuple[list[dict], list[Taken]]:
+        """Claims (job, revision, entry, job as read, start) stored together, a CAS each and no task each: the
+        records claimed, and the entries whose CAS lost. A lease shorter than the entry's hold holds it for the
+        lease; a longer one (30 minutes by default) meets its entry again, and `_claim` holds it for the rest."""
+        made = []
+        for job, revision, taken, read, now in claims:
+            lease = moves.lease(job, visibility)
+            claimed = moves.claimed(job, now, worker_id, lease, taken.entry, taken.hold, self.count_claims_later)
+            if claimed.timeout_ms:  # armed first: one that comes before the claim is stored waits for it
+                at = claimed.started_at + timedelta(milliseconds=claimed.timeout_ms)
+                await self.admission.arm("timeout", timer_key(claimed), at, {"attempt": claimed.attempt})
+            made.append((claimed, to_record(claimed), revision, taken, read, lease))
+        outcomes = await self.store.commit_each(
+            [[Write(claimed.id, record, revision, before=counted(read))] for claimed, record, revision, _, read, _ in made])
+        out, lost = [], []
+        for (claimed, record, _, taken, read, lease), outcome in zip(made, outcomes):
+            if isinstance(outcome, Conflict):
+                lost.append(taken)
+            elif not isinstance(outcome, BaseException):
+                self._hand_out(claimed, outcome[0])
+                if lease.total_seconds() < TAKEN_HOLD:
+                    await self.store.hold(taken.hold, lease.total_seconds())
+                await self.events.emit(aftermath(read, claimed).event, record)
+                out.append(record)
+        if failed := [e for e in outcomes if isinstance(e, BaseException) and not isinstance(e, Conflict)]:
+            raise failed[0]  # stored or not, nobody knows: the fetch fails, as it did for one claim alone
+        return out, lost
 
     async def _instead(self, moved: Job, revision: int, taken: Taken, read: Job) -> bool:
         """`moved` stored instead of a claim of the job met in `taken` (`read` as stored); False if it moved on."""
@@ -297,8 +318,7 @@ class Operations:
     async def _held_back(self, job: Job, revision: int, taken: Taken, read: Job, verdict: limits.Verdict) -> None:
         """A job its rate limit key does not let start yet: as its policy says (`on_limit`), its entry
         comes again when the key may let it (`wait`), or it is scheduled for then, or discarded."""
-        now, on_limit = self.clock(), verdict.on_limit
-        wait = verdict.held_for(taken.deliveries, self.rng)
+        now, on_limit, wait = self.clock(), verdict.on_limit, verdict.held_for(taken.deliveries, self.rng)
         if on_limit == "wait" and job.state == read.state:
             await self.store.hold(taken.hold, wait)
         else:  # a lease that ran out is stored as such first
@@ -333,7 +353,7 @@ class Operations:
         for job_id in ids:
             try:
                 before, longer, _ = await self.change(
-                    job_id, lambda job: moves.extended(job, now, _lease(job, visibility)))
+                    job_id, lambda job: moves.extended(job, now, moves.lease(job, visibility)))
             except OjsError:  # not active (finished, cancelled, released), or no such job: not extended
                 if await self._cancelled(job_id):
                     cancelled.append(job_id)
@@ -346,23 +366,6 @@ class Operations:
         if cancelled and len(cancelled) == len(ids):
             directive = "terminate"
         return {"state": directive, "jobs_extended": extended, "jobs_cancelled": cancelled,
-                "server_time": model.iso(now)}
-
-    async def beat(self, worker_id: Any, said: Any, active_jobs: Any) -> dict:
-        """A worker says its state (`/workers/beat`: running, quiet, drain, terminate) and how many jobs
-        it runs; one that is quiet or draining is handed no new job by any server (the state is kept
-        for all to follow when it changes). Its leases are extended by `heartbeat`, which names them."""
-        if not isinstance(worker_id, str) or not 0 < len(worker_id) <= 255:
-            raise model.invalid("worker_id is required, 255 characters at most")
-        count = len(active_jobs) if isinstance(active_jobs, list) else active_jobs if active_jobs is not None else 0
-        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-            raise model.invalid("active_jobs must be a count or a list of job ids")
-        now, said, shared = self.clock(), said if said is not None else "running", self.queues.said_by(worker_id)
-        self.workers.heard(worker_id, shared, now)
-        asked = self.workers.beat(worker_id, count, now, said)
-        if said != (shared or {}).get("said", "running"):
-            await self.queues.say(worker_id, said, model.iso(now))
-        return {"acknowledged": True, "worker_id": worker_id, "state": asked or said,
                 "server_time": model.iso(now)}
 
     # ---- timers, as they fire ---------------------------------------------------------------------
@@ -395,6 +398,3 @@ class Operations:
         except OjsError:  # another server or request moved it first: the timer no longer applies
             pass
 
-
-def _lease(job: Job, visibility: Any) -> timedelta:
-    return timedelta(milliseconds=model.visibility_ms({"options": job.options}, visibility))

@@ -90,6 +90,10 @@ class JobStore(Protocol):
     async def commit(self, writes: list[Write]) -> list[int]:
         """All the writes or none; the new revisions, in order. Raises Conflict."""
 
+    async def commit_each(self, commits: list[list[Write]]) -> list[list[int] | BaseException]:
+        """Several commits, each all or nothing on its own, sent together (a fetch's claims, a worker's
+        acks): the outcome of each, its revisions or the error `commit` would raise (a Conflict its own)."""
+
     async def delete(self, key: str) -> None: ...
 
     async def scan(self, prefix: str) -> list[Stored]:

@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from seamq.jobs import admin, attempts, tenants
+from seamq.jobs import admin, attempts, beats, tenants
 from seamq.jobs.api import VERSION, answer, body_of, limit_of, may_wait
 from seamq.jobs.engine import EVENTS_KEPT, Engine
 from seamq.jobs.model import OjsError, invalid
@@ -145,7 +145,7 @@ def core(engine: Engine, conformance_level: int) -> list[Route]:
 
     async def beat(request: Request) -> Response:  # graceful shutdown: the state a worker says it is in
         body = await body_of(request)
-        return answer(await engine.ops.beat(body.get("worker_id"), body.get("state"), body.get("active_jobs")))
+        return answer(await beats.beat(engine.ops, body.get("worker_id"), body.get("state"), body.get("active_jobs")))
 
     async def worker_health(request: Request) -> Response:
         """A worker as this server last heard it: 200 while it runs, 503 while it is quiet, draining

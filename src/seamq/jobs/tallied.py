@@ -76,20 +76,26 @@ class Tallied:
             raise  # else it is in a batch on its way, stored or not as NATS decides
 
     async def commit_each(self, commits: list[list[Write]]) -> list[list[int] | BaseException]:
-        """Several commits, each all or nothing on its own, gathered as `commit` gathers them, with no
-        task or wait of their own: the outcome of each, its revisions or its error (a Conflict its own)."""
-        queued: list[asyncio.Future] = []
-        for writes in commits:
+        """Several commits, each all or nothing on its own, with no task or wait of their own: those that
+        move counts gathered as `commit` gathers them, the others sent together by the store."""
+        queued: dict[int, asyncio.Future] = {}
+        plain: dict[int, list[Write]] = {}
+        for n, writes in enumerate(commits):
             moved = _moved(writes)
-            queued.append(self._queued(writes, moved).done if moved else
-                          asyncio.ensure_future(self.store.commit(writes)))
+            if moved:
+                queued[n] = self._queued(writes, moved).done
+            else:
+                plain[n] = writes
         self._lend()
         try:
-            return await asyncio.gather(*queued, return_exceptions=True)
+            sent = await self.store.commit_each(list(plain.values())) if plain else []
+            outcomes = dict(zip(plain, sent))
+            outcomes.update(zip(queued, await asyncio.gather(*queued.values(), return_exceptions=True)))
         except asyncio.CancelledError:
-            mine = set(queued)
+            mine = set(queued.values())
             self._unsent([p for p in self._waiting if p.done in mine])
             raise
+        return [outcomes[n] for n in range(len(commits))]
 
     def _queued(self, writes: list[Write], moved: list[tally.Move]) -> _Commit:
         pending = _Commit(writes, moved, asyncio.get_running_loop().time() + min(write.may_wait for write in writes))

@@ -15,12 +15,12 @@ queue on a busy machine: a request's time starts when it is sent.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections import deque
 from typing import AsyncIterator
 
 import nats.errors
 import nats.js.errors
+import orjson
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
@@ -69,16 +69,25 @@ class Replies:
 
     async def _on_answer(self, message: Msg) -> None:
         try:
-            waiting = self._waiting.get(int(message.subject[len(self._prefix):]))
+            number = int(message.subject[len(self._prefix):])
         except ValueError:  # anyone may publish to an inbox: not an answer of ours
             return
+        waiting = self._waiting.get(number)
         if waiting is None:
             return
         waiter = waiting[1]
         if isinstance(waiter, _Run):
             waiter.add(message)
-        elif not waiter.done():
+            return
+        self._forget(number)
+        if not waiter.done():  # its caller may have gone
             waiter.set_result(message)
+
+    def _forget(self, number: int) -> None:
+        """A waiter for one answer holds a turn until it is forgotten."""
+        waiting = self._waiting.pop(number, None)
+        if waiting is not None and not isinstance(waiting[1], _Run):
+            self._turns.release()
 
     def _ask(self, waiter, timeout: float | None = None) -> tuple[int, str]:
         self._next += 1
@@ -88,14 +97,21 @@ class Replies:
     async def request(self, subject: str, payload: bytes, headers: bytes = b"", *,
                       timeout: float | None = None) -> Msg:
         """The one answer (nats.errors.TimeoutError if none came within `timeout`, else the default)."""
-        async with self._turns:
-            future = asyncio.get_running_loop().create_future()
-            number, reply = self._ask(future, timeout)
-            try:
-                await self.wire.publish(subject, payload, reply=reply, headers=headers)
-                return await future
-            finally:
-                self._waiting.pop(number, None)
+        return await (await self.sent(subject, payload, headers, timeout=timeout))
+
+    async def sent(self, subject: str, payload: bytes, headers: bytes = b"", *,
+                   timeout: float | None = None) -> asyncio.Future:
+        """The request sent; the future of its one answer, to await with others' (no task each). Its
+        turn is given back when the answer comes, or its time is up."""
+        await self._turns.acquire()
+        future = asyncio.get_running_loop().create_future()
+        number, reply = self._ask(future, timeout)
+        try:
+            await self.wire.publish(subject, payload, reply=reply, headers=headers)
+        except BaseException:
+            self._forget(number)
+            raise
+        return future
 
     async def answers(self, subject: str, payload: bytes, ends: tuple[str, ...]) -> AsyncIterator[Msg]:
         """Each answer as it comes, until one with a `Status` header (not yielded): one of `ends`
@@ -130,7 +146,8 @@ class Replies:
     def _fail(self, due, error: Exception) -> None:
         ended = [number for number, (deadline, _) in self._waiting.items() if due(deadline)]
         for number in ended:
-            waiter = self._waiting.pop(number)[1]
+            waiter = self._waiting[number][1]
+            self._forget(number)
             if isinstance(waiter, _Run):
                 waiter.add(error)
             elif not waiter.done():
@@ -144,4 +161,4 @@ def acked(message: Msg) -> dict:
         if message.headers and message.headers.get("Status") == "503":
             raise nats.errors.NoRespondersError
         raise nats.js.errors.APIError(description=f"empty ack (status {(message.headers or {}).get('Status')})")
-    return json.loads(message.data)
+    return orjson.loads(message.data)

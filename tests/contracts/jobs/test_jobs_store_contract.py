@@ -68,6 +68,26 @@ async def test_writes_are_compare_and_set_and_a_batch_is_all_or_none(store):
     assert (await store.get("a")).revision == again
 
 
+async def test_commits_sent_together_each_stand_or_fall_alone(store):
+    """`commit_each` (a fetch's claims, a worker's acks): each commit all or nothing on its own, a lost
+    CAS its own Conflict and no other's, and a deleted key created anew as `commit` creates it."""
+    first, second = await store.commit([Write("e1", {"id": "e1", "n": 1}), Write("e2", {"id": "e2", "n": 1})])
+    [moved] = await store.commit([Write("e2", {"id": "e2", "n": 2}, second)])
+    await store.commit([Write("e3", {"id": "e3", "n": 1})])
+    await store.delete("e3")
+    outcomes = await store.commit_each([
+        [Write("e1", {"id": "e1", "n": 2}, first)],
+        [Write("e2", {"id": "e2", "n": 3}, second)],  # a revision someone else moved past
+        [Write("e3", {"id": "e3", "n": 2})],
+        [Write("e4", {"id": "e4", "n": 1}), Write("e2", {"id": "e2", "n": 4}, second)],  # all or none
+    ])
+    assert isinstance(outcomes[1], Conflict) and isinstance(outcomes[3], Conflict)
+    assert [len(outcomes[0]), len(outcomes[2])] == [1, 1]
+    assert [((held := await store.get(key)).record["n"], held.revision) for key in ("e1", "e2", "e3")] == [
+        (2, outcomes[0][0]), (2, moved), (2, outcomes[2][0])]
+    assert await store.get("e4") is None
+
+
 async def test_several_records_in_one_read(store):
     revisions = await store.commit([Write(k, {"id": k, "_kind": "t", "n": n}) for n, k in enumerate(("m1", "m2", "m3"))])
     await store.delete("m2")

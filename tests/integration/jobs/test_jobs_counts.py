@@ -188,6 +188,10 @@ class Counted:
         self.batches += 1
         return await self.store.commit(writes)
 
+    async def commit_each(self, commits):  # each commit its own batch, sent together
+        self.batches += len(commits)
+        return await self.store.commit_each(commits)
+
 
 @pytest.fixture(params=["memory", "nats"])
 async def raw_store(request):

@@ -125,3 +125,27 @@ async def test_at_most_in_flight_requests_wait_for_an_answer_and_the_rest_wait_t
         await replies.close()
     assert sorted(a.data for a in answers) == sorted(f"ok:{n}".encode() for n in range(40))
     assert most[0] <= 4
+
+
+async def test_requests_sent_together_are_each_answered_and_a_turn_comes_back_however_its_request_ends(nc):
+    """`sent` (a fetch's claims): requests go out at once and are awaited together. A turn comes back when
+    the answer comes, when the time is up, and when the asker went away before either."""
+    replies = await Replies(nc, timeout=0.3, in_flight=2).start()
+    await responder(nc, "echo", lambda m: [(b"re:" + m.data, None)])
+    await responder(nc, "silent", lambda m: [])
+    try:
+        for turn in range(3):  # more requests in all than turns: each turn came back with its answer
+            sent = [await replies.sent("echo", f"{turn}.{n}".encode()) for n in range(2)]
+            assert [m.data for m in await asyncio.gather(*sent)] == [f"re:{turn}.{n}".encode() for n in range(2)]
+        unanswered = [await replies.sent("silent", b"") for _ in range(2)]
+        for future in unanswered:
+            with pytest.raises(nats.errors.TimeoutError):
+                await future
+        gone = [asyncio.create_task(replies.request("silent", b"")) for _ in range(2)]  # both turns taken
+        await wait_for(lambda: len(replies._waiting) == 2, what="both asked")
+        for task in gone:
+            task.cancel()
+        answer = await asyncio.wait_for(replies.request("echo", b"last"), 30)  # once their time was up
+        assert answer.data == b"re:last" and not replies._waiting
+    finally:
+        await replies.close()

@@ -295,6 +295,28 @@ async def test_a_fetch_whose_read_lags_the_last_writes_claims_each_job_and_drops
     assert await store.ready_counts("q") == (0, 0)
 
 
+async def test_a_takes_claims_go_together_and_one_read_before_its_job_moved_on_is_decided_again(servers, store):
+    """A take's jobs read as available are claimed together (a CAS each, no task each). One that moved on
+    after the batched read loses its CAS alone and is decided again on its record as last stored: claimed
+    if it is available again (run and released meanwhile), its entry dropped if it was cancelled. A job
+    under a rate limit key takes its own path; the rest are handed out."""
+    one, other = servers
+    jobs = [await push(one, job()) for _ in range(4)]
+    limited = await push(one, job(rate_limit={"key": "k", "concurrency": 5}))
+    store.lag()  # the batched reads see all five available, as first stored
+    [ran] = await other.ops.fetch(["q"], 1, "w0", 60_000)
+    await other.ops.nack(ran["id"], {"message": "stopping"}, requeue=True)  # available again, a revision on
+    await other.ops.cancel(jobs[1]["id"])
+    got = {j["id"]: j for j in await one.ops.fetch(["q"], 10, "w", 60_000)}
+    expected = [jobs[0]["id"], jobs[2]["id"], jobs[3]["id"], limited["id"]]
+    assert ran["id"] == jobs[0]["id"] and sorted(got) == sorted(expected)
+    assert [(got[job_id]["state"], got[job_id]["attempt"]) for job_id in expected] == [("active", 2), *[("active", 1)] * 3]
+    store.catch_up()
+    assert (await one.ops.info(jobs[1]["id"]))["state"] == "cancelled"
+    assert [(await one.ops.ack(job_id))["state"] for job_id in expected] == ["completed"] * 4
+    assert await other.ops.fetch(["q"], 10, "w2") == [] and await store.ready_counts("q") == (0, 0)
+
+
 async def test_a_fetch_slower_than_its_lease_hands_each_job_out_once(store, clock):
     """On a starved server a fetch may outlast the leases it gives: its own claim runs out before it
     answers, the entry comes again within the same fetch, and the job is claimed anew. The worker gets
