@@ -1,6 +1,7 @@
 """`seamq jobs worker`: run OJS jobs through plain Python functions, by job type (seamq.jobs.handlers).
 
-The worker fetches up to `concurrency` jobs at a time, calls the job type's
+The worker runs up to `concurrency` jobs at a time (short ones fetched a little
+ahead of their slots: AHEAD), calls the job type's
 function with the job's args (a type it has no function for fails its attempt
 with `UnknownJobType`, retried by the job's policy), heartbeats while jobs run
 (so a long job keeps its lease), acks
@@ -26,9 +27,12 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import math
 import socket
+import time
+from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import aiohttp
 
@@ -51,6 +55,13 @@ ACK_WAIT = 0.05
 # design, so a fast worker has its rate times that on their way (200 at 4,000 jobs/s): at 16 slots'
 # worth that bound, not the work, held a native worker at 16 at once back (docs/benchmarks.md 7r).
 SETTLES_AHEAD = 64
+# Short jobs free their slots faster than a fetch comes back: the worker then fetches ahead of them, with
+# FETCHES on their way at once (one is read and claimed while the server answers the other), but only
+# while its slots turn over within AHEAD seconds, so that a job fetched ahead waits about that for a slot
+# (`fetched_ahead`; docs/benchmarks.md 7s). Longer jobs are fetched for free slots alone.
+AHEAD = 0.05
+FETCHES = 2
+STOPPED = {"code": "worker_stopped", "message": "the worker stopped before the job finished"}
 
 
 @dataclass(frozen=True)
@@ -82,9 +93,16 @@ class Worker:
         self.settling: set[asyncio.Future] = set()
         self.cancelled: set[str] = set()  # by the server: nothing to release
         self.in_threads: set[str] = set()  # jobs whose sync function runs in a thread: cannot be cancelled
+        self.ahead: deque[dict] = deque()  # fetched ahead of the slots, waiting for one
+        self._fetching: dict[asyncio.Task, int] = {}  # fetches on their way, and the jobs each asked
+        self._ended: deque[float] = deque(maxlen=config.concurrency * FETCHES)  # when the last jobs ended
+        self._idle_until = 0.0  # a fetch found nothing: the next waits idle_wait
+        self._grace_ends = math.inf  # set by stop()
         self._slot = asyncio.Event()
 
     def stop(self) -> None:
+        if not self.stopping.is_set():
+            self._grace_ends = time.monotonic() + self.config.grace
         self.stopping.set()
         self._slot.set()
 
@@ -92,20 +110,46 @@ class Worker:
         """Until stopped: fetch, run, settle; then drain or release what still runs."""
         beat = asyncio.create_task(self._heartbeats())
         try:
-            while not self.stopping.is_set():
-                beyond = max(0, len(self.settling) - self.config.concurrency * SETTLES_AHEAD)
-                free = 0 if self.quiet else self.config.concurrency - len(self.running) - beyond
-                jobs = await self._fetch(free) if free > 0 else []
-                for job in jobs:
+            # Stopping, what was fetched still runs within the grace: its jobs were claimed for this worker.
+            while not self.stopping.is_set() or (self.ahead or self._fetching) and self._grace_left() > 0:
+                while self.ahead and len(self.running) < self.config.concurrency:
+                    job = self.ahead.popleft()
                     self.running[job["id"]] = asyncio.create_task(self._run(job))
-                if not jobs:
-                    self._slot.clear()
-                    wait = self.config.idle_wait if free > 0 else None
-                    await wait_event(self._slot, wait)
+                self._fetch_more()
+                self._slot.clear()
+                idle = self._idle_until - asyncio.get_running_loop().time()
+                await wait_event(self._slot, self._grace_left() if self.stopping.is_set() else
+                                 idle if idle > 0 and not self._fetching else None)
             await self._drain()
         finally:
             beat.cancel()
             await asyncio.gather(beat, return_exceptions=True)
+
+    def _grace_left(self) -> float:
+        return self.config.grace if self._grace_ends == math.inf else max(0.0, self._grace_ends - time.monotonic())
+
+    def _fetch_more(self) -> None:
+        """Fetches for the free slots and, for short jobs, ahead of them (AHEAD); none while quiet, while
+        acks on their way hold fetching back (SETTLES_AHEAD), or within idle_wait of a fetch that found nothing."""
+        now, concurrency = asyncio.get_running_loop().time(), self.config.concurrency
+        if self.quiet or self.stopping.is_set() or now < self._idle_until:
+            return
+        beyond = max(0, len(self.settling) - concurrency * SETTLES_AHEAD)
+        ahead = 0 if beyond else fetched_ahead(self._ended, now, concurrency)
+        room = concurrency + ahead - beyond - len(self.running) - len(self.ahead) - sum(self._fetching.values())
+        while room > 0 and len(self._fetching) < FETCHES:
+            count = min(room, concurrency)
+            fetch = asyncio.create_task(self._fetch(count))
+            self._fetching[fetch], room = count, room - count
+            fetch.add_done_callback(self._fetched)
+
+    def _fetched(self, fetch: asyncio.Task) -> None:
+        del self._fetching[fetch]
+        jobs = [] if fetch.cancelled() else fetch.result()
+        self.ahead.extend(jobs)
+        if not jobs:
+            self._idle_until = asyncio.get_running_loop().time() + self.config.idle_wait
+        self._slot.set()
 
     async def _fetch(self, count: int) -> list[dict]:
         try:
@@ -133,9 +177,7 @@ class Worker:
             except asyncio.CancelledError:
                 if job["id"] in self.cancelled:
                     raise
-                await self._settle(self.client.nack(job["id"], {"code": "worker_stopped", "message":
-                                                                 "the worker stopped before the job finished"},
-                                                    requeue=True), job, "released")
+                await self._settle(self.client.nack(job["id"], STOPPED, requeue=True), job, "released")
                 raise
             except sealing.Unopenable as exc:  # another worker may hold the key (a rotation half done)
                 log.warning("job_args_unopenable", job_id=job["id"], type=job["type"], error=str(exc))
@@ -157,6 +199,8 @@ class Worker:
             else:
                 self._settle_later(self.client.ack(job["id"], _jsonable(result), may_wait=ACK_WAIT), job, "ack")
         finally:
+            self._ended.append(asyncio.get_running_loop().time())
+            self._idle_until = 0.0  # a slot came free: fetch again now, as after a fetch that found jobs
             self.running.pop(job["id"], None)
             self.cancelled.discard(job["id"])
             self.in_threads.discard(job["id"])
@@ -190,15 +234,17 @@ class Worker:
     async def _heartbeats(self) -> None:
         while True:
             await asyncio.sleep(self.config.heartbeat_every)
-            if not self.running:
+            if not self.running and not self.ahead:
                 continue
             try:
-                answer = await self.client.heartbeat(self.worker_id, list(self.running),
+                answer = await self.client.heartbeat(self.worker_id, [*self.running, *(j["id"] for j in self.ahead)],
                                                      visibility_timeout_ms=int(self.config.visibility_timeout * 1000))
             except Exception as exc:
                 log.warning("jobs_heartbeat_failed", error=describe(exc))
                 continue
-            for job_id in answer.get("jobs_cancelled") or []:  # cancelled on the server: stop that job only
+            cancelled = set(answer.get("jobs_cancelled") or [])
+            self.ahead = deque(job for job in self.ahead if job["id"] not in cancelled)  # not to be started
+            for job_id in cancelled:  # cancelled on the server: stop that job only
                 task = self.running.get(job_id)
                 if task is not None and job_id not in self.in_threads:
                     log.info("job_cancelled_on_server", job_id=job_id)
@@ -213,6 +259,10 @@ class Worker:
 
     async def _drain(self) -> None:
         await self._say("drain")
+        await asyncio.gather(*self._fetching, return_exceptions=True)
+        while self.ahead:  # fetched, and the grace ran out before a slot did: back to their queue now
+            job = self.ahead.popleft()
+            self._settle_later(self.client.nack(job["id"], STOPPED, requeue=True), job, "released")
         await self._drain_running()
         await asyncio.gather(*list(self.settling), return_exceptions=True)  # every ack said before we go
         await self._say("terminate")
@@ -229,7 +279,7 @@ class Worker:
         if not self.running:
             return
         log.info("jobs_worker_draining", running=len(self.running), grace_s=self.config.grace)
-        done, pending = await asyncio.wait(list(self.running.values()), timeout=self.config.grace)
+        done, pending = await asyncio.wait(list(self.running.values()), timeout=self._grace_left())
         threads = [t for j, t in self.running.items() if t in pending and j in self.in_threads]
         if threads:  # heartbeats go on until the threads end: the leases stay ours
             log.warning("jobs_outlive_grace", running=[j for j, t in self.running.items() if t in threads],
@@ -238,6 +288,14 @@ class Worker:
             if task not in threads:
                 task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
+
+
+def fetched_ahead(ended: Iterable[float], now: float, concurrency: int) -> int:
+    """Jobs to fetch ahead of the free slots, from when the last jobs ended: while the slots turn over
+    within AHEAD (as many jobs ended in the last AHEAD seconds as there are slots), as many as ended
+    then, at most FETCHES fetches' worth; else none."""
+    recent = sum(1 for at in ended if at > now - AHEAD)
+    return min(recent, concurrency * FETCHES) if recent >= concurrency else 0
 
 
 def _said_unsettled(job: dict, what: str, exc: BaseException) -> None:

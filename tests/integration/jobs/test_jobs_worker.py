@@ -179,6 +179,7 @@ async def test_a_slot_frees_when_its_function_returns_and_a_stop_waits_for_every
     from seamq.jobs.worker import Worker, WorkerConfig
 
     monkeypatch.setattr(module, "SETTLES_AHEAD", 1)
+    monkeypatch.setattr(module, "AHEAD", 0.0)  # no job fetched ahead: the bound on acks alone
     waits = []
 
     release, ran, acked, fetched = asyncio.Event(), [], [], []

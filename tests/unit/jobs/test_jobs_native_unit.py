@@ -120,3 +120,70 @@ async def test_acks_said_together_that_met_nats_away_are_said_again_alone_and_th
     assert told.value.status == 409
     assert await asyncio.wait_for(away, 10) == {"id": "j1"}  # a liveness bound only
     assert [call[:2] for call in ops.calls] == [("ack", "j1")] * 2
+
+
+def test_jobs_are_fetched_ahead_only_while_the_slots_turn_over_within_ahead():
+    """`fetched_ahead`: as many as ended in the last AHEAD seconds once that is every slot's worth, at most
+    FETCHES fetches' worth; a job whose slot frees slower than that is fetched for a free slot alone."""
+    from seamq.jobs.worker import AHEAD, FETCHES, fetched_ahead
+
+    now = 100.0
+    assert fetched_ahead([now - 0.001 * n for n in range(3)], now, 4) == 0  # fewer than the slots
+    assert fetched_ahead([now - 0.001 * n for n in range(6)], now, 4) == 6
+    assert fetched_ahead([now - 0.001 * n for n in range(40)], now, 4) == 4 * FETCHES
+    assert fetched_ahead([now - AHEAD - 0.001 * n for n in range(40)], now, 4) == 0  # ended too long ago
+
+
+async def test_short_jobs_are_fetched_ahead_two_fetches_at_once_and_a_stop_runs_what_was_fetched(monkeypatch):
+    """Jobs that end at once free their slots faster than a fetch comes back: the worker keeps two
+    fetches on their way and more jobs than slots fetched, never more running than its slots; told to
+    stop, it fetches nothing more and runs what it had fetched before it goes (none is released unrun)."""
+    import asyncio
+
+    from seamq.jobs import worker as module
+    from seamq.jobs.worker import Worker, WorkerConfig
+
+    monkeypatch.setattr(module, "AHEAD", 60.0)  # every end counts as recent: what is fetched is decided by counts
+
+    class Server:
+        def __init__(self) -> None:
+            self.handed, self.acked, self.nacked, self.fetching, self.most = 0, [], [], 0, {"fetching": 0, "held": 0}
+
+        async def fetch(self, queues, *, count, worker_id, visibility_timeout_ms, tenant=None):
+            self.fetching += 1
+            self.most["fetching"] = max(self.most["fetching"], self.fetching)
+            await asyncio.sleep(0.005)  # the server's answer takes a while
+            self.fetching -= 1
+            jobs = [{"id": f"j{self.handed + n}", "type": "t", "args": []} for n in range(count)]
+            self.handed += count
+            self.most["held"] = max(self.most["held"], self.handed - len(self.acked))
+            return jobs
+
+        async def ack(self, job_id, result=None, *, may_wait=0.0):
+            self.acked.append(job_id)
+
+        async def nack(self, job_id, error, *, requeue=False, may_wait=0.0):
+            self.nacked.append(job_id)
+
+        async def heartbeat(self, *args, **kwargs):
+            return {"state": "running", "jobs_cancelled": []}
+
+        async def beat(self, *args, **kwargs):
+            return {}
+
+    server, running, most_running = Server(), [0], [0]
+
+    async def quick() -> None:
+        running[0] += 1
+        most_running[0] = max(most_running[0], running[0])
+        await asyncio.sleep(0)
+        running[0] -= 1
+
+    worker = Worker(server, quick, WorkerConfig(queues=("q",), concurrency=4, idle_wait=0.01))
+    task = asyncio.create_task(worker.run())
+    while len(server.acked) < 200:
+        await asyncio.sleep(0.005)
+    worker.stop()
+    await asyncio.wait_for(task, 30)  # a liveness bound only
+    assert server.most["fetching"] == 2 and 4 < server.most["held"] <= 4 * 3 and most_running[0] <= 4
+    assert sorted(server.acked) == sorted(f"j{n}" for n in range(server.handed)) and server.nacked == []
