@@ -187,3 +187,49 @@ async def test_short_jobs_are_fetched_ahead_two_fetches_at_once_and_a_stop_runs_
     await asyncio.wait_for(task, 30)  # a liveness bound only
     assert server.most["fetching"] == 2 and 4 < server.most["held"] <= 4 * 3 and most_running[0] <= 4
     assert sorted(server.acked) == sorted(f"j{n}" for n in range(server.handed)) and server.nacked == []
+
+
+async def test_a_job_fetched_ahead_that_the_server_cancels_meanwhile_is_never_started(monkeypatch):
+    """A heartbeat names the jobs fetched ahead too (their leases run from their claim), and one the
+    server says was cancelled is dropped before it starts; the rest run as slots free."""
+    import asyncio
+
+    from seamq.jobs import worker as module
+    from seamq.jobs.worker import Worker, WorkerConfig
+
+    monkeypatch.setattr(module, "AHEAD", 60.0)
+    release, ran, named = asyncio.Event(), [], []
+
+    class Server:
+        queue = [[{"id": "quick", "type": "t", "args": ["quick"]}], [{"id": "long", "type": "t", "args": ["long"]}],
+                 [{"id": "gone", "type": "t", "args": ["gone"]}, {"id": "next", "type": "t", "args": ["next"]}]]
+
+        async def fetch(self, queues, **kwargs):
+            return self.queue.pop(0) if self.queue else []
+
+        async def ack(self, job_id, result=None, *, may_wait=0.0):
+            return {}
+
+        async def heartbeat(self, worker_id, active_jobs, *, visibility_timeout_ms):
+            named.append(list(active_jobs))
+            return {"state": "running", "jobs_cancelled": ["gone"] if "gone" in active_jobs else []}
+
+        async def beat(self, *args, **kwargs):
+            return {}
+
+    async def function(name: str) -> None:
+        ran.append(name)
+        if name == "long":
+            await release.wait()
+
+    worker = Worker(Server(), function, WorkerConfig(queues=("q",), concurrency=1, idle_wait=0.01, visibility_timeout=2))
+    task = asyncio.create_task(worker.run())
+    deadline = asyncio.get_running_loop().time() + 60  # liveness bounds only
+    while not any("gone" in said for said in named) and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.01)
+    release.set()
+    while "next" not in ran and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.01)
+    worker.stop()
+    await asyncio.wait_for(task, 30)
+    assert ran == ["quick", "long", "next"] and ["long", "gone", "next"] in named
