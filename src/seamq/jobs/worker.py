@@ -25,9 +25,9 @@ either: its jobs come back when their visibility timeout (`--visibility-timeout`
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import signal
-import math
 import socket
 import time
 from collections import deque
@@ -260,7 +260,10 @@ class Worker:
     async def _drain(self) -> None:
         await self._say("drain")
         await asyncio.gather(*self._fetching, return_exceptions=True)
-        while self.ahead:  # fetched, and the grace ran out before a slot did: back to their queue now
+        if self.ahead:
+            log.warning("jobs_released_unstarted", jobs=[job["id"] for job in self.ahead],
+                        why="fetched ahead, and the grace ran out before a slot came free: back to their queue")
+        while self.ahead:
             job = self.ahead.popleft()
             self._settle_later(self.client.nack(job["id"], STOPPED, requeue=True), job, "released")
         await self._drain_running()
