@@ -286,10 +286,10 @@ class Operations:
         for job, revision, taken, read, now in claims:
             lease = moves.lease(job, visibility)
             claimed = moves.claimed(job, now, worker_id, lease, taken.entry, taken.hold, self.count_claims_later)
-            if claimed.timeout_ms:  # armed first: one that comes before the claim is stored waits for it
-                at = claimed.started_at + timedelta(milliseconds=claimed.timeout_ms)
-                await self.admission.arm("timeout", timer_key(claimed), at, {"attempt": claimed.attempt})
             made.append((claimed, to_record(claimed), revision, taken, read, lease))
+        await asyncio.gather(*(  # armed first: a timeout that comes before its claim is stored waits for it
+            self.admission.arm("timeout", timer_key(claimed), claimed.started_at + timedelta(
+                milliseconds=claimed.timeout_ms), {"attempt": claimed.attempt}) for claimed, *_ in made if claimed.timeout_ms))
         outcomes = await self.store.commit_each(
             [[Write(claimed.id, record, revision, before=counted(read))] for claimed, record, revision, _, read, _ in made])
         out, lost = [], []
@@ -397,4 +397,3 @@ class Operations:
                 await self._store(moves.failed(job, now, error, self.rng), revision, job)
         except OjsError:  # another server or request moved it first: the timer no longer applies
             pass
-
