@@ -30,7 +30,9 @@ from typing import Any, Callable
 from seamq.jobs import model, tally
 from seamq.jobs.ports import Conflict, JobStore, Write
 
-LANES = 2  # batches in flight at once, per process: NATS stores a stream's batches one at a time
+# Batches in flight at once, per process. One: on one node every batch pays its staging whatever it
+# holds, and commits that wait behind the batch on its way go next as one (docs/benchmarks.md 7t).
+LANES = 1
 SLOT_TRIES = 8  # a batch tried again while other processes' batches move its slot's tally
 
 

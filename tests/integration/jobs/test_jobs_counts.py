@@ -241,6 +241,35 @@ async def test_commits_sent_together_each_hear_their_own_outcome(raw_store):
         "available": 20, "active": 100}
 
 
+async def test_commits_that_come_while_a_batch_is_on_its_way_go_next_as_one(raw_store):
+    """One batch on its way at a time: on one node each atomic batch costs nats-server its staging
+    whatever it holds, so what comes meanwhile waits and goes next as one batch, not one each."""
+    store, gate = Counted(raw_store), asyncio.Event()
+    tallied = Tallied(store)
+    sent = store.commit
+
+    async def held_first(writes):
+        if store.batches == 0:
+            store.batches += 1
+            await gate.wait()
+            return await raw_store.commit(writes)
+        return await sent(writes)
+    store.commit = held_first
+
+    def job(n: int) -> dict:
+        return {"id": f"n{n}", "queue": "next", "state": "available"}
+
+    first = asyncio.create_task(tallied.commit([Write("n0", job(0))]))
+    await asyncio.sleep(0)
+    rest = [asyncio.create_task(tallied.commit([Write(f"n{n}", job(n))])) for n in range(1, 11)]
+    await asyncio.sleep(0.2)
+    assert store.batches == 1 and not any(task.done() for task in rest)  # waiting behind the first
+    gate.set()
+    assert all(await asyncio.gather(first, *rest)) and store.batches == 2
+    counts = tally.summed([r for r, _ in await raw_store.scan(tally.prefix("next"))], model.utcnow())
+    assert {s: n for s, n in counts.items() if n} == {"available": 11}
+
+
 async def test_a_commit_that_may_wait_rides_with_the_next_one_or_goes_alone_when_its_time_is_up(raw_store):
     """A worker's ack (Write.may_wait) is held for the next commit, and shares its batch; with none
     coming, it goes when its time is up."""
