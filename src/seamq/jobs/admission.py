@@ -6,14 +6,16 @@ A job's entry in the ready order and its timers are written before the state tha
 never a job that waits for nothing). New jobs are created with what made them (a workflow, a
 cron's next run) in one atomic batch; a workflow's jobs are cancelled with it in one. A timer is
 armed in the store, which fires it once to one server whatever dies, and, when due soon, also
-told to the engine's clock (`armed`), so it fires on time. It calls none of its users: they are
-wired in one direction.
+told to the engine's clock (`armed`), so it fires on time; the store's copy of such a timer is then
+due BACKSTOP later, as the fallback it is (two copies due at once both read the job, and one of
+them lost its write: a wasted batch and a stray entry for most scheduled jobs). It calls none of
+its users: they are wired in one direction.
 """
 
 from __future__ import annotations
 
 import asyncio
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Callable
 
 from seamq.jobs.job import (
@@ -27,20 +29,22 @@ from seamq.jobs.ports import Conflict, JobStore, Stored, Write
 from seamq.jobs.queues import Queues
 
 WAITING_TIMERS = {"run", "expire"}
-Armed = Callable[[str, str, datetime, dict], None]
+BACKSTOP = timedelta(seconds=1)  # the store's copy of a timer the engine's clock also holds comes this much later
+Armed = Callable[[str, str, datetime, dict], bool]  # whether the engine's clock holds it too
 
 
 class Admission:
     def __init__(self, store: JobStore, queues: Queues, events: Events, limiter: Limiter, *,
-                 clock: Callable[[], datetime] = model.utcnow, armed: Armed = lambda *timer: None) -> None:
+                 clock: Callable[[], datetime] = model.utcnow, armed: Armed = lambda *timer: False) -> None:
         """`armed`: told of each timer armed here (the engine fires those due soon itself, on time)."""
         self.store, self.queues, self.events, self.limiter, self.clock = store, queues, events, limiter, clock
         self.armed = armed
 
     async def arm(self, kind: str, key: str, at: datetime, token: dict) -> None:
-        """In the store (fires once, to one server, whatever dies); if due soon, also here, on time."""
-        await self.store.arm(kind, key, at, token)
-        self.armed(kind, key, at, token)
+        """In the store (fires once, to one server, whatever dies); if due soon, also here, on time, and
+        the store's copy BACKSTOP later."""
+        held = self.armed(kind, key, at, token)
+        await self.store.arm(kind, key, at + BACKSTOP if held else at, token)
 
     async def ready(self, job: Job) -> None:
         """Before a job's new state is stored: its entry when it becomes available, and its clocks."""

@@ -68,6 +68,7 @@ class Engine:
                               rng=rng, test_mode=test_mode, clock=clock, count_claims_later=count_claims_later)
         self._deadlines: list[tuple[float, int, Fired]] = []  # timers due within SOON, armed here
         self._wake, self._count = asyncio.Event(), itertools.count()
+        self._firing = False  # whether this engine fires timers itself (`start(clocks=True)`)
         self.workers, self.meter, self.started_at = self.ops.workers, self.events.meter, clock()
         self._tasks: list[asyncio.Task] = []
 
@@ -75,6 +76,7 @@ class Engine:
         """Follow the flags and, with `clocks`, fire timers and take in relayed jobs as they come (a
         unit test leaves them out and calls `tick` on the clock it moves)."""
         self._tasks = [asyncio.create_task(self.queues.follow()), asyncio.create_task(self.events.run())]
+        self._firing = clocks
         if clocks:
             self._tasks += [asyncio.create_task(self._timer_loop()), asyncio.create_task(self._deadline_loop()),
                             asyncio.create_task(intake.run(self))]
@@ -116,14 +118,16 @@ class Engine:
             await self._fire(timer)
         return len(fired)
 
-    def _keep_if_due_soon(self, kind: str, key: str, at: datetime, token: dict) -> None:
-        if at.timestamp() - time.time() < SOON:
-            heapq.heappush(self._deadlines, (at.timestamp(), next(self._count), Fired(kind, key, token, None)))
-            self._wake.set()
+    def _keep_if_due_soon(self, kind: str, key: str, at: datetime, token: dict) -> bool:
+        if not self._firing or at.timestamp() - time.time() >= SOON:
+            return False
+        heapq.heappush(self._deadlines, (at.timestamp(), next(self._count), Fired(kind, key, token, None)))
+        self._wake.set()
+        return True
 
     async def _deadline_loop(self) -> None:
-        """The timers this server armed that fall due soon, fired on time; the store's copy fires too,
-        and finds nothing left to do (or does it, if this server died first)."""
+        """The timers this server armed that fall due soon, fired on time; the store's copy fires a moment
+        later (admission.BACKSTOP), and finds nothing left to do (or does it, if this server died first)."""
         while True:
             self._wake.clear()
             due = []

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
+from seamq.jobs.admission import BACKSTOP
 from seamq.jobs.engine import Engine
-from seamq.jobs.model import OjsError
+from seamq.jobs.model import OjsError, parse_time
 from seamq.jobs.nats_store import NatsJobStore
 
 
@@ -37,6 +39,26 @@ async def test_two_engines_on_one_store_claim_a_job_once(nc, engine):
         await other.stop()
     assert sorted([len(first), len(second)]) == [0, 1]
     assert (first or second)[0]["id"] == job["id"]
+
+
+async def test_the_stores_copy_of_a_timer_its_engine_holds_fires_after_the_backstop_when_that_engine_is_gone(nc):
+    """A timer due soon is held by the engine that armed it, which fires it on time; the store's copy is
+    due BACKSTOP later (two copies due at once both read the job, and one lost its write), and fires
+    it when that engine is gone."""
+    first = await Engine(await NatsJobStore(nc).start()).start()
+    due = datetime.now(timezone.utc) + timedelta(seconds=0.3)
+    due = due.replace(microsecond=due.microsecond // 1000 * 1000)  # as a record's times are kept: to the ms
+    _, orphan = await first.ops.push({"type": "a.b", "args": [], "options": {"queue": "gone", "scheduled_at": due.isoformat()}})
+    await first.stop()  # gone before `orphan` is due: only the store's copy is left for it
+    second = await Engine(await NatsJobStore(nc).start()).start()
+    try:
+        deadline = asyncio.get_running_loop().time() + 30
+        while (record := await second.ops.info(orphan["id"]))["state"] != "available":
+            assert asyncio.get_running_loop().time() < deadline, "the store's copy never fired"
+            await asyncio.sleep(0.05)
+        assert parse_time(record["enqueued_at"]) >= due + BACKSTOP
+    finally:
+        await second.stop()
 
 
 async def test_wrong_transitions_are_conflicts_and_unknown_ids_not_found(engine):
