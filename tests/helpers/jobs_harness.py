@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -56,12 +57,18 @@ async def push_numbered(client: Any, count: int, job_type: str, options: dict) -
     return ids
 
 
+RECORD = re.compile(r"(start|end|fail) (\S+) (\d+) (\d+) (\S+)$")  # as jobs_handlers.span writes it
+
+
 def runs_of(path: Path) -> dict[str, list[dict]]:
     """Each job's runs as tests/helpers/jobs_handlers.py's `span` wrote them: start, how it ended (end, fail,
     or None when cut short), by which process."""
     runs: dict[str, list[dict]] = defaultdict(list)
     lines = path.read_text().splitlines() if path.exists() else []
-    for what, job_id, attempt, pid, at in (line.split() for line in lines if len(line.split()) == 5):
+    # A worker killed in the middle of a write that crosses a page leaves part of its line, which the
+    # next line written joins: each line's last whole record is read.
+    found = (RECORD.search(line) for line in lines)
+    for what, job_id, attempt, pid, at in (record.groups() for record in found if record):
         if what == "start":
             runs[job_id].append({"attempt": int(attempt), "pid": int(pid), "start": float(at), "end": None,
                                  "how": None})
