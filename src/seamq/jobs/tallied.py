@@ -6,9 +6,10 @@ is staged in a file store of its own: docs/benchmarks.md 7g, 7i), so commits tha
 gathered: those waiting when a lane comes free go out together, as one batch with one tally per
 queue, the way River's completer gathers completions. A commit whose writes may wait
 (Write.may_wait: a worker's ack) is held until its time is up or another commit goes, so that a
-worker's acks and its next fetch's claims share one batch instead of paying one each. A batch whose
-CAS loses is tried again one commit at a time, so a conflict is told to the commit that lost it and
-to no other.
+worker's acks and its next fetch's claims share one batch instead of paying one each. One batch is
+on its way at a time: what comes meanwhile goes next, as one. A batch whose CAS loses is tried again
+without the commits that its records, read once, show moved on, and those one at a time, so a
+conflict is told to the commit that lost it and to no other.
 
 A queue has tally.SLOTS tally records, whatever the number of servers and however often they
 restart, so reading a queue's counts costs the same in a year as today. Each process sends its
@@ -177,13 +178,19 @@ class Tallied:
         self._first_due = min((pending.due for pending in rest), default=math.inf)
         return group
 
-    async def _batch(self, group: list[_Commit], lane: int) -> None:
+    async def _batch(self, group: list[_Commit], lane: int, *, split: bool = True) -> None:
         try:
             revisions = await self._commit([w for c in group for w in c.writes], [m for c in group for m in c.moved], lane)
         except Conflict as exc:
             if len(group) == 1:
                 return _settle(group[0], exc)
-            for pending in group:  # which one lost, only each alone can tell
+            # Which one lost, only each alone can tell; the records read once set apart those that
+            # surely did, and the rest go together once more (each alone if that loses too).
+            behind = await self._behind(group) if split else set()
+            rest = [pending for n, pending in enumerate(group) if n not in behind]
+            if behind and rest:
+                await self._batch(rest, lane, split=False)
+            for pending in group if not behind or not rest else [group[n] for n in sorted(behind)]:
                 await self._batch([pending], lane)
             return
         except asyncio.CancelledError:
@@ -223,6 +230,13 @@ class Tallied:
                 self._known[write.key] = (write.record, revision)
             return revisions[:len(writes)]
         raise AssertionError("unreachable")
+
+    async def _behind(self, group: list[_Commit]) -> set[int]:
+        """The commits of `group` a write of which the store's records show moved on (a hint: a
+        replica may lag, and the compare-and-set decides)."""
+        held = await self.store.get_many(list({w.key for c in group for w in c.writes if w.revision is not None}))
+        return {n for n, pending in enumerate(group) for w in pending.writes if w.revision is not None and
+                (held[w.key].revision if w.key in held else 0) != w.revision}
 
     async def _read(self, key: str) -> tuple[dict | None, int]:
         held = await self.store.get(key)

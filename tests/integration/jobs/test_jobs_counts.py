@@ -241,6 +241,25 @@ async def test_commits_sent_together_each_hear_their_own_outcome(raw_store):
         "available": 20, "active": 100}
 
 
+async def test_a_batch_that_loses_a_compare_and_set_sends_the_others_together_once_more(raw_store):
+    """Which commit of a batch lost, only each alone can tell, a batch each; the records read once set
+    apart those that surely lost, and the others go together once more."""
+    store = Counted(raw_store)
+    tallied = Tallied(store)
+
+    def job(n: int, state: str) -> dict:
+        return {"id": f"l{n}", "queue": "lost", "state": state}
+
+    made = await tallied.commit_each([[Write(f"l{n}", job(n, "available"))] for n in range(10)])
+    before = store.batches
+    moved = await tallied.commit_each([[Write(f"l{n}", job(n, "active"), made[n][0] - (n == 3), before=job(n, "available"))]
+                                       for n in range(10)])  # l3 on a revision it is no longer at
+    assert [isinstance(m, Conflict) for m in moved] == [n == 3 for n in range(10)], moved
+    assert store.batches - before == 3  # the ten, then the nine together, then l3 alone
+    counts = tally.summed([r for r, _ in await raw_store.scan(tally.prefix("lost"))], model.utcnow())
+    assert {s: n for s, n in counts.items() if n} == {"available": 1, "active": 9}
+
+
 async def test_commits_that_come_while_a_batch_is_on_its_way_go_next_as_one(raw_store):
     """One batch on its way at a time: on one node each atomic batch costs nats-server its staging
     whatever it holds, so what comes meanwhile waits and goes next as one batch, not one each."""
