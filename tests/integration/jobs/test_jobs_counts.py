@@ -193,6 +193,18 @@ class Counted:
         return await self.store.commit_each(commits)
 
 
+def jobs_of(prefix: str, queue: str):
+    """A job `prefix`n of `queue` in a state, as a record."""
+    return lambda n, state: {"id": f"{prefix}{n}", "queue": queue, "state": state}
+
+
+async def ten_made(raw_store, job) -> tuple[Counted, Tallied, list]:
+    """A store that counts the batches it is given, its Tallied, and ten jobs made available through it."""
+    store = Counted(raw_store)
+    tallied = Tallied(store)
+    return store, tallied, await tallied.commit_each([[Write(job(n, "available")["id"], job(n, "available"))] for n in range(10)])
+
+
 @pytest.fixture(params=["memory", "nats"])
 async def raw_store(request):
     if request.param == "memory":
@@ -244,13 +256,8 @@ async def test_commits_sent_together_each_hear_their_own_outcome(raw_store):
 async def test_a_batch_that_loses_a_compare_and_set_sends_the_others_together_once_more(raw_store):
     """Which commit of a batch lost, only each alone can tell, a batch each; the records read once set
     apart those that surely lost, and the others go together once more."""
-    store = Counted(raw_store)
-    tallied = Tallied(store)
-
-    def job(n: int, state: str) -> dict:
-        return {"id": f"l{n}", "queue": "lost", "state": state}
-
-    made = await tallied.commit_each([[Write(f"l{n}", job(n, "available"))] for n in range(10)])
+    job = jobs_of("l", "lost")
+    store, tallied, made = await ten_made(raw_store, job)
     before = store.batches
     moved = await tallied.commit_each([[Write(f"l{n}", job(n, "active"), made[n][0] - (n == 3), before=job(n, "available"))]
                                        for n in range(10)])  # l3 on a revision it is no longer at
@@ -333,13 +340,8 @@ def test_commits_that_may_wait_go_when_their_time_is_up_on_uvloop_too():
 async def test_commits_given_together_go_as_one_batch_and_each_hears_its_own_outcome(raw_store):
     """`commit_each` (a native worker's acks, seamq.jobs.completions): the commits share a batch with no
     task each, and one that moves no count goes alone; one whose CAS loses hears Conflict, and no other."""
-    store = Counted(raw_store)
-    tallied = Tallied(store)
-
-    def job(n: int, state: str) -> dict:
-        return {"id": f"e{n}", "queue": "each", "state": state}
-
-    made = await tallied.commit_each([[Write(f"e{n}", job(n, "available"))] for n in range(10)])
+    job = jobs_of("e", "each")
+    store, tallied, made = await ten_made(raw_store, job)
     before = store.batches
     moved = await tallied.commit_each([[Write(f"e{n}", job(n, "active"), made[n][0], before=job(n, "available"))]
                                        for n in range(6)] + [[Write("cron.each", {"_key": "cron.each"})]])
