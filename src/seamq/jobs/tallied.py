@@ -185,13 +185,15 @@ class Tallied:
             if len(group) == 1:
                 return _settle(group[0], exc)
             # Which one lost, only each alone can tell; the records read once set apart those that
-            # surely did, and the rest go together once more (each alone if that loses too).
+            # surely did, and the others go together once more (each alone if that loses too).
             behind = await self._behind(group) if split else set()
-            rest = [pending for n, pending in enumerate(group) if n not in behind]
-            if behind and rest:
-                await self._batch(rest, lane, split=False)
-            for pending in group if not behind or not rest else [group[n] for n in sorted(behind)]:
-                await self._batch([pending], lane)
+            together = [pending for n, pending in enumerate(group) if n not in behind]
+            if not behind or not together:  # nothing to go by: each alone
+                behind, together = set(range(len(group))), []
+            if together:
+                await self._batch(together, lane, split=False)
+            for n in sorted(behind):
+                await self._batch([group[n]], lane)
             return
         except asyncio.CancelledError:
             for pending in group:
@@ -234,7 +236,10 @@ class Tallied:
     async def _behind(self, group: list[_Commit]) -> set[int]:
         """The commits of `group` a write of which the store's records show moved on (a hint: a
         replica may lag, and the compare-and-set decides)."""
-        held = await self.store.get_many(list({w.key for c in group for w in c.writes if w.revision is not None}))
+        try:
+            held = await self.store.get_many(list({w.key for c in group for w in c.writes if w.revision is not None}))
+        except Exception:  # only a hint: without it, each alone
+            return set()
         return {n for n, pending in enumerate(group) for w in pending.writes if w.revision is not None and
                 (held[w.key].revision if w.key in held else 0) != w.revision}
 

@@ -267,6 +267,21 @@ async def test_a_batch_that_loses_a_compare_and_set_sends_the_others_together_on
     assert {s: n for s, n in counts.items() if n} == {"available": 1, "active": 9}
 
 
+async def test_a_lost_compare_and_set_is_told_to_its_commit_when_the_records_cannot_be_read():
+    """The read that sets a batch's losers apart is a hint: without it, each commit goes alone."""
+    class Unreadable(Counted):
+        async def get_many(self, keys):
+            raise ConnectionError("NATS away")
+
+    job = jobs_of("u", "unread")
+    store, tallied, made = await ten_made(MemoryJobStore(), job)
+    store = tallied.store = Unreadable(store.store)
+    moved = await asyncio.wait_for(tallied.commit_each(  # a liveness bound only
+        [[Write(f"u{n}", job(n, "active"), made[n][0] - (n == 3), before=job(n, "available"))] for n in range(10)]), 30)
+    assert [isinstance(m, Conflict) for m in moved] == [n == 3 for n in range(10)], moved
+    assert store.batches == 11  # the ten, then each alone
+
+
 async def test_commits_that_come_while_a_batch_is_on_its_way_go_next_as_one(raw_store):
     """One batch on its way at a time: on one node each atomic batch costs nats-server its staging
     whatever it holds, so what comes meanwhile waits and goes next as one batch, not one each."""
