@@ -9,7 +9,8 @@ import pytest
 
 from seamq.jobs.admission import BACKSTOP
 from seamq.jobs.engine import Engine
-from seamq.jobs.model import OjsError, parse_time
+from seamq.jobs.memory_store import MemoryJobStore
+from seamq.jobs.model import OjsError
 from seamq.jobs.nats_store import NatsJobStore
 
 
@@ -41,22 +42,35 @@ async def test_two_engines_on_one_store_claim_a_job_once(nc, engine):
     assert (first or second)[0]["id"] == job["id"]
 
 
-async def test_the_stores_copy_of_a_timer_its_engine_holds_fires_after_the_backstop_when_that_engine_is_gone(nc):
+@pytest.mark.parametrize("fires_timers", [True, False])
+async def test_the_stores_copy_of_a_timer_its_engine_holds_is_due_a_backstop_later(fires_timers):
     """A timer due soon is held by the engine that armed it, which fires it on time; the store's copy is
-    due BACKSTOP later (two copies due at once both read the job, and one lost its write), and fires
-    it when that engine is gone."""
+    due BACKSTOP later (two copies due at once both read the job, and one lost its write). An engine
+    that fires no timers itself holds none, and the store's copy is due on time."""
+    store = MemoryJobStore()
+    engine = await Engine(store).start(clocks=fires_timers)
+    try:
+        due = datetime.now(timezone.utc) + timedelta(seconds=30)  # within SOON
+        due = due.replace(microsecond=due.microsecond // 1000 * 1000)  # as a record's times are kept: to the ms
+        await engine.ops.push({"type": "a.b", "args": [], "options": {"queue": "soon", "scheduled_at": due.isoformat()}})
+        [at] = [at for (kind, _), (at, _) in store.timers.items() if kind == "scheduled"]
+        assert at == due + (BACKSTOP if fires_timers else timedelta(0))
+    finally:
+        await engine.stop()
+
+
+async def test_the_stores_copy_of_a_timer_fires_it_when_the_engine_that_held_it_is_gone(nc):
+    """The backstop: a job whose engine stopped before its time still comes due, from the store."""
     first = await Engine(await NatsJobStore(nc).start()).start()
-    due = datetime.now(timezone.utc) + timedelta(seconds=0.3)
-    due = due.replace(microsecond=due.microsecond // 1000 * 1000)  # as a record's times are kept: to the ms
+    due = datetime.now(timezone.utc) + timedelta(seconds=3)
     _, orphan = await first.ops.push({"type": "a.b", "args": [], "options": {"queue": "gone", "scheduled_at": due.isoformat()}})
-    await first.stop()  # gone before `orphan` is due: only the store's copy is left for it
+    await first.stop()
     second = await Engine(await NatsJobStore(nc).start()).start()
     try:
-        deadline = asyncio.get_running_loop().time() + 30
-        while (record := await second.ops.info(orphan["id"]))["state"] != "available":
+        deadline = asyncio.get_running_loop().time() + 60
+        while (await second.ops.info(orphan["id"]))["state"] != "available":  # a liveness bound only
             assert asyncio.get_running_loop().time() < deadline, "the store's copy never fired"
             await asyncio.sleep(0.05)
-        assert parse_time(record["enqueued_at"]) >= due + BACKSTOP
     finally:
         await second.stop()
 
