@@ -68,6 +68,9 @@ class MemoryJobStore:
     def catch_up(self) -> None:
         self.replica = None
 
+    async def landed(self, key: str) -> None:
+        """Each commit is answered to its caller: none is on its way."""
+
     async def commit_each(self, commits: list[list[Write]]) -> list[list[int] | BaseException]:
         out: list[list[int] | BaseException] = []
         for writes in commits:

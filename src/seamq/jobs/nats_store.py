@@ -56,6 +56,9 @@ class NatsJobStore:
             clocks.arm, clocks.disarm, clocks.fired, clocks.done, clocks.again)
         self.taken_in, self.later, self.intake_done = clocks.taken_in, clocks.later, clocks.intake_done
 
+    async def landed(self, key: str) -> None:
+        """Each commit is answered to its caller: none is on its way here (seamq.jobs.tallied gathers them)."""
+
     async def start(self) -> "NatsJobStore":
         """Make or update every resource, and start following. Servers started together on a new
         cluster ask the meta leader to make the same streams at once, and some of those requests

@@ -36,8 +36,8 @@ from seamq.observability import log
 
 HANDED_OUT_KEPT = 25_000  # jobs handed out here, kept for their ack (bounded: most are acked within seconds,
 # and one pushed out costs its ack a read; docs/benchmarks.md 7k for its memory)
-EARLY_ENTRY = Backoff(base=0.1, cap=5.0, spread=NO_JITTER)  # by the entry's deliveries
-EARLY_ENTRY_TRIES = 12  # an entry taken before its record was stored comes again, for about 40 s
+EARLY_ENTRY = Backoff(base=0.01, cap=5.0, spread=NO_JITTER)  # by the entry's deliveries
+EARLY_ENTRY_TRIES = 16  # an entry taken before its record was stored comes again, for about 40 s
 
 
 class Lost(OjsError):
@@ -245,6 +245,7 @@ class Operations:
         as last stored, so no entry is dropped for a record a replica had not yet applied."""
         for latest in (False, True, True):  # the hint, then the record as last stored (again if a CAS lost)
             if latest:
+                await self.store.landed(taken.job_id)  # a change of it on its way here, the entry's first
                 held = await self.store.get(taken.job_id)
             read, revision = (from_record(held.record), held.revision) if held else (None, 0)
             job, now = read, self.clock()

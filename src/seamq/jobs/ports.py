@@ -94,6 +94,11 @@ class JobStore(Protocol):
         """Several commits, each all or nothing on its own, sent together (a fetch's claims, a worker's
         acks): the outcome of each, its revisions or the error `commit` would raise (a Conflict its own)."""
 
+    async def landed(self, key: str) -> None:
+        """Once every commit writing `key` that this process has on its way is answered, stored or not
+        (a fetch that met an entry before its record waits for the record, not for the entry's hold).
+        A store that answers each commit to its caller has none on its way."""
+
     async def delete(self, key: str) -> None: ...
 
     async def scan(self, prefix: str) -> list[Stored]:

@@ -60,6 +60,7 @@ class Tallied:
         self._first_due = math.inf  # the earliest `due` of the waiting commits
         self._running: set[asyncio.Task] = set()
         self._known: dict[str, tuple[dict | None, int]] = {}  # a slot's tally as this process last saw it
+        self._on_way: dict[str, asyncio.Future] = {}  # key -> the last commit writing it, until answered
         self._timer: asyncio.TimerHandle | None = None  # wakes the first commit that may wait when its time is up
         self._timer_at = math.inf  # when (uvloop's handles cannot say)
 
@@ -100,12 +101,24 @@ class Tallied:
             raise
         return [outcomes[n] for n in range(len(commits))]
 
+    async def landed(self, key: str) -> None:
+        if (pending := self._on_way.get(key)) is not None:
+            await asyncio.wait([pending])  # its outcome is its caller's
+
     def _queued(self, writes: list[Write], moved: list[tally.Move]) -> _Commit:
         pending = _Commit(writes, moved, asyncio.get_running_loop().time() + min(write.may_wait for write in writes))
         pending.done.add_done_callback(_heard)
+        for write in writes:
+            self._on_way[write.key] = pending.done
+        pending.done.add_done_callback(lambda done: self._answered(writes, done))
         self._waiting.append(pending)
         self._first_due = min(self._first_due, pending.due)
         return pending
+
+    def _answered(self, writes: list[Write], done: asyncio.Future) -> None:
+        for write in writes:
+            if self._on_way.get(write.key) is done:  # else a later commit of it is on its way
+                del self._on_way[write.key]
 
     def _unsent(self, cancelled: list[_Commit]) -> None:
         """Commits whose callers went away: those not yet sent never will be."""

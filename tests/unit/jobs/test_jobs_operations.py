@@ -248,24 +248,6 @@ async def test_a_job_whose_lease_ran_out_is_back_in_its_queue_when_read(servers,
     assert again["attempt"] == 2 and await other.ops.fetch(["q"], 5, "w3") == []
 
 
-async def test_an_entry_taken_before_its_record_is_stored_comes_again_rather_than_being_dropped(engine, store, clock):
-    """A change writes the job's entry first, then its record: a fetch between the two sees a job that
-    is not yet available, and must neither claim it nor drop the entry (found by the bench, 2026-11-25:
-    scheduled jobs that fell due were sometimes never run)."""
-    later = (clock() + timedelta(seconds=60)).isoformat().replace("+00:00", "Z")
-    pushed = await push(engine, job(scheduled_at=later))
-    await store.offer("q", 0, pushed["id"])  # what `due` writes first, its record not stored yet
-    assert await engine.ops.fetch(["q"], 5, "w") == []
-    clock.advance(60)
-    await engine.tick()  # now stored (with an entry of its own)
-    got = await engine.ops.fetch(["q"], 5, "w")
-    for _ in range(14):  # the early entry comes again, finds it claimed, and is dropped in the end
-        clock.advance(5)
-        got += await engine.ops.fetch(["q"], 5, "w")
-    assert [j["id"] for j in got] == [pushed["id"]]
-    assert await store.ready_counts("q") == (0, 1)  # only the running job's own entry is held
-
-
 async def test_a_fetch_whose_read_lags_the_last_writes_claims_each_job_and_drops_no_entry(servers, store, clock):
     """A fetch reads its jobs in one batch that any replica may answer (NATS direct gets), so it may
     see a job as it was before its last change: not yet there, waiting for its retry, or available
