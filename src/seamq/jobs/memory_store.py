@@ -14,7 +14,8 @@ from datetime import datetime, timedelta, timezone
 from seamq.jobs.ports import TAKEN_HOLD, Conflict, Fired, Stored, Taken, Write
 
 
-ACK_WAIT = timedelta(seconds=30)  # a fired timer not `done` by then is handed out again (a server died)
+ACK_WAIT = timedelta(seconds=30)  # a fired timer or a relayed job not done by then is handed out again (a server died)
+IDLE = 0.01  # seconds (real time) a take of timers or relayed jobs waits when it has none: an engine's loops poll, not spin
 LOG_KEPT = 10_000  # batches of events, as the NATS store keeps
 
 
@@ -46,6 +47,8 @@ class MemoryJobStore:
         self.batches: deque[tuple[int, bytes]] = deque(maxlen=LOG_KEPT)  # the event log
         self.locks: dict[str, tuple[str, datetime | None]] = {}  # fingerprint -> (job id, until)
         self.followers: list[tuple[tuple[str, ...], asyncio.Queue]] = []
+        self.relayed: list[tuple[datetime, int, bytes]] = []  # relayed jobs waiting: (due, handle, body)
+        self.taken: dict[object, tuple[datetime, bytes]] = {}  # taken in, not yet done: handle -> (when, body)
 
     async def close(self) -> None:
         """Nothing to let go of."""
@@ -216,7 +219,7 @@ class MemoryJobStore:
             self.deliveries[(kind, key)] += 1
             out.append(Fired(kind, key, token, (kind, key), self.deliveries[(kind, key)]))
         if not out and timeout:
-            await asyncio.sleep(0)
+            await asyncio.sleep(min(timeout, IDLE))
         return out
 
     async def done(self, fired: Fired) -> None:
@@ -226,6 +229,35 @@ class MemoryJobStore:
     async def again(self, fired: Fired, seconds: float) -> None:
         if self.handed.pop(fired.handle, None) is not None:
             self.timers.setdefault(fired.handle, (self.clock() + timedelta(seconds=seconds), fired.token))
+
+    # ---- intake: what a relay publishes to `OJS_ENQUEUE`, held as the NATS store holds it ---------
+
+    def relay(self, data: bytes) -> None:
+        """A relayed job's body, as the relay sends it (this store has no relay: a test's way in)."""
+        self.relayed.append((self.clock(), next(self.seq), data))
+
+    async def taken_in(self, batch: int = 100, timeout: float = 1.0) -> list[tuple[bytes, object]]:
+        now = self.clock()
+        for handle, (handed_at, data) in list(self.taken.items()):
+            if handed_at + ACK_WAIT <= now:  # handed to a server that never said done
+                del self.taken[handle]
+                self.relayed.append((handed_at, next(self.seq), data))
+        self.relayed.sort()
+        out = []
+        while self.relayed and len(out) < batch and self.relayed[0][0] <= now:
+            _, handle, data = self.relayed.pop(0)
+            self.taken[handle] = (now, data)
+            out.append((data, handle))
+        if not out and timeout:
+            await asyncio.sleep(min(timeout, IDLE))
+        return out
+
+    async def later(self, handle: object, delay: float) -> None:
+        if (held := self.taken.pop(handle, None)) is not None:
+            self.relayed.append((self.clock() + timedelta(seconds=delay), next(self.seq), held[1]))
+
+    async def intake_done(self, handle: object) -> None:
+        self.taken.pop(handle, None)
 
     # ---- the event log ----------------------------------------------------------------------
 

@@ -152,6 +152,18 @@ class JobStore(Protocol):
     async def again(self, fired: Fired, seconds: float) -> None:
         """Hand the timer out again in `seconds` (it came before the change it was armed for was stored)."""
 
+    # ---- intake: jobs relayed from outboxes (seamq.jobs.intake) ---------------------------------------
+
+    async def taken_in(self, batch: int = 100, timeout: float = 1.0) -> list[tuple[bytes, object]]:
+        """(push body as the relay sent it, a handle) of up to `batch` relayed jobs, waiting up to
+        `timeout` seconds for one; each handed to one server until `intake_done`, and again if it never
+        says so."""
+
+    async def later(self, handle: object, delay: float) -> None:
+        """Hand the relayed job out again in `delay` seconds (a transient failure)."""
+
+    async def intake_done(self, handle: object) -> None: ...
+
     # ---- the event log: batches of events, from every server ------------------------------------------
 
     async def log(self, batch: bytes) -> int:

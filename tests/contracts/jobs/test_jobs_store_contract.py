@@ -272,3 +272,29 @@ async def test_the_event_log_is_read_from_any_sequence_in_order(store):
     rest = await store.logged(first[-1][0], 100)
     assert [seq for seq, _ in rest] == written[100:]
     assert await store.logged(written[-1], 100) == []
+
+
+async def relay(store, data: bytes) -> None:
+    """What the relay publishes to `OJS_ENQUEUE` (seamq.jobs.route)."""
+    if isinstance(store, MemoryJobStore):
+        store.relay(data)
+    else:
+        from seamq.jobs.route import ROUTE
+
+        await store.nc.jetstream().publish(ROUTE.subject, data)
+
+
+async def test_a_relayed_job_is_handed_to_one_server_until_done_and_comes_again_when_put_off(store):
+    body = b'{"id": "relayed-1", "type": "t.run", "args": []}'
+    await relay(store, body)
+    [(data, handle)] = await store.taken_in(100, 10)
+    assert data == body
+    assert await store.taken_in(100, 0.1) == []  # handed to one server
+    await store.later(handle, 2 * store.unit)
+    assert await store.taken_in(100, 0.1) == []  # not before its delay
+    await later(store, 3)
+    [(again, handle)] = await store.taken_in(100, 10)
+    assert again == body
+    await store.intake_done(handle)
+    await later(store, 3)
+    assert await store.taken_in(100, 0.1) == []  # done: never again

@@ -6,6 +6,7 @@ import asyncio
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from structlog.testing import capture_logs
 
 from seamq.jobs.admission import BACKSTOP
 from seamq.jobs.engine import Engine
@@ -57,6 +58,24 @@ async def test_the_stores_copy_of_a_timer_its_engine_holds_is_due_a_backstop_lat
         assert at == due + (BACKSTOP if fires_timers else timedelta(0))
     finally:
         await engine.stop()
+
+
+async def test_an_engine_with_its_clocks_on_the_memory_store_takes_in_relayed_jobs():
+    """The memory store keeps the intake's promises too: a relayed job is created, and nothing is logged
+    as failed (its engine's loops asked for an intake the store did not have, once a second)."""
+    store = MemoryJobStore()
+    with capture_logs() as logs:
+        engine = await Engine(store).start()
+        try:
+            store.relay(b'{"id": "019a0000-0000-7000-8000-000000000001", "type": "a.b", "args": []}')
+            deadline = asyncio.get_running_loop().time() + 30
+            while not await engine.ops.exists("019a0000-0000-7000-8000-000000000001"):  # a liveness bound only
+                assert asyncio.get_running_loop().time() < deadline, "the relayed job was never taken in"
+                await asyncio.sleep(0.02)
+        finally:
+            await engine.stop()
+    assert not store.relayed and not store.taken
+    assert [e for e in logs if e["log_level"] in ("warning", "error")] == []
 
 
 async def test_the_stores_copy_of_a_timer_fires_it_when_the_engine_that_held_it_is_gone(nc):
