@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint test-unit install browser redis bench-peers clean bench bench-quick soak
+.PHONY: run test lint test-unit install browser redis bench-peers clean bench bench-quick bench-scale soak
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -80,6 +80,11 @@ bench: bench-peers
 
 bench-quick: $(STAMP) redis
 	$(BIN)/python -m bench.run --quick
+
+# Tables at scale (issue 45): retention of a day of 10 million rows, and 50 million rows of history in each
+# table on both layouts; about 45 minutes.
+bench-scale: $(STAMP)
+	$(BIN)/python -m bench.run --only retention,scale
 
 # Faults on one machine (workers, nats-server and PostgreSQL killed), then the network partitions of
 # tests/cluster/messaging/test_network_partitions.py three times over (root only: it refuses to pass without namespaces).

@@ -9,7 +9,8 @@ queue, the way River's completer gathers completions. A commit whose writes may 
 worker's acks and its next fetch's claims share one batch instead of paying one each. One batch is
 on its way at a time: what comes meanwhile goes next, as one. A batch whose CAS loses is tried again
 without the commits that its records, read once, show moved on, and those one at a time, so a
-conflict is told to the commit that lost it and to no other.
+conflict is told to the commit that lost it and to no other. A fetch that meets a job's ready entry
+before its record (the entry is written first) waits for the record's commit here (`landed`).
 
 A queue has tally.SLOTS tally records, whatever the number of servers and however often they
 restart, so reading a queue's counts costs the same in a year as today. Each process sends its
