@@ -52,10 +52,11 @@ class NatsHooks:
     async def deliveries(self, most: int, timeout: float) -> list[Delivery]:
         return [Delivery(m, m.data, m.metadata.num_delivered) for m in await self._fetch(self._deliveries, most, timeout)]
 
-    async def _fetch(self, subscription, most: int, timeout: float) -> list:
+    @staticmethod
+    async def _fetch(subscription, most: int, timeout: float) -> list:
         try:
             return await subscription.fetch(most, timeout=timeout)
-        except nats.errors.TimeoutError:
+        except TimeoutError:  # nats-py's, or asyncio's when its time ran out between its two pull requests
             return []
 
     async def queue(self, delivery_id: str, sub_id: str, payload: bytes) -> None:

@@ -217,3 +217,16 @@ async def test_by_default_no_delivery_reaches_into_the_servers_own_network(nats_
         await receiver.stop()
         server.stop()
     assert receiver.got == []
+
+
+async def test_a_fetch_of_events_that_runs_out_of_time_is_no_events_not_a_failure():
+    """nats-py's fetch raises asyncio's TimeoutError, not its own, when its time runs out between its
+    no-wait pull and the lingering one (nats/js/client.py): the fan-out logged that as a failed step
+    and paused a second (seen by a user's run of `seamq jobs serve`)."""
+    from seamq.jobs.nats_hooks import NatsHooks
+
+    class OutOfTime:
+        async def fetch(self, most: int, timeout: float) -> list:
+            raise asyncio.TimeoutError
+
+    assert await NatsHooks._fetch(OutOfTime(), 10, 1.0) == []
