@@ -245,7 +245,7 @@ class Operations:
         as last stored, so no entry is dropped for a record a replica had not yet applied."""
         for latest in (False, True, True):  # the hint, then the record as last stored (again if a CAS lost)
             if latest:
-                await self.store.landed(taken.job_id)  # a change of it on its way here, the entry's first
+                await self.store.landed(taken.job_id)  # its change, if on its way from here: the entry is written first
                 held = await self.store.get(taken.job_id)
             read, revision = (from_record(held.record), held.revision) if held else (None, 0)
             job, now = read, self.clock()
