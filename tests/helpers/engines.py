@@ -1,5 +1,6 @@
 """Fixtures for the engine's unit tests: two servers on one in-memory store and a clock the test moves
-(tests/conftest.py loads them for every test; a module's own fixture of the same name wins)."""
+(tests/conftest.py loads them for every test; a module's own fixture of the same name wins), and the
+job those tests push."""
 
 from __future__ import annotations
 
@@ -28,3 +29,16 @@ async def servers(store, clock):
     yield made
     for engine in made:
         await engine.stop()
+
+
+@pytest.fixture
+def engine(servers):
+    return servers[0]
+
+
+def job(job_type: str = "t.run", queue: str = "q", **options) -> dict:
+    return {"type": job_type, "args": [], "options": {"queue": queue, **options}}
+
+
+async def push(engine: Engine, body: dict) -> dict:
+    return (await engine.ops.push(body))[1]

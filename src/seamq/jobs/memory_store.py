@@ -15,7 +15,7 @@ from seamq.jobs.ports import TAKEN_HOLD, Conflict, Fired, Stored, Taken, Write
 
 
 ACK_WAIT = timedelta(seconds=30)  # a fired timer or a relayed job not done by then is handed out again (a server died)
-IDLE = 0.01  # seconds (real time) a take of timers or relayed jobs waits when it has none: an engine's loops poll, not spin
+IDLE = 0.01  # seconds (real time) a take with nothing to hand waits (_hand_out)
 LOG_KEPT = 10_000  # batches of events, as the NATS store keeps
 
 
@@ -47,7 +47,7 @@ class MemoryJobStore:
         self.batches: deque[tuple[int, bytes]] = deque(maxlen=LOG_KEPT)  # the event log
         self.locks: dict[str, tuple[str, datetime | None]] = {}  # fingerprint -> (job id, until)
         self.followers: list[tuple[tuple[str, ...], asyncio.Queue]] = []
-        self.relayed: list[tuple[datetime, int, bytes]] = []  # relayed jobs waiting: (due, handle, body)
+        self.relayed: dict[object, tuple[datetime, bytes]] = {}  # relayed jobs waiting: handle -> (due, body)
         self.taken: dict[object, tuple[datetime, bytes]] = {}  # taken in, not yet done: handle -> (when, body)
 
     async def close(self) -> None:
@@ -206,20 +206,10 @@ class MemoryJobStore:
         self.timers.pop((kind, key), None)
 
     async def fired(self, batch: int = 100, timeout: float = 0.0) -> list[Fired]:
-        now = self.clock()
-        for (kind, key), (handed_at, token) in list(self.handed.items()):
-            if handed_at + ACK_WAIT <= now:  # handed to a server that never said done
-                self.timers.setdefault((kind, key), (handed_at, token))
-                del self.handed[(kind, key)]
-        due = sorted((at, kind, key) for (kind, key), (at, _) in self.timers.items() if at <= now)[:batch]
         out = []
-        for _, kind, key in due:
-            _, token = self.timers.pop((kind, key))
-            self.handed[(kind, key)] = (now, token)
+        for kind, key in await _hand_out(self.timers, self.handed, self.clock(), batch, timeout):
             self.deliveries[(kind, key)] += 1
-            out.append(Fired(kind, key, token, (kind, key), self.deliveries[(kind, key)]))
-        if not out and timeout:
-            await asyncio.sleep(min(timeout, IDLE))
+            out.append(Fired(kind, key, self.handed[(kind, key)][1], (kind, key), self.deliveries[(kind, key)]))
         return out
 
     async def done(self, fired: Fired) -> None:
@@ -234,27 +224,15 @@ class MemoryJobStore:
 
     def relay(self, data: bytes) -> None:
         """A relayed job's body, as the relay sends it (this store has no relay: a test's way in)."""
-        self.relayed.append((self.clock(), next(self.seq), data))
+        self.relayed[next(self.seq)] = (self.clock(), data)
 
     async def taken_in(self, batch: int = 100, timeout: float = 1.0) -> list[tuple[bytes, object]]:
-        now = self.clock()
-        for handle, (handed_at, data) in list(self.taken.items()):
-            if handed_at + ACK_WAIT <= now:  # handed to a server that never said done
-                del self.taken[handle]
-                self.relayed.append((handed_at, next(self.seq), data))
-        self.relayed.sort()
-        out = []
-        while self.relayed and len(out) < batch and self.relayed[0][0] <= now:
-            _, handle, data = self.relayed.pop(0)
-            self.taken[handle] = (now, data)
-            out.append((data, handle))
-        if not out and timeout:
-            await asyncio.sleep(min(timeout, IDLE))
-        return out
+        return [(self.taken[handle][1], handle)
+                for handle in await _hand_out(self.relayed, self.taken, self.clock(), batch, timeout)]
 
     async def later(self, handle: object, delay: float) -> None:
         if (held := self.taken.pop(handle, None)) is not None:
-            self.relayed.append((self.clock() + timedelta(seconds=delay), next(self.seq), held[1]))
+            self.relayed[handle] = (self.clock() + timedelta(seconds=delay), held[1])
 
     async def intake_done(self, handle: object) -> None:
         self.taken.pop(handle, None)
@@ -291,3 +269,19 @@ class MemoryJobStore:
         followers = self.followers
         self.__init__(self.clock)
         self.followers = followers
+
+
+async def _hand_out(waiting: dict, handed: dict, now: datetime, batch: int, timeout: float) -> list:
+    """The keys of `waiting` (key -> (due, value)) due by `now`, earliest first, now `handed` (key ->
+    (when, value)) until done; one handed ACK_WAIT ago and never done waits again (a server died). With
+    none to hand, a take waits IDLE of real time: an engine's loops poll, not spin."""
+    for key, (handed_at, value) in list(handed.items()):
+        if handed_at + ACK_WAIT <= now:
+            waiting.setdefault(key, (handed_at, value))  # unless armed again meanwhile
+            del handed[key]
+    due = sorted((at, key) for key, (at, _) in waiting.items() if at <= now)[:batch]
+    for _, key in due:
+        handed[key] = (now, waiting.pop(key)[1])
+    if not due and timeout:
+        await asyncio.sleep(min(timeout, IDLE))
+    return [key for _, key in due]

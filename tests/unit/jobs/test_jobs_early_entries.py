@@ -7,22 +7,9 @@ from __future__ import annotations
 import asyncio
 from datetime import timedelta
 
-import pytest
-
 from seamq.jobs.operations import EARLY_ENTRY, EARLY_ENTRY_TRIES
 
-
-@pytest.fixture
-def engine(servers):
-    return servers[0]
-
-
-def job(**options) -> dict:
-    return {"type": "t.run", "args": [], "options": {"queue": "q", **options}}
-
-
-async def push(engine, body: dict) -> dict:
-    return (await engine.ops.push(body))[1]
+from helpers.engines import job, push
 
 
 async def every_task_ran() -> None:  # turns of the loop, not time: nothing here waits on I/O

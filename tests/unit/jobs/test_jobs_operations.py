@@ -13,18 +13,7 @@ from seamq.jobs.memory_store import Clock
 from seamq.jobs.model import OjsError
 from seamq.jobs.ports import TAKEN_HOLD
 
-
-@pytest.fixture
-def engine(servers):
-    return servers[0]
-
-
-def job(job_type: str = "t.run", queue: str = "q", **options) -> dict:
-    return {"type": job_type, "args": [], "options": {"queue": queue, **options}}
-
-
-async def push(engine: Engine, body: dict) -> dict:
-    return (await engine.ops.push(body))[1]
+from helpers.engines import job, push
 
 
 async def test_fetch_takes_by_priority_then_in_order_and_each_job_once_across_two_servers(servers):
