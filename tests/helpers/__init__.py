@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -95,6 +97,28 @@ async def wait_for(predicate, timeout: float = 30.0, interval: float = 0.05, wha
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         await asyncio.sleep(interval)
+
+
+def freeze(pid: int, timeout: float = 30.0) -> None:
+    """SIGSTOP a process and return once every thread of it has stopped. kill() returns before that:
+    the stop is carried out by one thread and then by each of the others, which on a busy machine
+    ran on for milliseconds (a frozen nats-server follower still acked a leader's proposals)."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + timeout
+    while not all(state in "tT" for state in _thread_states(pid)):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"process {pid} not stopped {timeout}s after SIGSTOP")
+        time.sleep(0.001)
+
+
+def _thread_states(pid: int) -> list[str]:
+    states = []
+    for stat in Path(f"/proc/{pid}/task").glob("*/stat"):
+        try:
+            states.append(stat.read_text().rsplit(")", 1)[1].split()[0])
+        except (OSError, IndexError):  # a thread that ended meanwhile
+            continue
+    return states
 
 
 def scalar(dsn: str, sql: str, params=None):

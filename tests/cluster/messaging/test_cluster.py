@@ -24,7 +24,7 @@ from seamq.settings import NatsSettings
 from seamq.topology import load_topology
 
 from helpers import SEAMQ, TESTS
-from helpers import FAILOVER_TOPOLOGY, longest_pause, read_stream, scalar, wait_for
+from helpers import FAILOVER_TOPOLOGY, freeze, longest_pause, read_stream, scalar, wait_for
 from helpers.relay import check_exactly_once_in_order, events_for, unpublished
 
 CONSUMER = "sea__from_vibespro"
@@ -86,7 +86,7 @@ class Fault:
         self.kind = kind
 
     def inject(self, node) -> None:
-        node.kill() if self.kind == "kill" else os.kill(node.proc.pid, signal.SIGSTOP)
+        node.kill() if self.kind == "kill" else freeze(node.proc.pid)
 
     def heal(self, node) -> None:
         node.start() if self.kind == "kill" else os.kill(node.proc.pid, signal.SIGCONT)

@@ -9,7 +9,7 @@ from seamq.nats.fast_batch import FastBatchPublisher, batched_streams, server_ba
 from seamq.nats.publisher import PipelinedPublisher
 from seamq.ports import OutMessage
 
-from helpers import read_stream, wait_for
+from helpers import freeze, read_stream, wait_for
 
 
 @pytest.fixture
@@ -109,7 +109,7 @@ async def test_flow_acks_without_a_final_answer_count_for_nothing(publisher, nat
     sending = asyncio.create_task(publisher.publish_many(messages))
     await wait_for(lambda: any(b.acked for b in publisher._open.values()), timeout=10, interval=0.001,
                    what="a flow ack")
-    nats_server.proc.send_signal(signal.SIGSTOP)
+    freeze(nats_server.proc.pid)
     try:
         results = await sending
     finally:
@@ -142,7 +142,7 @@ async def test_a_batch_sent_again_to_a_leader_that_cannot_replicate_is_not_said_
     publisher = await FastBatchPublisher(nc, {"FB3"}, fallback, timeout=1.5).start()
     messages = [_msg("fb3.a", f"p{i}", stream="FB3") for i in range(15)]
     for follower in followers:  # the leader alone: it proposes, and nothing commits
-        os.kill(follower.proc.pid, signal.SIGSTOP)
+        freeze(follower.proc.pid)
     try:
         first = await publisher.publish_many(messages)
         again = await publisher.publish_many(messages)  # the relay's next claim, before the leader steps down

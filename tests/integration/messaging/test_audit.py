@@ -21,7 +21,7 @@ from seamq.registry import load_registry
 from seamq.settings import AuditSettings, NatsSettings, Settings
 from seamq.wiring import auditor
 
-from helpers import scalar, wait_for
+from helpers import freeze, scalar, wait_for
 from helpers.audit import audit_once, by_kind
 from helpers.consumer import CONSUMER, consuming
 from helpers.relay import events_for, relay_running, unpublished, write
@@ -127,7 +127,7 @@ async def test_a_store_rolled_back_by_ten_seconds_is_found_repaired_and_nothing_
         try:
             await wait_for(lambda: scalar(dsn, "SELECT count(*) FROM side_effects") >= 1000, timeout=120,
                            what="the first events handled")
-            nats_server.proc.send_signal(signal.SIGSTOP)
+            freeze(nats_server.proc.pid)
             try:
                 shutil.copytree(store, snapshot)
             finally:

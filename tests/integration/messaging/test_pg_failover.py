@@ -26,7 +26,7 @@ from seamq.nats.stream_index import JsStreamIndex
 from seamq.pg import migrate
 from seamq.registry import load_registry
 
-from helpers import scalar, wait_for
+from helpers import freeze, scalar, wait_for
 from helpers.audit import audit_once, by_kind
 from helpers.consumer import CONSUMER, consuming
 from helpers.failover import Standby, both, synchronous, wait_streaming
@@ -112,7 +112,7 @@ async def test_a_failover_to_the_standby(servers, nats_server, nc, topo, sync):
                            what="the first events handled")
             receiver = standby.receiver_pid()
             if not sync:  # what the primary commits now never reaches the standby
-                os.kill(receiver, signal.SIGSTOP)
+                freeze(receiver)
                 await asyncio.sleep(2)
             killed = time.time()
             primary.kill()
