@@ -40,6 +40,7 @@ from seamq.jobs.operations import Operations
 from seamq.jobs.ports import Conflict, Fired, JobStore, Write
 from seamq.jobs.limiter import Limiter
 from seamq.jobs.queues import Queues
+from seamq.jobs.recounts import Recounts
 from seamq.jobs.tallied import Tallied
 from seamq.model import ErrorCode, SeamqError, describe
 from seamq.observability import log
@@ -54,18 +55,20 @@ SOON = 60.0  # seconds: a timer due within this is also kept here (bounded by th
 
 class Engine:
     def __init__(self, store: JobStore, *, test_mode: bool = False, rng: random.Random | None = None,
-                 clock: Callable[[], datetime] = model.utcnow, count_claims_later: bool = False) -> None:
+                 clock: Callable[[], datetime] = model.utcnow, count_claims_later: bool = False,
+                 count_acks_later: bool = False) -> None:
         store = Tallied(store, clock=clock)  # type: ignore[assignment]  # the store, with its counts
-        self.store, self.clock = store, clock
+        self.store, self.clock, self.recounts = store, clock, Recounts(store)
         self.events = Events(store, clock)
-        self.queues = Queues(store, clock)
+        self.queues = Queues(store, clock, self.recounts)
         self.limiter = Limiter(store, clock)
         admission = Admission(store, self.queues, self.events, self.limiter, clock=clock, armed=self._keep_if_due_soon)
         self.flows, self.crontab = Flows(admission), Crontab(admission)
         self.schemas = Schemas(store, self.queues)
         self.webhooks = Subscriptions(store, self.queues, clock)
         self.ops = Operations(store, self.queues, self.events, admission, self.limiter, flows=self.flows, check_schema=self.schemas.check,
-                              rng=rng, test_mode=test_mode, clock=clock, count_claims_later=count_claims_later)
+                              rng=rng, test_mode=test_mode, clock=clock, count_claims_later=count_claims_later,
+                              count_acks_later=count_acks_later, recounts=self.recounts)
         self._deadlines: list[tuple[float, int, Fired]] = []  # timers due within SOON, armed here
         self._wake, self._count = asyncio.Event(), itertools.count()
         self._firing = False  # whether this engine fires timers itself (`start(clocks=True)`)
@@ -89,6 +92,11 @@ class Engine:
         return self
 
     async def stop(self) -> None:
+        self.recounts.stop()
+        try:
+            await asyncio.wait_for(self.recounts.drained(), 2)
+        except Exception as exc:  # their entries come again, and are recounted then
+            log.warning("jobs_recounts_unwritten", error=describe(exc))
         try:
             await asyncio.wait_for(self.events.flush(), 2)  # what this server did, told before it goes
         except Exception as exc:

@@ -66,8 +66,8 @@ class Job:
     entry: str | None = None  # the ready entry (and its hold) that this attempt runs under
     hold: str | None = None
     parent_results: list[Any] | None = None
-    # The state its queue's counts still show it in, when not its own: a claim that leaves its count to
-    # its next write (`claimed(count_later=True)`). Every other change clears it (`replace`).
+    # The state its queue's counts still show it in, when not its own: a claim or an ack that leaves its
+    # count to later (`count_later`, seamq.jobs.recounts). Every other change clears it (`replace`).
     counted_as: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # what else the client sent (specversion, schema, ...)
     # Its fields and its record as read from the store: to_record writes only what changed since.
@@ -195,8 +195,8 @@ def _from(job: Job, allowed: frozenset[State] | set[State], what: str) -> None:
 
 def claimed(job: Job, now: datetime, worker_id: str | None, lease: timedelta, entry: str | None = None,
             hold: str | None = None, count_later: bool = False) -> Job:
-    """`count_later`: its queue's counts keep it as available until its next change (`recounted`,
-    an ack), so that the claim is one write with no count to move (seamq.jobs.native)."""
+    """`count_later`: its queue's counts keep it as available until its next change or its recount
+    (seamq.jobs.recounts), so that the claim is one write with no count to move."""
     _from(job, {State.AVAILABLE}, "claim")
     return replace(job, state=State.ACTIVE, attempt=job.attempt + 1, started_at=now, worker_id=worker_id,
                    lease_until=now + lease, entry=entry, hold=hold,
@@ -204,8 +204,9 @@ def claimed(job: Job, now: datetime, worker_id: str | None, lease: timedelta, en
 
 
 def recounted(job: Job) -> Job:
-    """A job claimed with `count_later` that still runs: counted as active from now on."""
-    _from(job, {State.ACTIVE}, "count")
+    """A job whose claim or ack was stored with `count_later`: counted where it is from now on."""
+    if job.counted_as is None:
+        raise conflict(f"cannot recount job {job.id}: it is counted as {job.state.value}")
     return replace(job)
 
 
@@ -214,10 +215,13 @@ def extended(job: Job, now: datetime, lease: timedelta) -> Job:
     return replace(job, lease_until=now + lease)
 
 
-def completed(job: Job, now: datetime, result: Any) -> Job:
+def completed(job: Job, now: datetime, result: Any, count_later: bool = False) -> Job:
+    """`count_later`: its queue's counts keep it where it was until it is recounted (seamq.jobs.recounts);
+    not a workflow's step, whose end is one atomic batch with its workflow's records anyway."""
     _from(job, {State.ACTIVE}, "acknowledge")
+    later = count_later and job.workflow_id is None
     return replace(job, state=State.COMPLETED, completed_at=now, result=result, error=None, lease_until=None,
-                   entry=None, hold=None)
+                   entry=None, hold=None, counted_as=(job.counted_as or job.state.value) if later else None)
 
 
 def failed(job: Job, now: datetime, error: Any, rng: random.Random | None = None) -> Job:

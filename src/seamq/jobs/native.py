@@ -4,12 +4,12 @@ Over HTTP each job costs a fetch's share and an ack request, parsed and answered
 the same cores; here the worker (seamq.jobs.worker, the same code) calls the server's own engine
 (seamq.jobs.engine) on the same NATS. So every rule, lease, heartbeat and timer is the server's,
 and this worker runs beside `seamq jobs serve` instances and the SDKs' workers on the same queues.
-Its claims leave their counts to the job's next change (seamq.jobs.job.claimed, `count_later`), so a
-claim is one plain compare-and-set, not an atomic batch: its acks and failures, which the worker does
-not wait on and lets wait a little (seamq.jobs.worker.ACK_WAIT), then share one batch, many rounds of
-short jobs in it (seamq.jobs.tallied), and a job still running after COUNTED_AFTER is counted as
-active. An ack or a nack that meets NATS away (a node lost, an election) is said again a few times,
-as the HTTP client says one again over a lost connection; one stored meanwhile is then refused, and
+Its claims leave their counts to the job's next change (seamq.jobs.recounts), so a claim is one
+plain compare-and-set, not an atomic batch: its acks and failures, which the worker does not wait on
+and lets wait a little (seamq.jobs.worker.ACK_WAIT), then share one batch, many rounds of short jobs
+in it (seamq.jobs.tallied), and a job still running after recounts.COUNTED_AFTER is counted as active.
+An ack or a nack that meets NATS away (a node lost, an election) is said again a few times, as the
+HTTP client says one again over a lost connection; one stored meanwhile is then refused, and
 the worker logs that. A refusal is the JobsError the HTTP client raises for the same answer.
 """
 
@@ -25,7 +25,6 @@ import nats.js.errors
 
 from seamq.backoff import Backoff
 from seamq.jobs import beats, completions, ext, tenants
-from seamq.jobs import job as moves
 from seamq.jobs.client import JobsError, error_body
 from seamq.jobs.engine import Engine
 from seamq.jobs.handlers import JobHandlers
@@ -39,7 +38,6 @@ from seamq.observability import log
 from seamq.redact import redact
 from seamq.settings import Settings
 
-COUNTED_AFTER = 0.25  # seconds after its claim a job still running here is counted as active
 SETTLE_TRIES = 6  # an ack or a nack tried while NATS is away, 3 to 6 s in all
 SETTLE_BACKOFF = Backoff(0.2, 3.2)  # the house's retry delay: doubling from 0.2 s, with jitter
 AWAY = (*UNREACHABLE, nats.errors.NoRespondersError, nats.js.errors.ServiceUnavailableError)
@@ -65,27 +63,17 @@ class EngineClient:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self._uncounted: dict[str, float] = {}  # claimed here (loop time), neither settled nor recounted yet
-        self._recount_timer: asyncio.TimerHandle | None = None
-        self._tasks: set[asyncio.Task] = set()  # recounts and rounds of acks on their way
+        self._tasks: set[asyncio.Task] = set()  # rounds of acks on their way
         self._acks: list[tuple[str, Any, asyncio.Future]] = []  # said in this turn of the loop
 
     async def fetch(self, queues: list[str], *, count: int = 1, worker_id: str | None = None,
                     visibility_timeout_ms: int | None = None, tenant: str | None = None) -> list[dict]:
-        jobs = await _asked(self.engine.ops.fetch, queues, count, worker_id, visibility_timeout_ms,
+        return await _asked(self.engine.ops.fetch, queues, count, worker_id, visibility_timeout_ms,
                             None if tenant is None else tenants.given(tenant))
-        now = asyncio.get_running_loop().time()
-        for job in jobs:
-            self._uncounted.pop(job["id"], None)  # claimed again: its place is at the end
-            self._uncounted[job["id"]] = now
-        if jobs and self._recount_timer is None:
-            self._recount_timer = asyncio.get_running_loop().call_later(COUNTED_AFTER, self._recount)
-        return jobs
 
     def ack_soon(self, job_id: str, result: Any = None) -> asyncio.Future:
         """An ack the worker does not wait on, settled as `ack` is: the acks said in one turn of the loop
         go to the engine together (seamq.jobs.completions), with no task each."""
-        self._settling(job_id)
         future = asyncio.get_running_loop().create_future()
         self._acks.append((job_id, result, future))
         if len(self._acks) == 1:
@@ -117,39 +105,12 @@ class EngineClient:
         task.add_done_callback(self._tasks.discard)
 
     async def ack(self, job_id: str, result: Any = None, *, may_wait: float = 0.0) -> dict:
-        self._settling(job_id)
         return await _settled(functools.partial(self.engine.ops.ack, may_wait=may_wait), job_id, result)
 
     async def nack(self, job_id: str, error: BaseException | dict | str, *, requeue: bool = False,
                    may_wait: float = 0.0) -> dict:
-        self._settling(job_id)
         return await _settled(functools.partial(self.engine.ops.nack, may_wait=may_wait), job_id,
                               error_body(error), requeue)
-
-    def _settling(self, job_id: str) -> None:
-        """Its ack or nack moves its count: no recount."""
-        self._uncounted.pop(job_id, None)
-
-    def _recount(self) -> None:
-        """The jobs claimed COUNTED_AFTER ago or more and still running, recounted; then the timer is set
-        for the oldest left (one timer for them all: claims come in time order)."""
-        self._recount_timer, loop = None, asyncio.get_running_loop()
-        due = loop.time() - COUNTED_AFTER
-        while self._uncounted:
-            job_id, claimed_at = next(iter(self._uncounted.items()))
-            if claimed_at > due:
-                self._recount_timer = loop.call_later(claimed_at - due, self._recount)
-                return
-            del self._uncounted[job_id]
-            self._spawn(self._recounted(job_id))
-
-    async def _recounted(self, job_id: str) -> None:
-        try:
-            await self.engine.ops.change(job_id, moves.recounted, may_wait=ACK_WAIT)  # rides with the acks
-        except OjsError:
-            pass  # it ended or moved on meanwhile, and that change moved its count
-        except Exception as exc:  # counted as available until its next change
-            log.warning("job_recount_failed", job_id=job_id, error=describe(exc))
 
     async def beat(self, worker_id: str, state: str, active_jobs: int) -> dict:
         return await _asked(beats.beat, self.engine.ops, worker_id, state, active_jobs)
@@ -163,7 +124,7 @@ class EngineClient:
 
     async def heartbeat(self, worker_id: str, active_jobs: list[str], *,
                         visibility_timeout_ms: int | None = None) -> dict:
-        return await _asked(self.engine.ops.heartbeat, worker_id, active_jobs, visibility_timeout_ms)
+        return await _asked(beats.heartbeat, self.engine.ops, worker_id, active_jobs, visibility_timeout_ms)
 
 
 def _tell(future: asyncio.Future, *, outcome: Any) -> None:

@@ -23,14 +23,15 @@ from typing import Any, Callable
 from seamq.backoff import NO_JITTER, Backoff
 from seamq.jobs import job as moves  # one pure function per change of state: moves.claimed(job, now, ...)
 from seamq.jobs.job import WAITING, Aftermath, Job, State, aftermath, counted, from_record, public, timer_key, to_record
-from seamq.jobs import attempts, limits, model, unique
+from seamq.jobs import limits, model, unique
 from seamq.jobs.activity import Workers
 from seamq.jobs.admission import Admission
 from seamq.jobs.events import Events
 from seamq.jobs.limiter import Limiter
-from seamq.jobs.model import OjsError, conflict, not_found
+from seamq.jobs.model import FINISHED, OjsError, conflict, not_found
 from seamq.jobs.ports import CAS_TRIES, TAKEN_HOLD, Conflict, Fired, JobStore, Stored, Taken, WorkflowMoves, Write
 from seamq.jobs.queues import Queues
+from seamq.jobs.recounts import Recounts
 from seamq.observability import log
 
 
@@ -49,11 +50,14 @@ class Operations:
                  flows: WorkflowMoves | None = None,  # what a job's end does to its workflow
                  check_schema: Callable[[dict], None] = lambda record: None,  # the registry's check of new args
                  clock: Callable[[], datetime] = model.utcnow, rng: random.Random | None = None,
-                 test_mode: bool = False, count_claims_later: bool = False) -> None:
+                 test_mode: bool = False, count_claims_later: bool = False, count_acks_later: bool = False,
+                 recounts: Recounts | None = None) -> None:
         self.store, self.queues, self.events, self.admission, self.limiter = store, queues, events, admission, limiter
         self.flows, self.check_schema, self.clock = flows, check_schema, clock
         self.rng, self.test_mode, self.workers = rng or random.Random(), test_mode, Workers()
-        self.count_claims_later = count_claims_later  # a claim is then one plain write (seamq.jobs.native)
+        # A claim, an ack, then one plain write, its count moved later (seamq.jobs.recounts).
+        self.count_claims_later, self.count_acks_later = count_claims_later, count_acks_later
+        self.recounts = recounts or Recounts(store)
         # The jobs handed out here, as stored: their ack, which usually comes back here, needs no read
         # (a copy another server moved on since fails its CAS, and is then read).
         self.handed_out: dict[str, tuple[Job, int]] = {}
@@ -150,18 +154,12 @@ class Operations:
             self._hand_out(job, revision)
         data = {} if job.state != State.COMPLETED else dict(result=job.result, duration_ms=round(
             (job.completed_at - before.started_at).total_seconds() * 1000) if before.started_at else 0)
-        await self.admission.let_go(job, after, record, **data)
+        await self.admission.let_go(job, self.recounts.stored(job, revision, after), record, **data)
 
     def _hand_out(self, job: Job, revision: int) -> None:
         self.handed_out[job.id] = (job, revision)
         if len(self.handed_out) > HANDED_OUT_KEPT:  # acked through another server: forget the oldest
             del self.handed_out[next(iter(self.handed_out))]
-
-    async def _cancelled(self, job_id: Any) -> bool:
-        try:
-            return (await self.load(job_id))[0].state == State.CANCELLED
-        except OjsError:
-            return False
 
     # ---- producers --------------------------------------------------------------------------------
 
@@ -203,7 +201,7 @@ class Operations:
         worker = worker_id if isinstance(worker_id, str) else None
         out: list[dict] = []
         for queue, share in self.queues.shares(queues, count):  # by its pool's strategy, else in order
-            if len(out) >= count or self.queues.paused(queue):
+            if len(out) >= count or await self.queues.paused_now(queue):
                 continue
             allowed = await self.queues.take_tokens(queue, min(share, count - len(out)))
             got, seen = 0, 0
@@ -256,6 +254,9 @@ class Operations:
                         return None
                     continue
                 job = self._lease_expired(job)
+            elif latest and job is not None and job.counted_as and job.state in FINISHED:  # its server died
+                await self.recounts.recount(job.id)  # before its recount (seamq.jobs.recounts)
+                break
             elif job is None or job.state != State.AVAILABLE:
                 if not latest:
                     continue
@@ -299,6 +300,7 @@ class Operations:
                 lost.append(taken)
             elif not isinstance(outcome, BaseException):
                 self._hand_out(claimed, outcome[0])
+                self.recounts.stored(claimed, outcome[0], None)
                 if lease.total_seconds() < TAKEN_HOLD:
                     await self.store.hold(taken.hold, lease.total_seconds())
                 await self.events.emit(aftermath(read, claimed).event, record)
@@ -331,7 +333,8 @@ class Operations:
 
     async def ack(self, job_id: Any, result: Any = None, *, may_wait: float = 0.0) -> dict:
         """The job's record as stored once completed (an answer is the face's: attempts.ack_answer)."""
-        return (await self.change(job_id, lambda job: moves.completed(job, self.clock(), result), may_wait=may_wait))[2]
+        return (await self.change(job_id, lambda job: moves.completed(job, self.clock(), result, self.count_acks_later),
+                                  may_wait=may_wait))[2]
 
     async def nack(self, job_id: Any, error: Any = None, requeue: Any = False, *, may_wait: float = 0.0) -> dict:
         """The job's record as stored once failed, or released with `requeue` (attempts.nack_answer)."""
@@ -339,35 +342,6 @@ class Operations:
             now = self.clock()
             return moves.released(job, now, error) if requeue is True else moves.failed(job, now, error, self.rng)
         return (await self.change(job_id, move, may_wait=may_wait))[2]
-
-    async def heartbeat(self, worker_id: Any, active_jobs: Any, visibility: Any = None,
-                        active_job_ids: Any = None) -> dict:
-        """Extend the leases of the jobs the worker names. `jobs_cancelled` names those cancelled
-        meanwhile; `state: terminate` asks the worker to stop when every job it named was cancelled
-        (the SDKs' workers know no other way to stop one job, and none of its other jobs is hurt)."""
-        if not isinstance(worker_id, str) or not worker_id:
-            raise model.invalid("worker_id is required")
-        ids = attempts.heartbeat_ids(active_jobs, active_job_ids)
-        now = self.clock()
-        directive = self.workers.beat(worker_id, len(ids), now) or "running"  # asked through the admin API
-        extended, cancelled = [], []
-        for job_id in ids:
-            try:
-                before, longer, _ = await self.change(
-                    job_id, lambda job: moves.extended(job, now, moves.lease(job, visibility)))
-            except OjsError:  # not active (finished, cancelled, released), or no such job: not extended
-                if await self._cancelled(job_id):
-                    cancelled.append(job_id)
-                continue
-            await self.store.hold(longer.hold, (longer.lease_until - now).total_seconds())
-            extended.append(job_id)
-            hook = ((before.options or {}).get("metadata") or {}).get("test_directive")
-            if self.test_mode and hook in ("quiet", "terminate"):
-                directive = hook
-        if cancelled and len(cancelled) == len(ids):
-            directive = "terminate"
-        return {"state": directive, "jobs_extended": extended, "jobs_cancelled": cancelled,
-                "server_time": model.iso(now)}
 
     # ---- timers, as they fire ---------------------------------------------------------------------
 

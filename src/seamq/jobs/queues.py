@@ -22,6 +22,7 @@ from typing import Any, Callable
 from seamq.jobs import backpressure, model, pools, tally, tenants
 from seamq.jobs.model import conflict, iso
 from seamq.jobs.ports import Conflict, JobStore, Write
+from seamq.jobs.recounts import Recounts
 from seamq.observability import log
 from seamq.model import describe
 
@@ -40,8 +41,8 @@ def worker_key(worker_id: str) -> str:
 
 
 class Queues:
-    def __init__(self, store: JobStore, clock: Callable = model.utcnow) -> None:
-        self.store, self.clock = store, clock
+    def __init__(self, store: JobStore, clock: Callable = model.utcnow, recounts: Recounts | None = None) -> None:
+        self.store, self.clock, self.recounts = store, clock, recounts  # counts read once those from here land
         self.flags: dict[str, dict] = {}  # the followed records, by key
         self._looked: set[str] = set()  # queues whose record was read here once (Queues._known)
         self._turns = itertools.count()  # which queue of a pool a fetch serves first
@@ -86,6 +87,15 @@ class Queues:
     def paused(self, queue: str) -> bool:
         return bool((self.flags.get(queue_key(queue)) or {}).get("paused")) or \
             bool((self.flags.get(MAINTENANCE) or {}).get("enabled"))
+
+    async def paused_now(self, queue: str) -> bool:
+        """`paused`, a pause known here read again first: a resume through another server a moment ago
+        holds here before its change comes (a fetch of a paused queue costs a read; any other, nothing)."""
+        if not self.paused(queue):
+            return False
+        held = await self.store.get(key := queue_key(queue))
+        self.kept(key, held.record if held else None)
+        return self.paused(queue)
 
     async def _put(self, key: str, change: Callable[[dict | None], dict], what: str) -> None:
         """A followed record changed from what is stored (`change` of it, or of None), by CAS."""
@@ -246,6 +256,8 @@ class Queues:
         """A queue's counts; a tenant's jobs in it alone when `tenant` names one."""
         queue = model.check_queue(queue)
         counted = tenants.tally_queue(queue, tenant) if tenant else queue
+        if self.recounts is not None:
+            await self.recounts.drained()
         counts = tally.summed([record for record, _ in (await self.store.get_many(tally.keys(counted))).values()],
                               self.clock())
         bound = self.bound(queue)
@@ -256,6 +268,8 @@ class Queues:
         """Each tally's name (a queue's own, or a tenant's in a queue: tenants.tally_queue) and its counts:
         one pass over the tallies, which a listing reads once however many queues and tenants it shows."""
         held: dict[str, list[dict]] = {}
+        if self.recounts is not None:
+            await self.recounts.drained()
         for record, _ in await self.store.scan("tally."):
             held.setdefault(record.get("queue", ""), []).append(record)
         now = self.clock()

@@ -160,8 +160,8 @@ def core(engine: Engine, conformance_level: int) -> list[Route]:
 
     async def heartbeat(request: Request) -> Response:
         body = await body_of(request)
-        return answer(await engine.ops.heartbeat(body.get("worker_id"), body.get("active_jobs"),
-                                             body.get("visibility_timeout_ms"), body.get("active_job_ids")))
+        return answer(await beats.heartbeat(engine.ops, body.get("worker_id"), body.get("active_jobs"),
+                                            body.get("visibility_timeout_ms"), body.get("active_job_ids")))
 
     async def events(request: Request) -> Response:
         params = request.query_params

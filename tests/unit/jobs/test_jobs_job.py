@@ -45,7 +45,7 @@ MOVES = {
     "expired": (lambda j: J.expired(j, NOW), J.WAITING),
     "due": (lambda j: J.due(j, NOW), {J.State.SCHEDULED, J.State.RETRYABLE}),
     "retried": (lambda j: J.retried(j, NOW), {J.State.DISCARDED, J.State.CANCELLED}),
-    "recounted": (J.recounted, {J.State.ACTIVE}),
+    "recounted": (lambda j: J.recounted(J.replace(j, counted_as="available")), set(J.State)),  # wherever it is
 }
 
 
@@ -118,6 +118,29 @@ def test_a_claim_that_counts_later_is_counted_where_it_was_until_its_next_change
                                                    ("default/acme", counted_as, "", -1), ("default/acme", *place[1:], 1)]
     assert tally.moves(J.counted(claimed), J.to_record(after)) == moved("available")
     assert tally.moves(J.counted(J.claimed(waiting, NOW, "w1", LEASE)), J.to_record(after)) == moved("active")
+
+
+@pytest.mark.parametrize("claim_later", [False, True])
+def test_an_ack_that_counts_later_is_counted_where_it_was_until_recounted(claim_later):
+    waiting = J.from_record(model.new_record({"type": "mail.send", "args": []}, NOW))
+    claimed = J.claimed(waiting, NOW, "w1", LEASE, count_later=claim_later)
+    was = "available" if claim_later else "active"
+    done = J.completed(claimed, NOW, {"ok": 1}, count_later=True)
+    record = J.to_record(done)
+    assert done.state == J.State.COMPLETED and record["_counted"] == was and "_counted" not in J.public(done)
+    assert tally.moves(J.counted(claimed), record) == [], "the ack moves no count: one plain write"
+    recounted = J.recounted(J.from_record(record))
+    assert "_counted" not in J.to_record(recounted)
+    assert tally.moves(J.counted(done), J.to_record(recounted)) == [
+        ("default", was, "", -1), ("default", "completed", "2026112412", 1)]
+    with pytest.raises(model.OjsError) as refused:
+        J.recounted(recounted)  # counted where it is: nothing to recount
+    assert refused.value.status == 409
+
+
+def test_a_workflow_steps_ack_is_counted_at_once():
+    step = J.replace(active(), workflow_id="wf1", workflow_index=0)
+    assert J.completed(step, NOW, None, count_later=True).counted_as is None
 
 
 def test_failures_retry_by_the_policy_then_discard_and_keep_every_attempt():

@@ -8,6 +8,7 @@ from datetime import timedelta
 
 import pytest
 
+from seamq.jobs import beats
 from seamq.jobs.engine import Engine
 from seamq.jobs.memory_store import Clock
 from seamq.jobs.model import OjsError
@@ -94,13 +95,13 @@ async def test_heartbeats_keep_the_lease_and_name_a_cancelled_job(engine, clock)
     await engine.ops.fetch(["q"], 2, "w", 1000)
     for _ in range(5):
         clock.advance(0.8)
-        answer = await engine.ops.heartbeat("w", [first, second], 1000)
+        answer = await beats.heartbeat(engine.ops, "w", [first, second], 1000)
         assert answer["jobs_extended"] == [first, second]
     assert await engine.ops.fetch(["q"], 2, "thief", 1000) == []
     await engine.ops.cancel(second)
-    answer = await engine.ops.heartbeat("w", [first, second], 1000)
+    answer = await beats.heartbeat(engine.ops, "w", [first, second], 1000)
     assert (answer["jobs_extended"], answer["jobs_cancelled"], answer["state"]) == ([first], [second], "running")
-    assert (await engine.ops.heartbeat("w", [second]))["state"] == "terminate"  # every job it named was cancelled
+    assert (await beats.heartbeat(engine.ops, "w", [second]))["state"] == "terminate"  # every job it named was cancelled
     clock.advance(10)  # the first's lease (no more heartbeats) ran out; the cancelled one's entry is gone
     [back] = await engine.ops.fetch(["q"], 2, "w2")
     assert back["id"] == first
@@ -160,6 +161,16 @@ async def test_a_pause_made_through_one_server_holds_on_the_other(servers):
     await other.set_paused("q", False)
     await asyncio.sleep(0)
     assert len(await one.ops.fetch(["q"], 1, "w")) == 1
+
+
+async def test_a_resume_made_through_one_server_holds_on_the_other_before_its_change_comes(servers):
+    one, other = servers
+    await push(one, job())
+    await one.set_paused("q", True)
+    await asyncio.sleep(0)
+    await other.set_paused("q", False)
+    assert one.queues.paused("q"), "not heard yet"
+    assert len(await one.ops.fetch(["q"], 1, "w")) == 1  # the pause known there was read again
 
 
 async def test_a_rate_limit_holds_across_servers(servers, clock):
@@ -319,19 +330,19 @@ async def test_an_ack_that_loses_its_compare_and_set_to_the_workers_heartbeat_is
     await push(one, job())
     [got] = await one.ops.fetch(["q"], 1, "w", 60_000)
     one.ops.handed_out.clear()  # the ack reaches a server that holds no copy of the job
-    read, beats = store.get, []
+    read, heard = store.get, []
 
     async def read_then_beat(key: str):
         held = await read(key)
-        if key == got["id"] and len(beats) < 2 and not beats.count("now"):  # lands between read and CAS
-            beats.append("now")
-            answer = await other.ops.heartbeat("w", [key], 60_000)
-            beats[-1] = answer["jobs_extended"]
+        if key == got["id"] and len(heard) < 2 and not heard.count("now"):  # lands between read and CAS
+            heard.append("now")
+            answer = await beats.heartbeat(other.ops, "w", [key], 60_000)
+            heard[-1] = answer["jobs_extended"]
         return held
 
     store.get = read_then_beat
     assert (await one.ops.ack(got["id"]))["state"] == "completed"
-    assert beats == [[got["id"]], [got["id"]]]  # two heartbeats won a compare-and-set over the ack
+    assert heard == [[got["id"]], [got["id"]]]  # two heartbeats won a compare-and-set over the ack
 
 
 async def test_events_of_both_servers_are_listed_by_either_and_a_cursor_reads_on_at_the_other(servers):

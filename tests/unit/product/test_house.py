@@ -50,7 +50,7 @@ JOBS_CORE = {"jobs.model", "jobs.job", "jobs.attempts", "jobs.cron", "jobs.workf
              "jobs.limits", "jobs.tenants", "jobs.pools", "jobs.sealing"}
 WORKERS = {"relay", "consumer", "handling", "metered", "dlq_replay", "dlq_desk", "jobs.operations", "jobs.completions", "jobs.admission",
            "jobs.beats", "jobs.flows", "jobs.crontab", "jobs.queues", "jobs.events", "jobs.unique", "jobs.ext", "jobs.engine",
-           "jobs.intake", "jobs.tallied", "jobs.hooks", "jobs.limiter", "tables_desk"}
+           "jobs.intake", "jobs.tallied", "jobs.recounts", "jobs.hooks", "jobs.limiter", "tables_desk"}
 DRIVERS = ("nats", "psycopg", "psycopg_pool", "sqlalchemy", "asyncpg", "aiohttp", "httptools", "seamq.nats", "seamq.pg",
            "seamq.http", "seamq.jobs.nats_store", "seamq.jobs.nats_records", "seamq.jobs.nats_ready",
            "seamq.jobs.nats_clocks", "seamq.jobs.memory_store", "seamq.memory_dead_letters", "seamq.memory_outbox", "seamq.wiring", "seamq.cli")

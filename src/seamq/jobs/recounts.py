@@ -1,0 +1,144 @@
+"""Counts that a claim or an ack left to later, moved: off the path of the worker who waits on it.
+
+A change of a job's state moves its queue's counts in the same atomic batch as its record
+(seamq.jobs.tallied), and on one node nats-server stages each batch on disk, whatever it holds: one
+batch at a time bounds the acks and fetches a job server answers (docs/benchmarks.md 7v, 7w). So a
+claim or an ack may instead be one plain compare-and-set that leaves the job counted where it was
+(`_counted`, seamq.jobs.job); this process then moves its count, many jobs to a batch. A count may
+show such a job where it was for a few milliseconds, never elsewhere: a scan of the records counts
+`_counted` the same way (seamq.jobs.tally.place), so counts and records agree at every moment.
+
+- A finished job (an ack counted later) is recounted at once, and only then is its ready entry let
+  go: a server that dies first leaves the entry held, it comes again, and the fetch that meets it
+  recounts the job (seamq.jobs.operations). So no count is left behind by a kill -9.
+- A running job (a claim counted later) is recounted once it has run COUNTED_AFTER, unless a change
+  of it came first (any change moves its count); a server that dies leaves that to its lease's end.
+
+A count read here first recounts what this process left to later (`drained`), so what a worker did
+through a server and the counts it reads next through the same server agree; another server shows a
+claim as running at most COUNTED_AFTER later, an ack a batch later (docs/jobs.md, "Several servers").
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from typing import Any, Awaitable
+
+from seamq.jobs import job as moves
+from seamq.jobs.job import Aftermath, Job, State, counted, from_record, to_record
+from seamq.jobs.model import FINISHED, OjsError
+from seamq.jobs.ports import CAS_TRIES, Conflict, JobStore, Write
+from seamq.model import describe
+from seamq.observability import log
+
+COUNTED_AFTER = 0.25  # seconds after its claim a job still running here is counted as active
+RECOUNT_WAIT = 0.05  # seconds a recount may wait to share a batch with other commits (ports.Write)
+
+
+class Recounts:
+    def __init__(self, store: JobStore) -> None:
+        self.store = store
+        self._running: dict[str, float] = {}  # claimed here (loop time), counted later, not yet recounted
+        self._timer: asyncio.TimerHandle | None = None
+        self._finished: list[tuple[Job, int, str | None]] = []  # (job, revision, its entry's hold), this turn
+        self._tasks: set[asyncio.Task] = set()
+
+    def stored(self, job: Job, revision: int, after: Aftermath | None) -> Aftermath | None:
+        """A change of the job stored here (`after`: what it leaves to do): its count moved by it, or left
+        to a recount here; a finished job's entry then goes with the recount, not now."""
+        if job.counted_as is None:
+            self._running.pop(job.id, None)
+        elif job.state == State.ACTIVE:
+            self._claimed(job.id)
+        elif after is not None and after.finished:
+            self._finished_here(job, revision, after.settle)
+            return replace(after, settle=None)
+        return after
+
+    def _claimed(self, job_id: str) -> None:
+        loop = asyncio.get_running_loop()
+        self._running.pop(job_id, None)  # claimed again: its place is at the end
+        self._running[job_id] = loop.time()
+        if self._timer is None:
+            self._timer = loop.call_later(COUNTED_AFTER, self._recount_running)
+
+    def _finished_here(self, job: Job, revision: int, hold: str | None) -> None:
+        """Recounts said in one turn of the loop go to the store together, with no task each."""
+        self._running.pop(job.id, None)
+        self._finished.append((job, revision, hold))
+        if len(self._finished) == 1:
+            asyncio.get_running_loop().call_soon(lambda: self._spawn(self._recount_finished()))
+
+    async def drained(self) -> None:
+        """Once what this process had left to later when asked is recounted (or its recount failed, and
+        was logged): the running jobs too, now. What comes meanwhile is not waited for."""
+        while self._running:
+            self._spawn(self._logged(self._running.popitem()[0]))
+        if self._finished:
+            self._spawn(self._recount_finished())  # now: the turn's own call then finds none left
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    async def _recount_finished(self) -> None:
+        said, self._finished = self._finished, []
+        if not said:
+            return
+        outcomes = await self.store.commit_each([[Write(job.id, to_record(moves.recounted(job)), revision, True,
+                                                        counted(job), RECOUNT_WAIT)] for job, revision, _ in said])
+        for (job, _, hold), outcome in zip(said, outcomes):
+            if isinstance(outcome, Conflict):  # written meanwhile: read again
+                outcome = await _caught(self.recount(job.id))
+            if isinstance(outcome, BaseException):  # its entry comes again, and is recounted then
+                log.warning("job_recount_failed", job_id=job.id, error=describe(outcome))
+            elif hold:
+                await _caught(self.store.settle(hold))
+
+    def _recount_running(self) -> None:
+        """The jobs claimed COUNTED_AFTER ago or more and still running, recounted; then the timer is set
+        for the oldest left (one timer for them all: claims come in time order)."""
+        self._timer, loop = None, asyncio.get_running_loop()
+        due = loop.time() - COUNTED_AFTER
+        while self._running:
+            job_id, claimed_at = next(iter(self._running.items()))
+            if claimed_at > due:
+                self._timer = loop.call_later(claimed_at - due, self._recount_running)
+                return
+            del self._running[job_id]
+            self._spawn(self._logged(job_id))
+
+    async def _logged(self, job_id: str) -> None:
+        if isinstance(failed := await _caught(self.recount(job_id)), BaseException):  # counted where it was until
+            log.warning("job_recount_failed", job_id=job_id, error=describe(failed))  # its next change
+
+    async def recount(self, job_id: str) -> None:
+        """The job's count moved to where its record is, as last stored (nothing to do when it is there)."""
+        for _ in range(CAS_TRIES):
+            held = await self.store.get(job_id)
+            job = from_record(held.record) if held else None
+            if held is None or job is None or job.counted_as is None:
+                return
+            try:
+                await self.store.commit([Write(job.id, to_record(moves.recounted(job)), held.revision,
+                                               job.state in FINISHED, counted(job), RECOUNT_WAIT)])
+                return
+            except Conflict:
+                continue
+        raise OjsError(409, "conflict", f"job {job_id} kept changing while it was recounted")
+
+    def _spawn(self, work: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+
+async def _caught(work: Awaitable[Any]) -> Any:
+    try:
+        return await work
+    except Exception as exc:
+        return exc

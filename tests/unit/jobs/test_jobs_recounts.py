@@ -1,0 +1,84 @@
+"""Counts left to later (seamq.jobs.recounts), on the in-memory store with a clock the test moves: an
+ack that is one plain write is counted where it was, then recounted with its entry let go after; the
+counts read through its server say completed at once; and one whose server died before its recount
+is recounted by the fetch that meets its entry again."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from seamq.jobs import recounts
+from seamq.jobs.engine import Engine
+from seamq.jobs.ports import TAKEN_HOLD
+
+from helpers.engines import job, push
+
+
+@pytest.fixture
+async def server(store, clock):
+    """A job server's engine: its claims and acks count later."""
+    made = await Engine(store, clock=clock, count_claims_later=True, count_acks_later=True).start(clocks=False)
+    yield made
+    await made.stop()
+
+
+def counts(stats: dict) -> tuple[int, int, int]:
+    return stats["available"], stats["active"], stats["completed"]
+
+
+async def test_an_ack_counted_later_is_one_plain_write_then_recounted_and_its_entry_let_go(server, store):
+    pushed = (await push(server, job()))["id"]
+    [got] = await server.ops.fetch(["q"], 1, "w", 60_000)
+    written: list[list[str]] = []
+    commit = store.commit
+
+    async def seen(writes):
+        written.append([w.key for w in writes])
+        return await commit(writes)
+
+    store.commit = seen
+    assert (await server.ops.ack(got["id"]))["state"] == "completed"
+    assert written == [[pushed]], "the ack alone: no tally written with it"
+    assert (await store.get(pushed)).record["_counted"] == "available"  # its claim counted later too
+    assert counts(await server.queues.stats("q")) == (0, 0, 1)  # read here: waits for the recount
+    assert "_counted" not in (await store.get(pushed)).record
+    assert len(written) == 2 and pushed in written[1] and any(k.startswith("tally.") for k in written[1])
+    assert await store.ready_counts("q") == (0, 0), "its entry let go once recounted"
+
+
+async def test_an_ack_whose_server_died_before_its_recount_is_recounted_by_the_fetch_that_meets_its_entry(
+        server, servers, store, clock, monkeypatch):
+    other = servers[0]  # counts at once
+    pushed = (await push(server, job()))["id"]
+    [got] = await server.ops.fetch(["q"], 1, "w", 60_000)
+    monkeypatch.setattr(server.recounts, "_finished_here", lambda *said: None)  # dies between write and recount
+    await server.ops.ack(got["id"])
+    assert counts(await other.queues.stats("q")) == (1, 0, 0), "counted where it was, as its record says"
+    assert await other.ops.fetch(["q"], 1, "w2", 60_000) == [], "its entry is held"
+    clock.advance(TAKEN_HOLD + 1)
+    assert await other.ops.fetch(["q"], 1, "w2", 60_000) == [], "met again: recounted, not run again"
+    assert counts(await other.queues.stats("q")) == (0, 0, 1)
+    assert "_counted" not in (await store.get(pushed)).record
+    assert await store.ready_counts("q") == (0, 0)
+
+
+async def test_a_claim_counted_later_is_counted_as_active_once_it_has_run_a_moment(server, servers, monkeypatch):
+    other = servers[0]  # read there: nothing of its own to recount first
+    monkeypatch.setattr(recounts, "COUNTED_AFTER", 0.0)
+    await push(server, job())
+    [got] = await server.ops.fetch(["q"], 1, "w", 60_000)
+    for _ in range(500):
+        if counts(await other.queues.stats("q")) == (0, 1, 0):
+            break
+        await asyncio.sleep(0.01)
+    assert counts(await other.queues.stats("q")) == (0, 1, 0)
+    await server.ops.ack(got["id"])
+    assert counts(await server.queues.stats("q")) == (0, 0, 1)
+
+
+async def test_counts_read_through_the_server_that_claimed_show_the_claim_at_once(server):
+    await push(server, job())
+    await server.ops.fetch(["q"], 1, "w", 60_000)
+    assert counts(await server.queues.stats("q")) == (0, 1, 0)
