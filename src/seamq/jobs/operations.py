@@ -300,10 +300,10 @@ class Operations:
                 lost.append(taken)
             elif not isinstance(outcome, BaseException):
                 self._hand_out(claimed, outcome[0])
-                self.recounts.stored(claimed, outcome[0], None)
+                after = self.recounts.stored(claimed, outcome[0], aftermath(read, claimed))
                 if lease.total_seconds() < TAKEN_HOLD:
                     await self.store.hold(taken.hold, lease.total_seconds())
-                await self.events.emit(aftermath(read, claimed).event, record)
+                await self.events.emit(after.event, record)
                 out.append(record)
         if failed := [e for e in outcomes if isinstance(e, BaseException) and not isinstance(e, Conflict)]:
             raise failed[0]  # stored or not, nobody knows: the fetch fails, as it did for one claim alone

@@ -26,8 +26,8 @@ from dataclasses import replace
 from typing import Any, Awaitable
 
 from seamq.jobs import job as moves
-from seamq.jobs.job import Aftermath, Job, State, counted, from_record, to_record
-from seamq.jobs.model import FINISHED, OjsError
+from seamq.jobs.job import Aftermath, Job, counted, from_record, to_record
+from seamq.jobs.model import FINISHED, OjsError, State
 from seamq.jobs.ports import CAS_TRIES, Conflict, JobStore, Write
 from seamq.model import describe
 from seamq.observability import log
@@ -42,16 +42,16 @@ class Recounts:
         self._running: dict[str, float] = {}  # claimed here (loop time), counted later, not yet recounted
         self._timer: asyncio.TimerHandle | None = None
         self._finished: list[tuple[Job, int, str | None]] = []  # (job, revision, its entry's hold), this turn
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
 
-    def stored(self, job: Job, revision: int, after: Aftermath | None) -> Aftermath | None:
+    def stored(self, job: Job, revision: int, after: Aftermath) -> Aftermath:
         """A change of the job stored here (`after`: what it leaves to do): its count moved by it, or left
         to a recount here; a finished job's entry then goes with the recount, not now."""
         if job.counted_as is None:
             self._running.pop(job.id, None)
         elif job.state == State.ACTIVE:
             self._claimed(job.id)
-        elif after is not None and after.finished:
+        elif after.finished:
             self._finished_here(job, revision, after.settle)
             return replace(after, settle=None)
         return after
