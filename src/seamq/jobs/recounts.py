@@ -34,6 +34,7 @@ from seamq.observability import log
 
 COUNTED_AFTER = 0.25  # seconds after its claim a job still running here is counted as active
 RECOUNT_WAIT = 0.05  # seconds a recount may wait to share a batch with other commits (ports.Write)
+TOGETHER = 100  # finished jobs recounted in one commit, with their tallies (model.MAX_BATCH records at most)
 
 
 class Recounts:
@@ -89,8 +90,18 @@ class Recounts:
         said, self._finished = self._finished, []
         if not said:
             return
-        outcomes = await self.store.commit_each([[Write(job.id, to_record(moves.recounted(job)), revision, True,
-                                                        counted(job), RECOUNT_WAIT)] for job, revision, _ in said])
+        writes = [Write(job.id, to_record(moves.recounted(job)), revision, True, counted(job), RECOUNT_WAIT)
+                  for job, revision, _ in said]
+        outcomes: list[Any] = []
+        for start in range(0, len(writes), TOGETHER):  # one commit (a commit each costs the store more)
+            part = writes[start:start + TOGETHER]
+            try:
+                await self.store.commit(part)
+                outcomes += [None] * len(part)
+            except Conflict:  # one of them was written meanwhile: each on its own
+                outcomes += await self.store.commit_each([[write] for write in part])
+            except Exception as exc:
+                outcomes += [exc] * len(part)
         for (job, _, hold), outcome in zip(said, outcomes):
             if isinstance(outcome, Conflict):  # written meanwhile: read again
                 outcome = await _caught(self.recount(job.id))

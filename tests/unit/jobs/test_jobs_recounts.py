@@ -83,3 +83,24 @@ async def test_counts_read_through_the_server_that_claimed_show_the_claim_at_onc
     await push(server, job())
     await server.ops.fetch(["q"], 1, "w", 60_000)
     assert counts(await server.queues.stats("q")) == (0, 1, 0)
+
+
+async def test_acks_of_one_turn_are_recounted_together_and_one_written_meanwhile_does_not_hold_the_others(
+        server, servers, store):
+    for _ in range(3):
+        await push(server, job())
+    got = await server.ops.fetch(["q"], 3, "w", 60_000)
+    commits: list[list[str]] = []
+    commit = store.commit
+
+    async def seen(writes):
+        commits.append(sorted(w.key for w in writes if "." not in w.key))
+        return await commit(writes)
+
+    store.commit = seen
+    await asyncio.gather(*(server.ops.ack(j["id"]) for j in got))  # acked in one turn
+    await servers[0].delete(got[0]["id"])  # written before its recount: that commit loses its compare-and-set
+    assert counts(await server.queues.stats("q")) == (0, 0, 2)
+    assert sorted(j["id"] for j in got) in commits, "the turn's recounts sent as one commit"
+    assert await store.ready_counts("q") == (0, 0)
+    assert ["_counted" in (await store.get(j["id"])).record for j in got[1:]] == [False, False]
