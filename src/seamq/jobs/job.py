@@ -66,8 +66,8 @@ class Job:
     entry: str | None = None  # the ready entry (and its hold) that this attempt runs under
     hold: str | None = None
     parent_results: list[Any] | None = None
-    # The state its queue's counts still show it in, when not its own: a claim or an ack that leaves its
-    # count to later (`count_later`, seamq.jobs.recounts). Every other change clears it (`replace`).
+    # The state its queue's counts still show it in, when not its own: a claim, an ack or a timer's move
+    # that leaves its count to later (`count_later`, seamq.jobs.recounts). Every other change clears it.
     counted_as: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # what else the client sent (specversion, schema, ...)
     # Its fields and its record as read from the store: to_record writes only what changed since.
@@ -195,16 +195,16 @@ def _from(job: Job, allowed: frozenset[State] | set[State], what: str) -> None:
 
 def claimed(job: Job, now: datetime, worker_id: str | None, lease: timedelta, entry: str | None = None,
             hold: str | None = None, count_later: bool = False) -> Job:
-    """`count_later`: its queue's counts keep it as available until its next change or its recount
-    (seamq.jobs.recounts), so that the claim is one write with no count to move."""
+    """`count_later`: its queue's counts keep it where it was (available, or where its coming due left
+    it) until its next change or its recount (seamq.jobs.recounts): the claim is one write, no count moved."""
     _from(job, {State.AVAILABLE}, "claim")
     return replace(job, state=State.ACTIVE, attempt=job.attempt + 1, started_at=now, worker_id=worker_id,
                    lease_until=now + lease, entry=entry, hold=hold,
-                   counted_as=State.AVAILABLE.value if count_later else None)
+                   counted_as=(job.counted_as or State.AVAILABLE.value) if count_later else None)
 
 
 def recounted(job: Job) -> Job:
-    """A job whose claim or ack was stored with `count_later`: counted where it is from now on."""
+    """A job whose change was stored with `count_later`: counted where it is from now on."""
     if job.counted_as is None:
         raise conflict(f"cannot recount job {job.id}: it is counted as {job.state.value}")
     return replace(job)
@@ -287,10 +287,12 @@ def dropped(job: Job, now: datetime, error: dict[str, Any]) -> Job:
     return replace(job, state=State.DISCARDED, discarded_at=now, error=_last(entry), errors=(*job.errors, entry))
 
 
-def due(job: Job, now: datetime) -> Job:
-    """A scheduled job's time, or a retry's, has come."""
+def due(job: Job, now: datetime, count_later: bool = False) -> Job:
+    """A scheduled job's time, or a retry's, has come. `count_later`: counted as scheduled (or retryable)
+    until recounted, so that the fetch waiting for it waits for one plain write."""
     _from(job, {State.SCHEDULED, State.RETRYABLE}, "make available")
-    return replace(job, state=State.AVAILABLE, enqueued_at=now)
+    return replace(job, state=State.AVAILABLE, enqueued_at=now,
+                   counted_as=(job.counted_as or job.state.value) if count_later else None)
 
 
 def retried(job: Job, now: datetime) -> Job:

@@ -1,22 +1,28 @@
-"""Counts that a claim or an ack left to later, moved: off the path of the worker who waits on it.
+"""Counts that a claim, an ack or a job's coming due left to later, moved: off the path of the worker
+who waits on it.
 
 A change of a job's state moves its queue's counts in the same atomic batch as its record
 (seamq.jobs.tallied), and on one node nats-server stages each batch on disk, whatever it holds: one
-batch at a time bounds the acks and fetches a job server answers (docs/benchmarks.md 7v, 7w). So a
-claim or an ack may instead be one plain compare-and-set that leaves the job counted where it was
-(`_counted`, seamq.jobs.job); this process then moves its count, many jobs to a batch. A count may
-show such a job where it was for a few milliseconds, never elsewhere: a scan of the records counts
-`_counted` the same way (seamq.jobs.tally.place), so counts and records agree at every moment.
+batch at a time bounds the acks and fetches a job server answers (docs/benchmarks.md 7v, 7w, 7x). So
+a claim, an ack or a timer's making a job available may instead be one plain compare-and-set that
+leaves the job counted where it was (`_counted`, seamq.jobs.job); this process then moves its count,
+many jobs to a batch. A count may show such a job where it was for a moment, never elsewhere: a scan
+of the records counts `_counted` the same way (seamq.jobs.tally.place), so counts and records agree
+at every moment.
 
 - A finished job (an ack counted later) is recounted at once, and only then is its ready entry let
   go: a server that dies first leaves the entry held, it comes again, and the fetch that meets it
   recounts the job (seamq.jobs.operations). So no count is left behind by a kill -9.
-- A running job (a claim counted later) is recounted once it has run COUNTED_AFTER, unless a change
-  of it came first (any change moves its count); a server that dies leaves that to its lease's end.
+- A running job (a claim counted later), or one made available by its timer, is recounted
+  COUNTED_AFTER later, unless a change of it came first: any change moves its count, or carries it on
+  to its own recount (a job come due is mostly claimed within milliseconds, and recounting it at once
+  would lose its compare-and-set to that claim). A server that dies leaves it counted where it was
+  (running: until its lease's end; come due: scheduled or retryable, until its next change).
 
 A count read here first recounts what this process left to later (`drained`), so what a worker did
 through a server and the counts it reads next through the same server agree; another server shows a
-claim as running at most COUNTED_AFTER later, an ack a batch later (docs/jobs.md, "Several servers").
+claim or a coming due at most COUNTED_AFTER later, an ack a batch later (docs/jobs.md, "Several
+servers").
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from seamq.jobs.ports import CAS_TRIES, Conflict, JobStore, Write
 from seamq.model import describe
 from seamq.observability import log
 
-COUNTED_AFTER = 0.25  # seconds after its claim a job still running here is counted as active
+COUNTED_AFTER = 0.25  # seconds after its claim (or its coming due) a job unchanged since is recounted
 RECOUNT_WAIT = 0.05  # seconds a recount may wait to share a batch with other commits (ports.Write)
 TOGETHER = 100  # finished jobs recounted in one commit, with their tallies (model.MAX_BATCH records at most)
 
@@ -40,7 +46,7 @@ TOGETHER = 100  # finished jobs recounted in one commit, with their tallies (mod
 class Recounts:
     def __init__(self, store: JobStore) -> None:
         self.store = store
-        self._running: dict[str, float] = {}  # claimed here (loop time), counted later, not yet recounted
+        self._later: dict[str, float] = {}  # claimed or come due here (loop time), not yet recounted
         self._timer: asyncio.TimerHandle | None = None
         self._finished: list[tuple[Job, int, str | None]] = []  # (job, revision, its entry's hold), this turn
         self._tasks: set[asyncio.Task[None]] = set()
@@ -49,33 +55,33 @@ class Recounts:
         """A change of the job stored here (`after`: what it leaves to do): its count moved by it, or left
         to a recount here; a finished job's entry then goes with the recount, not now."""
         if job.counted_as is None:
-            self._running.pop(job.id, None)
-        elif job.state == State.ACTIVE:
-            self._claimed(job.id)
+            self._later.pop(job.id, None)
+        elif job.state in (State.ACTIVE, State.AVAILABLE):
+            self._recount_later(job.id)
         elif after.finished:
             self._finished_here(job, revision, after.settle)
             return replace(after, settle=None)
         return after
 
-    def _claimed(self, job_id: str) -> None:
+    def _recount_later(self, job_id: str) -> None:
         loop = asyncio.get_running_loop()
-        self._running.pop(job_id, None)  # claimed again: its place is at the end
-        self._running[job_id] = loop.time()
+        self._later.pop(job_id, None)  # changed again: its place is at the end
+        self._later[job_id] = loop.time()
         if self._timer is None:
-            self._timer = loop.call_later(COUNTED_AFTER, self._recount_running)
+            self._timer = loop.call_later(COUNTED_AFTER, self._recount_due)
 
     def _finished_here(self, job: Job, revision: int, hold: str | None) -> None:
         """Recounts said in one turn of the loop go to the store together, with no task each."""
-        self._running.pop(job.id, None)
+        self._later.pop(job.id, None)
         self._finished.append((job, revision, hold))
         if len(self._finished) == 1:
             asyncio.get_running_loop().call_soon(lambda: self._spawn(self._recount_finished()))
 
     async def drained(self) -> None:
         """Once what this process had left to later when asked is recounted (or its recount failed, and
-        was logged): the running jobs too, now. What comes meanwhile is not waited for."""
-        while self._running:
-            self._spawn(self._logged(self._running.popitem()[0]))
+        was logged): those left to COUNTED_AFTER too, now. What comes meanwhile is not waited for."""
+        while self._later:
+            self._spawn(self._logged(self._later.popitem()[0]))
         if self._finished:
             self._spawn(self._recount_finished())  # now: the turn's own call then finds none left
         if self._tasks:
@@ -110,17 +116,17 @@ class Recounts:
             elif hold:
                 await _caught(self.store.settle(hold))
 
-    def _recount_running(self) -> None:
-        """The jobs claimed COUNTED_AFTER ago or more and still running, recounted; then the timer is set
-        for the oldest left (one timer for them all: claims come in time order)."""
+    def _recount_due(self) -> None:
+        """The jobs claimed or come due COUNTED_AFTER ago or more and unchanged since, recounted; then the
+        timer is set for the oldest left (one timer for them all: they come in time order)."""
         self._timer, loop = None, asyncio.get_running_loop()
         due = loop.time() - COUNTED_AFTER
-        while self._running:
-            job_id, claimed_at = next(iter(self._running.items()))
-            if claimed_at > due:
-                self._timer = loop.call_later(claimed_at - due, self._recount_running)
+        while self._later:
+            job_id, changed_at = next(iter(self._later.items()))
+            if changed_at > due:
+                self._timer = loop.call_later(changed_at - due, self._recount_due)
                 return
-            del self._running[job_id]
+            del self._later[job_id]
             self._spawn(self._logged(job_id))
 
     async def _logged(self, job_id: str) -> None:

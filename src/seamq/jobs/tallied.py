@@ -10,7 +10,8 @@ worker's acks and its next fetch's claims share one batch instead of paying one 
 on its way at a time: what comes meanwhile goes next, as one. A batch whose CAS loses is tried again
 without the commits that its records, read once, show moved on, and those one at a time, so a
 conflict is told to the commit that lost it and to no other. A fetch that meets a job's ready entry
-before its record (the entry is written first) waits for the record's commit here (`landed`).
+before its record (the entry is written first) waits for the record's commit here (`landed`), in a
+batch or sent at once.
 
 A queue has tally.SLOTS tally records, whatever the number of servers and however often they
 restart, so reading a queue's counts costs the same in a year as today. Each process sends its
@@ -70,8 +71,15 @@ class Tallied:
 
     async def commit(self, writes: list[Write]) -> list[int]:
         moved = _moved(writes)
-        if not moved:
-            return await self.store.commit(writes)
+        if not moved:  # sent at once; on its way meanwhile too (a job made available, counted later)
+            sending = asyncio.get_running_loop().create_future()
+            for write in writes:
+                self._on_way[write.key] = sending
+            try:
+                return await self.store.commit(writes)
+            finally:
+                sending.set_result(None)
+                self._answered(writes, sending)
         pending = self._queued(writes, moved)
         self._lend()
         try:

@@ -138,6 +138,22 @@ def test_an_ack_that_counts_later_is_counted_where_it_was_until_recounted(claim_
     assert refused.value.status == 409
 
 
+@pytest.mark.parametrize("state", ["scheduled", "retryable"])
+def test_a_job_come_due_that_counts_later_stays_counted_where_it_waited_through_a_claim_and_an_ack(state):
+    waiting = J.replace(J.from_record(model.new_record({"type": "mail.send", "args": []}, NOW)), state=J.State(state))
+    due = J.due(waiting, NOW, count_later=True)
+    assert due.state == J.State.AVAILABLE and J.to_record(due)["_counted"] == state
+    assert tally.moves(J.counted(waiting), J.to_record(due)) == [], "coming due moves no count: one plain write"
+    claimed = J.claimed(due, NOW, "w1", LEASE, count_later=True)
+    assert claimed.counted_as == state, "a claim that counts later keeps it where it is counted, not available"
+    done = J.completed(claimed, NOW, None, count_later=True)
+    assert tally.moves(J.counted(done), J.to_record(J.recounted(done))) == [
+        ("default", state, "", -1), ("default", "completed", "2026112412", 1)]
+    assert tally.moves(J.counted(due), J.to_record(J.claimed(due, NOW, "w1", LEASE))) == [
+        ("default", state, "", -1), ("default", "active", "", 1)], "a claim counted at once moves it from there"
+    assert J.due(waiting, NOW).counted_as is None
+
+
 def test_a_workflow_steps_ack_is_counted_at_once():
     step = J.replace(active(), workflow_id="wf1", workflow_index=0)
     assert J.completed(step, NOW, None, count_later=True).counted_as is None

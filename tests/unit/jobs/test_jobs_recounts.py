@@ -1,11 +1,13 @@
 """Counts left to later (seamq.jobs.recounts), on the in-memory store with a clock the test moves: an
 ack that is one plain write is counted where it was, then recounted with its entry let go after; the
 counts read through its server say completed at once; and one whose server died before its recount
-is recounted by the fetch that meets its entry again."""
+is recounted by the fetch that meets its entry again. A job come due is one plain write too, its
+count carried on by the claim that usually comes first."""
 
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 
 import pytest
 
@@ -18,8 +20,9 @@ from helpers.engines import job, push
 
 @pytest.fixture
 async def server(store, clock):
-    """A job server's engine: its claims and acks count later."""
-    made = await Engine(store, clock=clock, count_claims_later=True, count_acks_later=True).start(clocks=False)
+    """A job server's engine: its claims, acks and timers' moves count later."""
+    made = await Engine(store, clock=clock, count_claims_later=True, count_acks_later=True,
+                        count_dues_later=True).start(clocks=False)
     yield made
     await made.stop()
 
@@ -104,3 +107,82 @@ async def test_acks_of_one_turn_are_recounted_together_and_one_written_meanwhile
     assert sorted(j["id"] for j in got) in commits, "the turn's recounts sent as one commit"
     assert await store.ready_counts("q") == (0, 0)
     assert ["_counted" in (await store.get(j["id"])).record for j in got[1:]] == [False, False]
+
+
+def waiting(stats: dict) -> tuple[int, int, int]:
+    return stats["scheduled"], stats["available"], stats["completed"]
+
+
+async def test_a_job_come_due_is_one_plain_write_shown_available_at_once_here_and_a_moment_later_elsewhere(
+        server, servers, store, clock, monkeypatch):
+    monkeypatch.setattr(recounts, "COUNTED_AFTER", 0.0)
+    due = (clock() + timedelta(seconds=5)).isoformat().replace("+00:00", "Z")
+    first, second = [(await push(server, job(scheduled_at=due)))["id"] for _ in range(2)]
+    written: list[list[str]] = []
+    commit = store.commit
+
+    async def seen(writes):
+        written.append([w.key for w in writes])
+        return await commit(writes)
+
+    store.commit = seen
+    clock.advance(5)
+    assert await server.tick() == 2
+    assert written[:2] == [[first], [second]], "each made available alone: no tally written with it"
+    assert (await store.get(first)).record["_counted"] == "scheduled"
+    for _ in range(500):  # read elsewhere: counted where it was, then recounted by its server's timer
+        if waiting(await servers[0].queues.stats("q")) == (0, 2, 0):
+            break
+        await asyncio.sleep(0.01)
+    assert waiting(await servers[0].queues.stats("q")) == (0, 2, 0)
+    assert "_counted" not in (await store.get(first)).record
+
+
+async def test_a_job_come_due_is_shown_available_at_once_through_its_server_and_claimed_with_no_recount_between(
+        server, store, clock):
+    due = (clock() + timedelta(seconds=5)).isoformat().replace("+00:00", "Z")
+    pushed = (await push(server, job(scheduled_at=due)))["id"]
+    clock.advance(5)
+    await server.tick()
+    [got] = await server.ops.fetch(["q"], 1, "w", 60_000)  # before its recount: the claim carries its count on
+    assert (await store.get(pushed)).record["_counted"] == "scheduled"
+    assert waiting(await server.queues.stats("q")) == (0, 0, 0) and counts(await server.queues.stats("q")) == (0, 1, 0)
+    await server.ops.ack(got["id"])
+    assert waiting(await server.queues.stats("q")) == (0, 0, 1)
+
+
+async def test_a_job_come_due_whose_server_died_before_its_recount_is_counted_as_scheduled_until_its_next_change(
+        server, servers, store, clock, monkeypatch):
+    other = servers[0]  # counts at once
+    due = (clock() + timedelta(seconds=5)).isoformat().replace("+00:00", "Z")
+    pushed = (await push(server, job(scheduled_at=due)))["id"]
+    monkeypatch.setattr(server.recounts, "_recount_later", lambda *said: None)  # dies between write and recount
+    clock.advance(5)
+    await server.tick()
+    assert waiting(await other.queues.stats("q")) == (1, 0, 0), "counted where it was, as its record says"
+    [got] = await other.ops.fetch(["q"], 1, "w", 60_000)
+    assert got["id"] == pushed and got["state"] == "active"
+    assert counts(await other.queues.stats("q")) == (0, 1, 0) and (await other.queues.stats("q"))["scheduled"] == 0
+    await other.ops.ack(pushed)
+    assert waiting(await other.queues.stats("q")) == (0, 0, 1)
+
+
+async def test_a_fetch_that_meets_a_job_come_due_before_its_plain_write_is_stored_waits_for_it(server, store, clock):
+    due = (clock() + timedelta(seconds=5)).isoformat().replace("+00:00", "Z")
+    pushed = (await push(server, job(scheduled_at=due)))["id"]
+    gate, commit = asyncio.Event(), store.commit
+
+    async def slow(writes):
+        if any(w.key == pushed for w in writes):
+            await gate.wait()
+        return await commit(writes)
+
+    store.commit = slow
+    clock.advance(5)
+    ticking = asyncio.ensure_future(server.tick())
+    await asyncio.sleep(0.01)  # its entry offered, its record on its way
+    fetching = asyncio.ensure_future(server.ops.fetch(["q"], 1, "w", 60_000))
+    await asyncio.sleep(0.01)
+    gate.set()
+    assert [j["id"] for j in await fetching] == [pushed], "not held back as an entry early for its record"
+    await ticking
