@@ -30,7 +30,7 @@ from helpers import SEAMQ
 from helpers.console_harness import (
     SHOTS, Stack, answer_of, button, post, sign_in, sign_in_cookie, sign_in_redirect, wait_until,
 )
-from helpers import read_stream
+from helpers import read_stream, wait_for
 from helpers.consumer import CONSUMER, vibe
 
 
@@ -210,9 +210,14 @@ def test_the_overview_shows_what_postgresql_and_jetstream_hold(stack, browser):
             subject = str(event.subject).replace("vibespro.", "sea.", 1)
             headers = message_headers(event)
             await js.publish(subject, b"{}", headers=headers)
-        return (await js.consumer_info("SEA_EVENTS", "vibespro__from_sea")).num_pending
+        # A consumer's pending count follows its stream's stored messages a moment later (2 of 3 read
+        # right after the publishes were acked, on a busy machine).
+        return await wait_for(lambda: _at_least(js, 3), timeout=10, what="3 events pending")
+
+    async def _at_least(js, n):  # the count once it is n or more (0: not yet)
+        count = (await js.consumer_info("SEA_EVENTS", "vibespro__from_sea")).num_pending
+        return count if count >= n else 0
     waiting = stack.nats_call(pending)
-    assert waiting >= 3
     with psycopg.connect(stack.dsn) as conn:  # no relay runs: they wait in the outbox
         for n in range(4):
             outbox.add(conn, vibe(f"backlog-{n}", n=n))
