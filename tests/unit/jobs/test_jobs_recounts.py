@@ -31,9 +31,8 @@ def counts(stats: dict) -> tuple[int, int, int]:
     return stats["available"], stats["active"], stats["completed"]
 
 
-async def test_an_ack_counted_later_is_one_plain_write_then_recounted_and_its_entry_let_go(server, store):
-    pushed = (await push(server, job()))["id"]
-    [got] = await server.ops.fetch(["q"], 1, "w", 60_000)
+def commits_of(store) -> list[list[str]]:
+    """The keys of each commit the store is given from now on."""
     written: list[list[str]] = []
     commit = store.commit
 
@@ -42,6 +41,13 @@ async def test_an_ack_counted_later_is_one_plain_write_then_recounted_and_its_en
         return await commit(writes)
 
     store.commit = seen
+    return written
+
+
+async def test_an_ack_counted_later_is_one_plain_write_then_recounted_and_its_entry_let_go(server, store):
+    pushed = (await push(server, job()))["id"]
+    [got] = await server.ops.fetch(["q"], 1, "w", 60_000)
+    written = commits_of(store)
     assert (await server.ops.ack(got["id"]))["state"] == "completed"
     assert written == [[pushed]], "the ack alone: no tally written with it"
     acked = (await store.get(pushed)).record
@@ -118,14 +124,7 @@ async def test_a_job_come_due_is_one_plain_write_shown_available_at_once_here_an
     monkeypatch.setattr(recounts, "COUNTED_AFTER", 0.0)
     due = (clock() + timedelta(seconds=5)).isoformat().replace("+00:00", "Z")
     first, second = [(await push(server, job(scheduled_at=due)))["id"] for _ in range(2)]
-    written: list[list[str]] = []
-    commit = store.commit
-
-    async def seen(writes):
-        written.append([w.key for w in writes])
-        return await commit(writes)
-
-    store.commit = seen
+    written = commits_of(store)
     clock.advance(5)
     assert await server.tick() == 2
     assert written[:2] == [[first], [second]], "each made available alone: no tally written with it"
