@@ -2,6 +2,7 @@
 
 import json
 import os
+import queue
 import re
 import shutil
 import signal
@@ -86,12 +87,32 @@ def test_dev_on_a_three_node_cluster_runs_r3_streams_three_job_servers_and_stops
         log = tmp_path / "data" / "seamq.log"
         return "stderr:\n" + "".join(errors)[-2000:] + "\nseamq.log:\n" + (log.read_text()[-4000:] if log.exists() else "")
 
-    try:
-        lines = []
+    # Its stdout read as written too: the job servers run in its event loop, which a full pipe would stop
+    # while the checks below talk to them (an ack timed out so, once).
+    said_out: queue.Queue[str | None] = queue.Queue()
+
+    def pump() -> None:
         for line in dev.stdout:
+            said_out.put(line)
+        said_out.put(None)  # its end
+    threading.Thread(target=pump, daemon=True).start()
+    lines: list[str] = []
+
+    def read_until(seen, limit: float = 600) -> None:
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline:
+            try:
+                line = said_out.get(timeout=1)
+            except queue.Empty:
+                continue
+            if line is None:
+                return
             lines.append(line)
-            if "ready" in line and "job servers" in line:
-                break
+            if seen(line):
+                return
+
+    try:
+        read_until(lambda line: "ready" in line and "job servers" in line)
         urls = re.findall(r"job server \(OJS\)\s*│\s*(http://127\.0\.0\.1:\d+)/ojs/v1", "".join(lines))
         assert len(set(urls)) == 3, "".join(lines)[-3000:]
         job = jobs_call(urls[0], "/ojs/v1/jobs", {"type": "dev.check", "args": [1], "options": {"queue": "dev"}})["job"]
@@ -101,24 +122,18 @@ def test_dev_on_a_three_node_cluster_runs_r3_streams_three_job_servers_and_stops
             raise AssertionError(f"no answer from {urls[2]}: {exc}\n{said()}") from None
         assert [j["id"] for j in fetched] == [job["id"]], said()
         jobs_call(urls[1], "/ojs/v1/workers/ack", {"job_id": job["id"]})
-        for line in dev.stdout:  # its dashboard, every 5 s: stopped once events have flowed end to end
-            lines.append(line)
-            if handled(line, "sea__from_vibespro") > 50:
-                break
+        # its dashboard, every 5 s: stopped once events have flowed end to end
+        read_until(lambda line: handled(line, "sea__from_vibespro") > 50)
         dev.send_signal(signal.SIGTERM)
-        rest: list[str] = []
-        tail = threading.Thread(target=lambda: rest.extend(dev.stdout), daemon=True)
-        tail.start()
         dev.wait(180)
-        tail.join(30)
+        read_until(lambda line: False, limit=30)  # the rest, to its end
         reader.join(30)
-        stdout = "".join(rest)
     finally:
         if dev.poll() is None:
             dev.kill()
             dev.wait(60)
     assert dev.returncode == 0, said()
-    stdout = "".join(lines) + stdout
+    stdout = "".join(lines)
     assert "NATS cluster (3 servers)" in stdout
     ports = {int(p) for p in re.findall(r"nats://127\.0\.0\.1:(\d+)", stdout)}
     assert len(ports) == 3
