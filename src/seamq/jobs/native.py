@@ -47,8 +47,7 @@ GC_THRESHOLD = 10_000  # allocations between the collector's youngest rounds (Py
 async def started_engine(nc: Any, *, replicas: int | None = None) -> Engine:
     """An engine for a worker's own process: its claims, and the jobs its timers make available, leave
     their counts to a recount (seamq.jobs.recounts); its acks go many to a batch (seamq.jobs.completions)."""
-    return await Engine(await NatsJobStore(nc, replicas=replicas).start(), count_claims_later=True,
-                        count_dues_later=True).start()
+    return await Engine(await NatsJobStore(nc, replicas=replicas).start(), count_claims_later=True).start()
 
 
 def collect_less() -> None:

@@ -51,14 +51,13 @@ class Operations:
                  check_schema: Callable[[dict], None] = lambda record: None,  # the registry's check of new args
                  clock: Callable[[], datetime] = model.utcnow, rng: random.Random | None = None,
                  test_mode: bool = False, count_claims_later: bool = False, count_acks_later: bool = False,
-                 count_dues_later: bool = False, recounts: Recounts | None = None) -> None:
+                 recounts: Recounts | None = None) -> None:
         self.store, self.queues, self.events, self.admission, self.limiter = store, queues, events, admission, limiter
         self.flows, self.check_schema, self.clock = flows, check_schema, clock
         self.rng, self.test_mode, self.workers = rng or random.Random(), test_mode, Workers()
-        # A claim, an ack, a timer's making a job available: one plain write, its count moved later
-        # (seamq.jobs.recounts).
+        # One plain write, its count moved later (seamq.jobs.recounts): a claim and a job's coming due
+        # (what a fetch waits for) with `count_claims_later`, an ack with `count_acks_later`.
         self.count_claims_later, self.count_acks_later = count_claims_later, count_acks_later
-        self.count_dues_later = count_dues_later
         self.recounts = recounts or Recounts(store)
         # The jobs handed out here, as stored: their ack, which usually comes back here, needs no read
         # (a copy another server moved on since fails its CAS, and is then read).
@@ -366,7 +365,7 @@ class Operations:
         now = self.clock()
         try:
             if kind in ("scheduled", "retry") and job.state in (State.SCHEDULED, State.RETRYABLE):
-                await self._store(moves.due(job, now, self.count_dues_later), revision, job)
+                await self._store(moves.due(job, now, self.count_claims_later), revision, job)
             elif kind == "expire" and job.state in WAITING:
                 await self._store(moves.expired(job, now), revision, job)
             elif kind == "timeout" and job.state == State.ACTIVE:

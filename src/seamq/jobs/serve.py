@@ -31,8 +31,7 @@ async def serve(settings: Settings, *, host: str, port: int, test_mode: bool = F
         store = await NatsJobStore(nc, replicas=settings.jobs.replicas).start()
         # A worker over HTTP waits on each fetch and ack, and a fetch on a job coming due: their counts move
         # off its path (seamq.jobs.recounts).
-        engine = await Engine(store, test_mode=test_mode, count_claims_later=True, count_acks_later=True,
-                              count_dues_later=True).start()
+        engine = await Engine(store, test_mode=test_mode, count_claims_later=True, count_acks_later=True).start()
         hooks, post = await NatsHooks(nc, replicas=store.replicas).start(), Poster(private_addresses=settings.jobs.webhook_private_addresses)
         delivering = asyncio.create_task(Deliverer(hooks, engine.store, engine.webhooks, post,
                                                    schedule=settings.jobs.webhook_retry_delays).run())

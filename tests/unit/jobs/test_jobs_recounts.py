@@ -15,14 +15,14 @@ from seamq.jobs import recounts
 from seamq.jobs.engine import Engine
 from seamq.jobs.ports import TAKEN_HOLD
 
+from helpers import wait_for
 from helpers.engines import job, push
 
 
 @pytest.fixture
 async def server(store, clock):
     """A job server's engine: its claims, acks and timers' moves count later."""
-    made = await Engine(store, clock=clock, count_claims_later=True, count_acks_later=True,
-                        count_dues_later=True).start(clocks=False)
+    made = await Engine(store, clock=clock, count_claims_later=True, count_acks_later=True).start(clocks=False)
     yield made
     await made.stop()
 
@@ -79,11 +79,9 @@ async def test_a_claim_counted_later_is_counted_as_active_once_it_has_run_a_mome
     monkeypatch.setattr(recounts, "COUNTED_AFTER", 0.0)
     await push(server, job())
     [got] = await server.ops.fetch(["q"], 1, "w", 60_000)
-    for _ in range(500):
-        if counts(await other.queues.stats("q")) == (0, 1, 0):
-            break
-        await asyncio.sleep(0.01)
-    assert counts(await other.queues.stats("q")) == (0, 1, 0)
+    async def running_elsewhere():
+        return counts(await other.queues.stats("q")) == (0, 1, 0)
+    await wait_for(running_elsewhere, what="the claim counted as active through another server")
     await server.ops.ack(got["id"])
     assert counts(await server.queues.stats("q")) == (0, 0, 1)
 
@@ -129,11 +127,9 @@ async def test_a_job_come_due_is_one_plain_write_shown_available_at_once_here_an
     assert await server.tick() == 2
     assert written[:2] == [[first], [second]], "each made available alone: no tally written with it"
     assert (await store.get(first)).record["_counted"] == "scheduled"
-    for _ in range(500):  # read elsewhere: counted where it was, then recounted by its server's timer
-        if waiting(await servers[0].queues.stats("q")) == (0, 2, 0):
-            break
-        await asyncio.sleep(0.01)
-    assert waiting(await servers[0].queues.stats("q")) == (0, 2, 0)
+    async def shown_elsewhere():  # counted where it was, then recounted by its server's timer
+        return waiting(await servers[0].queues.stats("q")) == (0, 2, 0)
+    await wait_for(shown_elsewhere, what="both counted as available through another server")
     assert "_counted" not in (await store.get(first)).record
 
 
@@ -169,19 +165,25 @@ async def test_a_job_come_due_whose_server_died_before_its_recount_is_counted_as
 async def test_a_fetch_that_meets_a_job_come_due_before_its_plain_write_is_stored_waits_for_it(server, store, clock):
     due = (clock() + timedelta(seconds=5)).isoformat().replace("+00:00", "Z")
     pushed = (await push(server, job(scheduled_at=due)))["id"]
-    gate, commit = asyncio.Event(), store.commit
+    held, gate, asked = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    commit, landed = store.commit, server.store.landed
 
     async def slow(writes):
         if any(w.key == pushed for w in writes):
+            held.set()
             await gate.wait()
         return await commit(writes)
 
-    store.commit = slow
+    async def landing(key):
+        asked.set()
+        await landed(key)
+
+    store.commit, server.store.landed = slow, landing
     clock.advance(5)
     ticking = asyncio.ensure_future(server.tick())
-    await asyncio.sleep(0.01)  # its entry offered, its record on its way
+    await held.wait()  # its entry offered, its record on its way
     fetching = asyncio.ensure_future(server.ops.fetch(["q"], 1, "w", 60_000))
-    await asyncio.sleep(0.01)
+    await asyncio.wait_for(asked.wait(), 30)  # the fetch met the entry and asks after its record
     gate.set()
     assert [j["id"] for j in await fetching] == [pushed], "not held back as an entry early for its record"
     await ticking
