@@ -156,6 +156,9 @@ class OutMessage:
     payload: bytes
     headers: dict[str, str]
     stream: str | None = None  # the stream that takes the subject, when known: it can be published in batches
+    # Messages of one key (the relay's: an aggregate) are stored in the order given, or not at all: a
+    # publisher stores none after one of its key that was not stored (seamq.nats.publisher).
+    key: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)

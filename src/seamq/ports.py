@@ -106,7 +106,8 @@ class OutboxWakeup(Protocol):
 
 
 class JetStreamPublisher(Protocol):
-    """PORT-047-003, batched: results come back in input order."""
+    """PORT-047-003, batched: results come back in input order, and a message is stored only if every
+    earlier one of its `key` was (else it comes back `held`)."""
 
     async def publish_many(self, messages: list[OutMessage]) -> list[PubResult]: ...
 

@@ -1,7 +1,8 @@
 """The relay (CMD-050): outbox rows -> JetStream, each exactly once in the stream.
 
 Loop: claim a batch (bucket locks keep per-aggregate order across relays),
-publish it pipelined with `Nats-Msg-Id` = outbox id, mark what JetStream
+publish it pipelined with `Nats-Msg-Id` = outbox id (an aggregate's rows
+stored in order or not at all: OutMessage.key), mark what JetStream
 acknowledged, commit. A crash anywhere before the commit leaves the rows
 unpublished; the next claim publishes them again and JetStream drops the
 duplicates by id. Published rows are kept (see `seamq outbox purge`) longer
@@ -72,7 +73,8 @@ class Relay:
         payload = row.payload.encode()
         if len(payload) > self.max_payload:
             return f"payload of {len(payload)} bytes exceeds the server's max_payload {self.max_payload}"
-        return OutMessage(subject, payload, message_headers(row, row.traceparent), stream)
+        return OutMessage(subject, payload, message_headers(row, row.traceparent), stream,
+                          key=(row.aggregate_type, row.aggregate_id))
 
     @functools.lru_cache(maxsize=16384)  # noqa: B019  # one relay per process: its cache lives as long
     def _subject(self, context: str, event_type: str, version: int, bucket: int) -> tuple[str | None, ...]:

@@ -69,9 +69,26 @@ class PipelinedPublisher:
 
         A message whose ack does not come within the timeout is reported as
         failed; republishing it is safe because its Nats-Msg-Id deduplicates.
+        Messages of one key go out in waves, the next only once the one before
+        it is stored: sent together, a later one can be stored while an
+        earlier one is lost (a stream leader that fails between them, a
+        message the stream refuses). Not sent after a failure: `held`.
         """
         if self._sub is None:
             raise RuntimeError("PipelinedPublisher.start() was not awaited")
+        results: list[PubResult] = [HELD] * len(messages)
+        stopped: set[tuple[str, ...]] = set()  # keys with a message not stored
+        for wave in _waves(messages):
+            sendable = [i for i in wave if messages[i].key not in stopped]
+            for i, result in zip(sendable, await self._pipeline([messages[i] for i in sendable])):
+                results[i] = result
+                if not result.ok and (key := messages[i].key) is not None:
+                    stopped.add(key)
+            if any(results[i].transport for i in sendable):
+                break  # the broker is away: the next wave would only wait as long again
+        return results
+
+    async def _pipeline(self, messages: list[OutMessage]) -> list[PubResult]:
         if not messages:
             return []
         batch = _InFlight(self._next, len(messages))
@@ -99,6 +116,24 @@ class PipelinedPublisher:
         return [r if r is not None else timeout for r in batch.results]
 
 
+def _waves(messages: list[OutMessage]) -> list[list[int]]:
+    """Indexes by wave: the n-th message of each key in wave n; messages with no key in the first."""
+    waves: list[list[int]] = []
+    seen: dict[tuple[str, ...], int] = {}
+    for i, message in enumerate(messages):
+        n = 0
+        if message.key is not None:
+            n = seen.get(message.key, 0)
+            seen[message.key] = n + 1
+        if n == len(waves):
+            waves.append([])
+        waves[n].append(i)
+    return waves
+
+
+HELD = PubResult(ok=False, held=True, error="an earlier message of its aggregate was not stored")
+
+
 # Exceptions of a publish that say the broker is unreachable, not that the message is wrong.
 UNREACHABLE = (
     nats.errors.ConnectionClosedError, nats.errors.ConnectionReconnectingError, nats.errors.NoServersError,
@@ -122,7 +157,7 @@ def _parse_ack(msg: Msg) -> PubResult:
         return PubResult(ok=False, error=f"unreadable ack: {data[:100]!r}")
     if "error" in body:
         err = body["error"]
-        return PubResult(ok=False, error=f"JetStream error {err.get('code')}: {err.get('description')}")
+        return PubResult(ok=False, error=f"JetStream error {err.get('err_code') or err.get('code')}: {err.get('description')}")
     return PubResult(ok=True, seq=body.get("seq"), duplicate=bool(body.get("duplicate")))
 
 

@@ -25,7 +25,7 @@ from seamq.topology import load_topology
 
 from helpers import SEAMQ, TESTS
 from helpers import FAILOVER_TOPOLOGY, freeze, longest_pause, read_stream, scalar, wait_for
-from helpers.relay import check_exactly_once_in_order, events_for, unpublished
+from helpers.relay import check_exactly_once_in_order, events_for, relay_running, unpublished
 
 CONSUMER = "sea__from_vibespro"
 TOPOLOGY = FAILOVER_TOPOLOGY
@@ -76,6 +76,21 @@ def test_provision_cli_says_what_to_change(nats_server, tmp_path):
     assert result.returncode == 2, result.stderr
     assert result.stderr.startswith("error[INVALID_TOPOLOGY]:") and "Traceback" not in result.stderr
     assert "SEAMQ_REPLICAS" in result.stderr
+
+
+async def stream_leader(js, cluster, stream: str = "VIBESPRO_EVENTS"):
+    """The stream's leader node. Right after a heal the cluster may still be electing, and on a
+    busy machine the answer can take longer than a request's 5 s: ask again, for a minute."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            info = await js.stream_info(stream)
+            if info.cluster and info.cluster.leader:
+                return cluster.node(info.cluster.leader)
+        except (nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError, nats.errors.NoRespondersError):
+            pass
+        assert time.monotonic() < deadline, "no stream leader for a minute"
+        await asyncio.sleep(0.5)
 
 
 class Fault:
@@ -132,25 +147,11 @@ async def test_r3_cluster_loses_the_stream_leader_then_another_node_nothing_lost
 
     js = cluster_nc.jetstream()
 
-    async def leader():
-        """The stream's leader node. Right after a heal the cluster may still be electing, and on a
-        busy machine the answer can take longer than a request's 5 s: ask again, for a minute."""
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                info = await js.stream_info("VIBESPRO_EVENTS")
-                if info.cluster and info.cluster.leader:
-                    return nats_cluster.node(info.cluster.leader)
-            except (nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError, nats.errors.NoRespondersError):
-                pass
-            assert time.monotonic() < deadline, "no stream leader for a minute"
-            await asyncio.sleep(0.5)
-
     producer = asyncio.create_task(produce())
     try:
-        first_leader = await leader()
+        first_leader = await stream_leader(js, nats_cluster)
         first = await fail_and_heal(first_leader, after=4000)
-        now_leading = await leader()
+        now_leading = await stream_leader(js, nats_cluster)
         second = await fail_and_heal(now_leading if now_leading is not first_leader else nats_cluster.nodes[
             (nats_cluster.nodes.index(first_leader) + 1) % 3], after=10_000)
         await producer
@@ -179,3 +180,40 @@ async def test_r3_cluster_loses_the_stream_leader_then_another_node_nothing_lost
         total, distinct = conn.execute("SELECT count(*), count(DISTINCT message_id) FROM side_effects").fetchone()
         dead = conn.execute("SELECT count(*) FROM inbox_messages WHERE status <> 'processed'").fetchone()[0]
     assert (total, distinct, dead) == (20_000, 20_000, 0)
+
+
+@pytest.mark.timeout(600)
+async def test_a_relay_with_hot_aggregates_keeps_each_in_order_while_stream_leaders_are_killed(
+        dsn, nats_cluster, cluster_nc, tmp_path):
+    """Twenty aggregates, so each claim carries tens of rows of each, sent one row of an aggregate at
+    a time (seamq.nats.publisher): through two kills of the stream's leader, thousands of publishes
+    unanswered and sent again, every event is in the stream once and each aggregate in order."""
+    topology = load_topology(topology_file(tmp_path), replicas=3)
+    js = cluster_nc.jetstream()
+    await apply(js, topology)
+    events = events_for(20, 1000, context="vibespro")
+    published = lambda: scalar(dsn, "SELECT count(*) FROM outbox_events WHERE published_at IS NOT NULL")  # noqa: E731
+
+    async def produce():  # 5,000 events/s for 4 s: a backlog that the kills land in
+        async with await psycopg.AsyncConnection.connect(dsn) as conn:
+            for i in range(0, len(events), 500):
+                await outbox.add_many_async(conn, events[i:i + 500])
+                await conn.commit()
+                await asyncio.sleep(0.1)
+
+    async with relay_running(dsn, nats_cluster.url, topology):
+        producer = asyncio.create_task(produce())
+        try:
+            for after in (3000, 10_000):
+                await wait_for(lambda a=after: published() >= a, timeout=120, what=f"{after} published")
+                node = await stream_leader(js, nats_cluster)
+                node.kill()
+                more = min(published() + 1000, len(events))
+                await wait_for(lambda m=more: published() >= m, timeout=120, what="publishing without the node")
+                node.start()
+                await asyncio.to_thread(nats_cluster.wait_for_jetstream, 60)
+            await producer
+            await wait_for(lambda: unpublished(dsn) == 0, timeout=180, what="everything published")
+        finally:
+            producer.cancel()
+    check_exactly_once_in_order(await read_stream(js, "VIBESPRO_EVENTS"), events)

@@ -3,6 +3,8 @@ message's (it backs off alone): by exception type and ack, never by matching err
 
 from __future__ import annotations
 
+import asyncio
+
 import nats
 
 from seamq.nats.publisher import PipelinedPublisher
@@ -25,4 +27,34 @@ async def test_an_ack_that_never_comes_is_the_brokers(nats_server):
     nats_server.kill()  # the client reconnects in the background; the publish waits for an ack in vain
     [lost] = await publisher.publish_many([OutMessage("sea.event.a.v1", b"{}", {})])
     assert not lost.ok and lost.transport, lost.error
+    await nc.close()
+
+
+async def test_a_key_stops_at_its_first_message_not_stored_and_other_keys_go_on(nats_server):
+    nc = await nats.connect(nats_server.url)
+    js = nc.jetstream()
+    await js.add_stream(name="KEYS", subjects=["keys.>"])
+    publisher = await PipelinedPublisher(nc, timeout=2).start()
+    a, b = ("order", "a"), ("order", "b")
+    sent = [OutMessage("keys.a", b"a0", {}, key=a), OutMessage("keys.b", b"b0", {}, key=b),
+            OutMessage("no.stream.here", b"a1", {}, key=a), OutMessage("keys.a", b"a2", {}, key=a),
+            OutMessage("keys.b", b"b1", {}, key=b), OutMessage("keys.none", b"n", {})]
+    results = await publisher.publish_many(sent)
+    assert [r.ok for r in results] == [True, True, False, False, True, True]
+    assert "503" in results[2].error and results[3].held and not results[3].transport
+    stored = [(await js.get_msg("KEYS", seq)).data for seq in range(1, 5)]
+    assert sorted(stored) == [b"a0", b"b0", b"b1", b"n"]  # a2 waits for a1: never stored before it
+    assert stored.index(b"b0") < stored.index(b"b1")
+    await nc.close()
+
+
+async def test_a_broker_gone_mid_key_holds_the_rest_without_waiting_again(nats_server):
+    nc = await nats.connect(nats_server.url)
+    publisher = await PipelinedPublisher(nc, timeout=2).start()
+    nats_server.kill()
+    key = ("order", "a")
+    started = asyncio.get_running_loop().time()
+    results = await publisher.publish_many([OutMessage("sea.event.a.v1", b"{}", {}, key=key)] * 3)
+    assert results[0].transport and all(r.held for r in results[1:])
+    assert asyncio.get_running_loop().time() - started < 3.9  # one timeout (2 s), not one a wave (6 s)
     await nc.close()

@@ -305,6 +305,30 @@ async def test_rows_after_a_refused_one_in_a_fast_batch_go_out_at_once(dsn, nats
     check_exactly_once_in_order(await read_stream(js, "SEA_EVENTS"), events)
 
 
+async def test_a_refused_row_holds_back_its_aggregates_later_rows_of_the_same_batch(
+        dsn, nats_server, nc, provisioned, publish_path):
+    # One claim takes the aggregate's three rows; the stream refuses the middle one. Pipelined,
+    # all three once went out together and the third was stored before the second: the same
+    # disorder a stream leader lost with its node left in an R3 cluster (a clean-clone CI run).
+    js = nc.jetstream()
+    config = (await js.stream_info("SEA_EVENTS")).config
+    config.max_msg_size = 10_000
+    await js.update_stream(config)
+    events = events_for(aggregates=10, per_aggregate=3)
+    hot = [Event(context="sea", aggregate_type="order", aggregate_id="hot", event_type="order_updated",
+                 payload={"aggregate": -1, "n": n, "blob": "x" * (20_000 if n == 1 else 10)}) for n in range(3)]
+    async with relay_running(dsn, nats_server.url, provisioned, loops=1, poll_interval=120):
+        await asyncio.sleep(0.5)  # idle, so one NOTIFY starts one claim
+        write(dsn, events[:10] + hot + events[10:])
+        await wait_for(lambda: unpublished(dsn) == 2, timeout=30, what="every row but the refused one and its next")
+        await asyncio.sleep(0.5)  # a wrongly published third row has time to show
+    waiting = fetch_all(dsn, "SELECT payload->>'n', publish_attempts, publish_error FROM outbox_events "
+                             "WHERE published_at IS NULL ORDER BY seq")
+    assert [(n, attempts) for n, attempts, _ in waiting] == [("1", 1), ("2", 0)]
+    assert "10054" in waiting[0][2] and waiting[1][2] is None
+    check_exactly_once_in_order(await read_stream(js, "SEA_EVENTS"), events + hot[:1])
+
+
 async def test_bad_rows_hold_back_their_aggregates_across_relays(dsn, nats_server, nc, provisioned):
     # Two relays, four claim loops each, small batches: buckets change hands all
     # the time. Catches a claim whose row snapshot predates its bucket lock (it
