@@ -42,7 +42,9 @@ class Copy:
             headers[Header.REPLAY_ATTEMPT] = str(self.replay_attempt)
         if self.consumer is not None:
             headers[Header.REPLAY_CONSUMER] = self.consumer
-        return OutMessage(self.subject, self.data, headers)
+        kind, name = headers.get(Header.AGGREGATE_TYPE), headers.get(Header.AGGREGATE_ID)
+        key = (kind, name) if kind is not None and name is not None else None  # its copies stored in order
+        return OutMessage(self.subject, self.data, headers, key=key)
 
 
 def repair_copy(topology: Topology, row: Any) -> Copy:
