@@ -9,11 +9,13 @@ and 405 included, is `application/openjobspec+json` (no charset) with
 
 from __future__ import annotations
 
+import inspect
 import os
-from typing import Any
+from typing import Any, Sequence
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse
+from starlette.routing import BaseRoute, Route
 
 from seamq import codec
 from seamq.jobs import attempts
@@ -115,6 +117,41 @@ class OjsHeaders:
             await send(message)
 
         await self.app(scope, receive, sending)
+
+
+class FixedPaths:
+    """ASGI: a request to a route whose path has no parameter (fetch, ack, push: most of a busy server's
+    requests) goes straight to its endpoint, and an error it raises to the handler of its type, as
+    Starlette routes them; any other request to `app`, Starlette's own middleware and router, whose
+    layers around every request were the job server's largest cost after the engine's own
+    (docs/benchmarks.md 7y). A path with a parameter, a method a route does not take and a mount go
+    through `app` unchanged."""
+
+    def __init__(self, app, routes: Sequence[BaseRoute], handlers: dict[type[Exception], Any]) -> None:
+        self.app, self.handlers = app, handlers
+        self.endpoints = {(method, route.path): route.endpoint for route in routes
+                          if isinstance(route, Route) and not route.param_convertors
+                          and inspect.iscoroutinefunction(route.endpoint) for method in route.methods or ()}
+
+    async def __call__(self, scope, receive, send) -> None:
+        endpoint = self.endpoints.get((scope.get("method"), scope.get("path"))) \
+            if scope["type"] == "http" and not scope.get("root_path") else None
+        if endpoint is None:
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope, receive, send)
+        try:
+            response = await endpoint(request)
+        except Exception as exc:
+            handler = next((self.handlers[kind] for kind in type(exc).__mro__
+                            if kind in self.handlers and kind is not Exception), None)
+            if handler is None:  # Starlette's last resort: `Exception`'s handler answers, the error goes on to be logged
+                if Exception in self.handlers:
+                    await (await self.handlers[Exception](request, exc))(scope, receive, send)
+                raise
+            response = await handler(request, exc)
+            exc.__traceback__ = None  # an error raised again and again keeps no tracebacks
+        await response(scope, receive, send)
 
 
 def may_wait(request: Request) -> float:

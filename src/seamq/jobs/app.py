@@ -15,7 +15,7 @@ from seamq.jobs import ext_routes, probe_routes, routes
 from seamq.jobs.hook_routes import hook_routes
 from seamq.jobs.fair_routes import fair_routes
 from seamq.jobs.admin_routes import admin_routes
-from seamq.jobs.api import OjsHeaders, answer
+from seamq.jobs.api import FixedPaths, OjsHeaders, answer
 from seamq.jobs.auth import Guard, Tokens
 from seamq.jobs.console_routes import console_routes
 from seamq.jobs.engine import Engine
@@ -69,7 +69,7 @@ def build_app(engine: Engine, *, test_mode: bool = False, conformance_level: int
     handlers = {OjsError: ojs_error, HTTPException: http_error, **{kind: unreachable for kind in UNREACHABLE},
                 Exception: crash}
     app = Starlette(routes=table, exception_handlers=handlers)
-    return OjsHeaders(Guard(app, tokens))
+    return OjsHeaders(Guard(FixedPaths(app, table, handlers), tokens))
 
 
 def admin_ui_routes(folder: Path) -> list[Route]:

@@ -19,6 +19,7 @@ through the store (they cost a pass over it, and keep nothing).
 from __future__ import annotations
 
 import asyncio
+import gc
 import heapq
 import itertools
 import random
@@ -51,6 +52,16 @@ __all__ = ["EVENTS_KEPT", "Engine"]
 EARLY_TIMER_TRIES = 10  # a timer that came before the change it was armed for: handed out again, a second apart
 FLAGS_WAIT = 30.0  # seconds for the followed flags at start
 SOON = 60.0  # seconds: a timer due within this is also kept here (bounded by the timer rate, not the backlog)
+GC_THRESHOLD = 10_000  # allocations between the collector's youngest rounds (Python's default: 700)
+
+
+def collect_less() -> None:
+    """For a process whose work is an engine (`seamq jobs serve`, `seamq jobs worker --nats`): jobs make
+    and drop many small objects, and at Python's default threshold the collector runs every few jobs,
+    each of its oldest rounds scanning all that start-up made (docs/benchmarks.md 7k, 7y). That lives as
+    long as the process: frozen, it is never scanned again."""
+    gc.freeze()
+    gc.set_threshold(GC_THRESHOLD, 10, 10)
 
 
 class Engine:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import gc
 from typing import Any, Awaitable, Callable
 
 import nats.errors
@@ -26,7 +25,7 @@ import nats.js.errors
 from seamq.backoff import Backoff
 from seamq.jobs import beats, completions, ext, tenants
 from seamq.jobs.client import JobsError, error_body
-from seamq.jobs.engine import Engine
+from seamq.jobs.engine import Engine, collect_less
 from seamq.jobs.handlers import JobHandlers
 from seamq.jobs.model import OjsError
 from seamq.jobs.nats_store import NatsJobStore
@@ -41,21 +40,12 @@ from seamq.settings import Settings
 SETTLE_TRIES = 6  # an ack or a nack tried while NATS is away, 3 to 6 s in all
 SETTLE_BACKOFF = Backoff(0.2, 3.2)  # the house's retry delay: doubling from 0.2 s, with jitter
 AWAY = (*UNREACHABLE, nats.errors.NoRespondersError, nats.js.errors.ServiceUnavailableError)
-GC_THRESHOLD = 10_000  # allocations between the collector's youngest rounds (Python's default: 700)
 
 
 async def started_engine(nc: Any, *, replicas: int | None = None) -> Engine:
     """An engine for a worker's own process: its claims, and the jobs its timers make available, leave
     their counts to a recount (seamq.jobs.recounts); its acks go many to a batch (seamq.jobs.completions)."""
     return await Engine(await NatsJobStore(nc, replicas=replicas).start(), count_claims_later=True).start()
-
-
-def collect_less() -> None:
-    """Jobs make and drop many small objects: at Python's default threshold the collector runs every
-    few jobs, and each of its oldest rounds scans all that start-up made (docs/benchmarks.md 7k).
-    That lives as long as the process: frozen, it is never scanned again."""
-    gc.freeze()
-    gc.set_threshold(GC_THRESHOLD, 10, 10)
 
 
 class EngineClient:

@@ -7,11 +7,10 @@ import asyncio
 import gc
 from pathlib import Path
 
-
 from seamq.http.listen import config as uvicorn_config, listening_socket, server as uvicorn_server
 from seamq.jobs.app import build_app
 from seamq.jobs.auth import Tokens
-from seamq.jobs.engine import Engine
+from seamq.jobs.engine import Engine, collect_less
 from seamq.jobs.hooks import Deliverer
 from seamq.jobs.nats_hooks import NatsHooks
 from seamq.jobs.nats_store import NatsJobStore
@@ -40,12 +39,12 @@ async def serve(settings: Settings, *, host: str, port: int, test_mode: bool = F
                                                                                    settings.jobs.read_tokens)))
             app = build_app(engine, test_mode=test_mode, admin_ui=admin_ui, tokens=tokens, post=post)
             config = uvicorn_config(app, host, port)
-            if stop is None:
-                # What exists now (modules, the app) lives as long as the process:
-                # out of the collector's sight, a full collection stops taking 30-50 ms (measured), which
-                # was the p99 of timer lateness.
+            if stop is None:  # the process is ours (seamq dev's embedded servers leave the host's collector alone)
+                # What exists now (modules, the app) lives as long as the process: out of the collector's
+                # sight, a full collection stops taking 30-50 ms (measured), which was the p99 of timer
+                # lateness; and its youngest rounds as rare as the native worker's (docs/benchmarks.md 7y).
                 gc.collect()
-                gc.freeze()
+                collect_less()
             server = uvicorn_server(config, stop)
             log.info("jobs_serving", host=host, port=port, test_mode=test_mode, auth=tokens.required)
             await server.serve(sockets=[sock])
