@@ -51,7 +51,12 @@ def build_app(engine: Engine, *, test_mode: bool = False, conformance_level: int
     async def http_error(request: Request, exc: HTTPException) -> Response:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "invalid_request")
         error = OjsError(exc.status_code, code, f"{request.method} {request.url.path}: {exc.detail}")
-        return answer(error.body(), exc.status_code)
+        said = answer(error.body(), exc.status_code)
+        if exc.status_code == 405:  # every method the path takes: Starlette names the first route's alone
+            said.headers["Allow"] = ", ".join(sorted({method for route in table if isinstance(route, Route)
+                                                      and route.path_regex.match(request.url.path)
+                                                      for method in route.methods or ()}))
+        return said
 
     async def unreachable(request: Request, exc: Exception) -> Response:
         """NATS away or slow (a node lost, an election): a client may try again, here or at another

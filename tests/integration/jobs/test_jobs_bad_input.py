@@ -83,6 +83,10 @@ async def test_every_malformed_request_is_a_4xx_with_the_ojs_error_and_changes_n
         for method, path in OTHER:
             async with http.request(method, base + path, data=b"{") as response:
                 assert_ojs_error(response.status, response.headers, await response.text(), f"{method} {path}")
+                if response.status == 405:  # RFC 9110 15.5.6: what the path does take
+                    assert response.headers.get("Allow"), f"{method} {path}: a 405 without Allow"
+        async with http.patch(base + f"/jobs/{before['id']}") as response:  # two routes share the path
+            assert response.status == 405 and response.headers["Allow"] == "DELETE, GET, HEAD"
         async with http.get(base + f"/jobs/{before['id']}") as response:
             after = (await response.json())["job"]
         async with http.get(base + "/queues/bad/stats") as response:
