@@ -85,6 +85,18 @@ async def read_stream(js, stream: str, subject: str = ">", timeout: float = 120.
     return messages
 
 
+async def wait_while_moving(count, target: int, still: float, what: str, interval: float = 0.2) -> None:
+    """Poll `count()` until it reaches `target`; fail only once it has not grown for `still` seconds (a
+    stall), however long the whole takes: how fast a busy machine gets there is not the question."""
+    seen, moved = -1, time.monotonic()
+    while (now := count()) < target:
+        if now > seen:
+            seen, moved = now, time.monotonic()
+        elif time.monotonic() - moved > still:
+            raise AssertionError(f"{what}: stuck at {now} of {target} for {still:.0f}s")
+        await asyncio.sleep(interval)
+
+
 async def wait_for(predicate, timeout: float = 30.0, interval: float = 0.05, what: str = "condition"):
     """Poll an async or sync predicate until truthy; fail with `what` on timeout."""
     deadline = time.monotonic() + timeout

@@ -24,7 +24,7 @@ from seamq.settings import NatsSettings
 from seamq.topology import load_topology
 
 from helpers import SEAMQ, TESTS
-from helpers import FAILOVER_TOPOLOGY, freeze, longest_pause, read_stream, scalar, wait_for
+from helpers import FAILOVER_TOPOLOGY, freeze, longest_pause, read_stream, scalar, wait_for, wait_while_moving
 from helpers.relay import check_exactly_once_in_order, events_for, relay_running, unpublished
 
 CONSUMER = "sea__from_vibespro"
@@ -122,9 +122,10 @@ async def test_r3_cluster_loses_the_stream_leader_then_another_node_nothing_lost
     env.update(SEAMQ_DATABASE_URL=dsn, SEAMQ_NATS__URL=nats_cluster.url, SEAMQ_TOPOLOGY_FILE=str(path),
                SEAMQ_REPLICAS="3", PYTHONPATH=str(TESTS),
                SEAMQ_CONSUMER__REGISTRY="helpers.inprocess_handlers:REGISTRY", SEAMQ_CONSUMER__NAK_BASE="0.2")
-    workers = [subprocess.Popen([*SEAMQ, "relay"], env=env, stderr=subprocess.DEVNULL)]
-    workers += [subprocess.Popen([*SEAMQ, "consume", "--consumer", CONSUMER], env=env, stderr=subprocess.DEVNULL)
-                for _ in range(2)]
+    logs = [tmp_path / name for name in ("relay.log", "consumer-1.log", "consumer-2.log")]
+    commands = [[*SEAMQ, "relay"], *[[*SEAMQ, "consume", "--consumer", CONSUMER]] * 2]
+    workers = [subprocess.Popen(command, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+               for command, log in zip(commands, logs)]
     events = events_for(200, 100, context="vibespro")
     handled = "SELECT count(*) FROM side_effects"
 
@@ -155,8 +156,11 @@ async def test_r3_cluster_loses_the_stream_leader_then_another_node_nothing_lost
         second = await fail_and_heal(now_leading if now_leading is not first_leader else nats_cluster.nodes[
             (nats_cluster.nodes.index(first_leader) + 1) % 3], after=10_000)
         await producer
-        await wait_for(lambda: unpublished(dsn) == 0, timeout=180, what="everything published")
-        await wait_for(lambda: scalar(dsn, handled) >= 20_000, timeout=180, what="everything handled")
+        await wait_while_moving(lambda: len(events) - unpublished(dsn), len(events), still=120, what="publishing")
+        try:
+            await wait_while_moving(lambda: scalar(dsn, handled), 20_000, still=120, what="handling")
+        except AssertionError as exc:  # what a stall leaves behind, to read when it happens on CI
+            raise AssertionError(f"{exc}: {await stalled(dsn, js, workers, logs)}") from None
 
         async def settled():
             try:
@@ -180,6 +184,22 @@ async def test_r3_cluster_loses_the_stream_leader_then_another_node_nothing_lost
         total, distinct = conn.execute("SELECT count(*), count(DISTINCT message_id) FROM side_effects").fetchone()
         dead = conn.execute("SELECT count(*) FROM inbox_messages WHERE status <> 'processed'").fetchone()[0]
     assert (total, distinct, dead) == (20_000, 20_000, 0)
+
+
+async def stalled(dsn: str, js, workers: list, logs: list[Path]) -> str:
+    """The side effects, the inbox by status, the consumer's numbers and each worker's last lines."""
+    with psycopg.connect(dsn) as conn:
+        statuses = conn.execute("SELECT status, count(*) FROM inbox_messages GROUP BY status").fetchall()
+    try:
+        info = await js.consumer_info("VIBESPRO_EVENTS", CONSUMER)
+        numbers = (f"pending {info.num_pending}, ack pending {info.num_ack_pending}, redelivered "
+                   f"{info.num_redelivered}, delivered {info.delivered.stream_seq}, acked {info.ack_floor.stream_seq}")
+    except Exception as exc:  # noqa: BLE001 (a cluster that does not answer is part of what is said)
+        numbers = f"consumer info failed: {exc!r}"
+    tails = "\n".join(f"--- {log.name} (exit {w.poll()}):\n" + "\n".join(log.read_text().splitlines()[-15:])
+                      for w, log in zip(workers, logs))
+    return (f"{scalar(dsn, 'SELECT count(*) FROM side_effects')} side effects; inbox {statuses}; "
+            f"consumer: {numbers}\n{tails}")
 
 
 @pytest.mark.timeout(600)
