@@ -83,8 +83,8 @@ class Http:
         self.url = url + "/ojs/v1"
         self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=CONCURRENCY * 2))
 
-    async def call(self, path: str, body: dict) -> dict:
-        async with self.session.post(self.url + path, json=body) as response:
+    async def call(self, path: str, body: dict, method: str = "POST") -> dict:
+        async with self.session.request(method, self.url + path, json=body if method == "POST" else None) as response:
             payload = await response.json()
             if response.status >= 300:
                 raise RuntimeError(f"{path}: {response.status} {payload}")
@@ -134,13 +134,15 @@ async def lateness(http: Http, seconds: float, per_second: int = 300) -> list[fl
     Lateness = fetched - scheduled_at: the timer's lateness plus at most one fetch round trip."""
     total = int(seconds * per_second)
     late: list[float] = []
+    pushed: list[str] = []
+    fetched: set[str] = set()
 
     async def producer() -> None:
         tick = 0.1
         for _ in range(int(seconds / tick)):
             due = datetime.now(timezone.utc) + timedelta(seconds=1)
             batch = [_job(n, "timed", scheduled_at=due.isoformat()) for n in range(int(per_second * tick))]
-            await http.call("/jobs/batch", {"jobs": batch})
+            pushed.extend(job["id"] for job in (await http.call("/jobs/batch", {"jobs": batch}))["jobs"])
             await asyncio.sleep(max(0.0, tick - (datetime.now(timezone.utc) - due + timedelta(seconds=1))
                                     .total_seconds()))
 
@@ -150,11 +152,18 @@ async def lateness(http: Http, seconds: float, per_second: int = 300) -> list[fl
             now = datetime.now(timezone.utc)
             for job in jobs:
                 late.append((now - parse_time(job["scheduled_at"])).total_seconds() * 1000)
+                fetched.add(job["id"])
             await asyncio.gather(*(http.call("/workers/ack", {"job_id": job["id"]}) for job in jobs))
             if not jobs:
                 await asyncio.sleep(0.002)
 
-    await asyncio.wait_for(asyncio.gather(producer(), *(fetcher(f"t{n}") for n in range(4))), seconds + 60)
+    try:
+        await asyncio.wait_for(asyncio.gather(producer(), *(fetcher(f"t{n}") for n in range(4))), seconds + 60)
+    except asyncio.TimeoutError:  # which jobs never came out, as the server holds them now
+        missing = [job_id for job_id in pushed if job_id not in fetched]
+        held = [(await http.call(f"/jobs/{job_id}", {}, "GET"))["job"] for job_id in missing[:3]]
+        raise RuntimeError(f"{len(fetched)} of {len(pushed)} timed jobs fetched in {seconds + 60:.0f} s; "
+                           f"{len(missing)} never: {held}") from None
     return late
 
 
