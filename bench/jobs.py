@@ -83,8 +83,8 @@ class Http:
         self.url = url + "/ojs/v1"
         self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=CONCURRENCY * 2))
 
-    async def call(self, path: str, body: dict, method: str = "POST") -> dict:
-        async with self.session.request(method, self.url + path, json=body if method == "POST" else None) as response:
+    async def call(self, path: str, body: dict | None = None, method: str = "POST") -> dict:
+        async with self.session.request(method, self.url + path, json=body) as response:
             payload = await response.json()
             if response.status >= 300:
                 raise RuntimeError(f"{path}: {response.status} {payload}")
@@ -161,7 +161,7 @@ async def lateness(http: Http, seconds: float, per_second: int = 300) -> list[fl
         await asyncio.wait_for(asyncio.gather(producer(), *(fetcher(f"t{n}") for n in range(4))), seconds + 60)
     except asyncio.TimeoutError:  # which jobs never came out, as the server holds them now
         missing = [job_id for job_id in pushed if job_id not in fetched]
-        held = [(await http.call(f"/jobs/{job_id}", {}, "GET"))["job"] for job_id in missing[:3]]
+        held = [(await http.call(f"/jobs/{job_id}", method="GET"))["job"] for job_id in missing[:3]]
         raise RuntimeError(f"{len(fetched)} of {len(pushed)} timed jobs fetched in {seconds + 60:.0f} s; "
                            f"{len(missing)} never: {held}") from None
     return late

@@ -12,12 +12,12 @@ import time
 from pathlib import Path
 
 from bench.common import CpuWindow, NatsServer
+from seamq.jobs import model
 
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 10000
 
 
 def record(n: int, small: bool) -> dict:
-    from seamq.jobs import model
     now = model.utcnow()
     full = {**model.new_record({"type": "bench.noop", "args": [n], "options": {"queue": "probe"}}, now),
             "state": "completed", "attempt": 1, "started_at": model.iso(now), "completed_at": model.iso(now),
@@ -27,7 +27,6 @@ def record(n: int, small: bool) -> dict:
 
 async def main():
     import nats
-    from seamq.jobs.model import encode
     from seamq.jobs.nats_store import NatsJobStore
     from seamq.jobs.ports import Write
 
@@ -58,7 +57,7 @@ async def main():
                 seconds = time.perf_counter() - started
                 used = cpu.end()["nats"]
                 print(f"{name}: {N / seconds:,.0f} writes/s, nats-server {used / N * 1e6:.1f} us a write,"
-                      f" {len(encode(records[0]))} bytes a record")
+                      f" {len(model.encode(records[0]))} bytes a record")
         finally:
             await nc.close()
             server.stop()

@@ -59,7 +59,8 @@ def collect_less() -> None:
     """For a process whose work is an engine (`seamq jobs serve`, `seamq jobs worker --nats`): jobs make
     and drop many small objects, and at Python's default threshold the collector runs every few jobs,
     each of its oldest rounds scanning all that start-up made (docs/benchmarks.md 7k, 7y). That lives as
-    long as the process: frozen, it is never scanned again."""
+    long as the process: collected once, then frozen, it is never scanned again."""
+    gc.collect()
     gc.freeze()
     gc.set_threshold(GC_THRESHOLD, 10, 10)
 

@@ -4,7 +4,6 @@ settings, the store, the engine, uvicorn."""
 from __future__ import annotations
 
 import asyncio
-import gc
 from pathlib import Path
 
 from seamq.http.listen import config as uvicorn_config, listening_socket, server as uvicorn_server
@@ -43,7 +42,6 @@ async def serve(settings: Settings, *, host: str, port: int, test_mode: bool = F
                 # What exists now (modules, the app) lives as long as the process: out of the collector's
                 # sight, a full collection stops taking 30-50 ms (measured), which was the p99 of timer
                 # lateness; and its youngest rounds as rare as the native worker's (docs/benchmarks.md 7y).
-                gc.collect()
                 collect_less()
             server = uvicorn_server(config, stop)
             log.info("jobs_serving", host=host, port=port, test_mode=test_mode, auth=tokens.required)

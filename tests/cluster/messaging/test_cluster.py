@@ -124,8 +124,10 @@ async def test_r3_cluster_loses_the_stream_leader_then_another_node_nothing_lost
                SEAMQ_CONSUMER__REGISTRY="helpers.inprocess_handlers:REGISTRY", SEAMQ_CONSUMER__NAK_BASE="0.2")
     logs = [tmp_path / name for name in ("relay.log", "consumer-1.log", "consumer-2.log")]
     commands = [[*SEAMQ, "relay"], *[[*SEAMQ, "consume", "--consumer", CONSUMER]] * 2]
-    workers = [subprocess.Popen(command, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
-               for command, log in zip(commands, logs)]
+    workers = []
+    for command, log in zip(commands, logs):
+        with log.open("w") as out:  # the child writes its own copy
+            workers.append(subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT))
     events = events_for(200, 100, context="vibespro")
     handled = "SELECT count(*) FROM side_effects"
 
@@ -190,6 +192,7 @@ async def stalled(dsn: str, js, workers: list, logs: list[Path]) -> str:
     """The side effects, the inbox by status, the consumer's numbers and each worker's last lines."""
     with psycopg.connect(dsn) as conn:
         statuses = conn.execute("SELECT status, count(*) FROM inbox_messages GROUP BY status").fetchall()
+        effects = conn.execute("SELECT count(*) FROM side_effects").fetchone()[0]
     try:
         info = await js.consumer_info("VIBESPRO_EVENTS", CONSUMER)
         numbers = (f"pending {info.num_pending}, ack pending {info.num_ack_pending}, redelivered "
@@ -198,7 +201,7 @@ async def stalled(dsn: str, js, workers: list, logs: list[Path]) -> str:
         numbers = f"consumer info failed: {exc!r}"
     tails = "\n".join(f"--- {log.name} (exit {w.poll()}):\n" + "\n".join(log.read_text().splitlines()[-15:])
                       for w, log in zip(workers, logs))
-    return (f"{scalar(dsn, 'SELECT count(*) FROM side_effects')} side effects; inbox {statuses}; "
+    return (f"{effects} side effects; inbox {statuses}; "
             f"consumer: {numbers}\n{tails}")
 
 
