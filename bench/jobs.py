@@ -17,6 +17,7 @@ import json
 import statistics
 import time
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import aiohttp
 import nats
@@ -129,7 +130,7 @@ async def process(http: Http | list[Http], count: int, queue: str) -> float:
     return _rate(count, started)
 
 
-async def lateness(http: Http, seconds: float, per_second: int = 300) -> list[float]:
+async def lateness(http: Http, seconds: float, server_log: Path, per_second: int = 300) -> list[float]:
     """Push `per_second` jobs/s each due 1 s later; four tight fetchers note when each comes out.
     Lateness = fetched - scheduled_at: the timer's lateness plus at most one fetch round trip."""
     total = int(seconds * per_second)
@@ -162,8 +163,9 @@ async def lateness(http: Http, seconds: float, per_second: int = 300) -> list[fl
     except asyncio.TimeoutError:  # which jobs never came out, as the server holds them now
         missing = [job_id for job_id in pushed if job_id not in fetched]
         held = [(await http.call(f"/jobs/{job_id}", method="GET"))["job"] for job_id in missing[:3]]
+        said = server_log.read_text(errors="replace").splitlines()[-10:]  # it logs warnings and errors only
         raise RuntimeError(f"{len(fetched)} of {len(pushed)} timed jobs fetched in {seconds + 60:.0f} s; "
-                           f"{len(missing)} never: {held}") from None
+                           f"{len(missing)} never: {held}; the server's log ends: {said}") from None
     return late
 
 
@@ -188,7 +190,7 @@ async def server_scenarios(svc, count: int, waiting: int, result: Result, raw: d
         result.add(case=f"processed end to end over HTTP ({WORKERS} workers, fetch 10, ack 1 by 1)",
                    jobs_per_s=round(rates["processed"]), target=">= 1200",
                    vs_raw=f"{rates['processed'] / raw['kv_cas']:.2f} of KV CAS (2 CAS per job)")
-        late = await lateness(http, 5.0 if count >= 10_000 else 2.0)
+        late = await lateness(http, 5.0 if count >= 10_000 else 2.0, svc.root / "jobs-server.log")
         rates["late_p99"] = _p(late, 99)
         result.add(case=f"timer lateness, 300 jobs/s due 1 s ahead ({len(late)} jobs), p50/p99/max ms",
                    jobs_per_s=300, target="p99 < 30 ms",

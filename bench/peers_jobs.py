@@ -72,7 +72,7 @@ async def seamq_row(svc, count: int) -> dict:
                "enqueue_single": round(await enqueue_single(http, count, "peers")),
                "enqueue_batched": round(await enqueue_batched(http, count, "peers"))}
         row["processed"] = round(await process(http, 2 * count, "peers"))
-        late = await lateness(http, 5.0 if count >= 10_000 else 2.0)
+        late = await lateness(http, 5.0 if count >= 10_000 else 2.0, svc.root / "peers-jobs-server.log")
         row.update(late_p50_ms=round(_p(late, 50), 1), late_p99_ms=round(_p(late, 99), 1), late_max_ms=round(max(late), 1))
         return row
     finally:

@@ -28,6 +28,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Callable
 
+from seamq.backoff import NO_JITTER, Backoff
 from seamq.jobs import intake, model
 from seamq.jobs.admission import Admission
 from seamq.jobs.job import FINISHED, counted, released, retried
@@ -49,7 +50,13 @@ from seamq.stopping import wait_event
 
 __all__ = ["EVENTS_KEPT", "Engine"]
 
-EARLY_TIMER_TRIES = 10  # a timer that came before the change it was armed for: handed out again, a second apart
+# A timer that came before the change it was armed for was stored, or whose firing failed, comes again:
+# the engine's copy HELD_TRIES times HELD_AGAIN apart (then its store copy is the one left), the store's
+# by EARLY_TIMER, for minutes (a change stored that late, or a store failing that long, is not the
+# common case, but a job left waiting for a timer that gave up is never seen again).
+HELD_AGAIN, HELD_TRIES = 0.05, 10
+EARLY_TIMER = Backoff(base=0.5, cap=30.0, spread=NO_JITTER)  # by the store copy's deliveries
+EARLY_TIMER_TRIES = 14  # about 4 minutes
 FLAGS_WAIT = 30.0  # seconds for the followed flags at start
 SOON = 60.0  # seconds: a timer due within this is also kept here (bounded by the timer rate, not the backlog)
 GC_THRESHOLD = 10_000  # allocations between the collector's youngest rounds (Python's default: 700)
@@ -161,17 +168,38 @@ class Engine:
         try:
             if timer.kind == "cron":
                 await self.crontab.fire(timer.key, timer.token.get("attempt"))
-            elif not await self.ops.fire(timer) and timer.deliveries < EARLY_TIMER_TRIES:
-                if timer.handle is None:  # one of this server's: again in a moment
-                    heapq.heappush(self._deadlines, (time.time() + 0.05, next(self._count),
-                                                     replace(timer, deliveries=timer.deliveries + 1)))
-                else:
-                    await self.store.again(timer, 1.0)
+                ended = True
+            else:
+                ended = await self.ops.fire(timer)
+        except Exception as exc:  # one bad timer never stops the clock
+            log.error("ojs_timer_failed", key=timer.key, kind=timer.kind, deliveries=timer.deliveries,
+                      error=describe(exc))
+            ended = False
+        try:
+            if not ended and await self._again(timer):
                 return
             if timer.handle is not None:
                 await self.store.done(timer)
-        except Exception as exc:  # one bad timer never stops the clock; it comes again
-            log.error("ojs_timer_failed", key=timer.key, kind=timer.kind, error=describe(exc))
+        except Exception as exc:  # it comes again when the store's hold of it ends
+            log.error("ojs_timer_failed", key=timer.key, kind=timer.kind, deliveries=timer.deliveries,
+                      error=describe(exc))
+
+    async def _again(self, timer: Fired) -> bool:
+        """A timer that came before its change was stored, or whose firing failed, handed out again
+        (True), or let go once it has had its tries (the engine's copy: its store copy is left)."""
+        if timer.handle is None:
+            if timer.deliveries >= HELD_TRIES:
+                return False
+            heapq.heappush(self._deadlines, (time.time() + HELD_AGAIN, next(self._count),
+                                             replace(timer, deliveries=timer.deliveries + 1)))
+            self._wake.set()
+            return True
+        if timer.deliveries >= EARLY_TIMER_TRIES:
+            log.error("ojs_timer_dropped", key=timer.key, kind=timer.kind, deliveries=timer.deliveries,
+                      reason="the change it was armed for was never stored, or its firing failed each time")
+            return False
+        await self.store.again(timer, EARLY_TIMER.delay(timer.deliveries))
+        return True
 
     async def reset(self) -> None:
         await self.store.wipe()

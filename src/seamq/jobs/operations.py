@@ -348,7 +348,8 @@ class Operations:
 
     async def fire(self, fired: Fired) -> bool:
         """A job's timer came due (to this server alone): move the job if the timer still applies. False when
-        the change it was armed for is not stored yet (armed first): handed out again a few times, then dropped."""
+        the change it was armed for is not stored yet (armed first), or its move lost a compare-and-set: it
+        comes again, and is decided then on the job as it is."""
         held = await self.store.get(fired.key.rsplit(".", 1)[-1])
         attempt = fired.token.get("attempt")
         if held is None:
@@ -357,11 +358,9 @@ class Operations:
         if (fired.kind == "retry" and job.state == State.ACTIVE and job.attempt == attempt) or \
                 (fired.kind == "timeout" and job.state == State.AVAILABLE and job.attempt + 1 == attempt):
             return False  # the failure, or the claim, not stored yet
-        if attempt == job.attempt:
-            await self._due(fired.kind, job, revision)
-        return True
+        return attempt != job.attempt or await self._due(fired.kind, job, revision)
 
-    async def _due(self, kind: str, job: Job, revision: int) -> None:
+    async def _due(self, kind: str, job: Job, revision: int) -> bool:
         now = self.clock()
         try:
             if kind in ("scheduled", "retry") and job.state in (State.SCHEDULED, State.RETRYABLE):
@@ -371,5 +370,6 @@ class Operations:
             elif kind == "timeout" and job.state == State.ACTIVE:
                 error = {"code": "timeout", "type": "timeout", "message": f"exceeded timeout_ms={job.timeout_ms}"}
                 await self._store(moves.failed(job, now, error, self.rng), revision, job)
-        except OjsError:  # another server or request moved it first: the timer no longer applies
-            pass
+        except OjsError:  # it lost to a change made since it was read (Lost): decided again on the job as it is then
+            return False
+        return True

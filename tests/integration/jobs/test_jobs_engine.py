@@ -78,6 +78,31 @@ async def test_an_engine_with_its_clocks_on_the_memory_store_takes_in_relayed_jo
     assert [e for e in logs if e["log_level"] in ("warning", "error")] == []
 
 
+async def test_a_timer_the_engine_holds_whose_firing_fails_is_fired_again_on_its_clock():
+    """The engine's copy of a timer due soon is tried again at once when its firing fails (a store
+    request timed out), not left to the store's copy a second later or more. The store's clock here
+    stays at its start, so its copy never comes: only the engine's can move the job."""
+    store = MemoryJobStore()
+    engine = await Engine(store).start()
+    get = store.get
+
+    async def failing_once(key):
+        store.get = get
+        raise ConnectionError("nats: timeout")
+    try:
+        due = datetime.now(timezone.utc) + timedelta(seconds=0.3)
+        _, pushed = await engine.ops.push({"type": "a.b", "args": [], "options": {"queue": "soon", "scheduled_at": due.isoformat()}})
+        store.get = failing_once
+        with capture_logs() as logs:
+            deadline = asyncio.get_running_loop().time() + 30
+            while store.records[pushed["id"]].record["state"] != "available":  # a liveness bound only
+                assert asyncio.get_running_loop().time() < deadline, "the engine's copy was not fired again"
+                await asyncio.sleep(0.02)
+    finally:
+        await engine.stop()
+    assert [e["event"] for e in logs if e["log_level"] == "error"] == ["ojs_timer_failed"]
+
+
 async def test_the_stores_copy_of_a_timer_fires_it_when_the_engine_that_held_it_is_gone(nc):
     """The backstop: a job whose engine stopped before its time still comes due, from the store."""
     first = await Engine(await NatsJobStore(nc).start()).start()
