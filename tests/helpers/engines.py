@@ -1,9 +1,10 @@
 """Fixtures for the engine's unit tests: two servers on one in-memory store and a clock the test moves
-(tests/conftest.py loads them for every test; a module's own fixture of the same name wins), and the
-job those tests push."""
+(tests/conftest.py loads them for every test; a module's own fixture of the same name wins), the
+job those tests push, and two ways to hold a change on its way to the store."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 
 import pytest
@@ -42,3 +43,21 @@ def job(job_type: str = "t.run", queue: str = "q", **options) -> dict:
 
 async def push(engine: Engine, body: dict) -> dict:
     return (await engine.ops.push(body))[1]
+
+
+async def every_task_ran() -> None:
+    """Turns of the loop, not time: for tests where nothing waits on I/O."""
+    for _ in range(50):
+        await asyncio.sleep(0)
+
+
+def gated(store) -> asyncio.Event:
+    """The store's next commit waits until the returned event is set (a batch on its way to NATS)."""
+    gate, commit = asyncio.Event(), store.commit
+
+    async def held(writes):
+        store.commit = commit
+        await gate.wait()
+        return await commit(writes)
+    store.commit = held
+    return gate

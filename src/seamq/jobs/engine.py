@@ -172,8 +172,9 @@ class Engine:
             else:
                 ended = await self.ops.fire(timer)
         except Exception as exc:  # one bad timer never stops the clock
-            log.error("ojs_timer_failed", key=timer.key, kind=timer.kind, deliveries=timer.deliveries,
-                      error=describe(exc))
+            if timer.handle is not None or timer.deliveries == 1:  # the engine's copy: its first failure
+                log.error("ojs_timer_failed", key=timer.key, kind=timer.kind, deliveries=timer.deliveries,
+                          error=describe(exc))  # (its retries, 50 ms apart, would say it ten times)
             ended = False
         try:
             if not ended and await self._again(timer):

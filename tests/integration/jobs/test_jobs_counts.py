@@ -23,6 +23,8 @@ from seamq.jobs.nats_store import NatsJobStore
 from seamq.jobs.ports import Conflict, Write
 from seamq.jobs.tallied import Tallied
 
+from helpers.engines import every_task_ran
+
 SEQUENCES, STEPS = 2_000, 8
 RETRY = {"max_attempts": 2, "initial_interval": "PT0.2S", "jitter": False, "on_exhaustion": "dead_letter"}
 
@@ -304,10 +306,6 @@ async def test_commits_that_come_while_a_batch_is_on_its_way_go_next_as_one():
             return await raw_store.commit(writes)
         return await sent(writes)
     store.commit = held_first
-
-    async def every_task_ran() -> None:  # turns of the loop, not time: nothing here waits on I/O
-        for _ in range(50):
-            await asyncio.sleep(0)
 
     def job(n: int) -> dict:
         return {"id": f"n{n}", "queue": "next", "state": "available"}

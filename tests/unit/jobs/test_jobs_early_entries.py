@@ -9,24 +9,7 @@ from datetime import timedelta
 
 from seamq.jobs.operations import EARLY_ENTRY, EARLY_ENTRY_TRIES
 
-from helpers.engines import job, push
-
-
-async def every_task_ran() -> None:  # turns of the loop, not time: nothing here waits on I/O
-    for _ in range(50):
-        await asyncio.sleep(0)
-
-
-def gated(store) -> asyncio.Event:
-    """The store's next commit waits until the returned event is set (a batch on its way to NATS)."""
-    gate, commit = asyncio.Event(), store.commit
-
-    async def held(writes):
-        store.commit = commit
-        await gate.wait()
-        return await commit(writes)
-    store.commit = held
-    return gate
+from helpers.engines import every_task_ran, gated, job, push
 
 
 async def test_a_fetch_that_meets_an_entry_whose_record_is_on_its_way_here_waits_for_it(engine, store):

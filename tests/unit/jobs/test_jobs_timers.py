@@ -13,8 +13,7 @@ from structlog.testing import capture_logs
 from seamq.jobs.engine import EARLY_TIMER, EARLY_TIMER_TRIES
 from seamq.jobs.memory_store import ACK_WAIT
 
-from helpers.engines import job, push
-from test_jobs_early_entries import every_task_ran, gated
+from helpers.engines import every_task_ran, gated, job, push
 
 
 async def scheduled(engine, clock) -> str:
