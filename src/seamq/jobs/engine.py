@@ -172,9 +172,11 @@ class Engine:
             else:
                 ended = await self.ops.fire(timer)
         except Exception as exc:  # one bad timer never stops the clock
-            if timer.handle is not None or timer.deliveries == 1:  # the engine's copy: its first failure
+            # The store's copy each time (minutes apart at most); the engine's copy once, not at each
+            # of its tries 50 ms apart (an outage with many timers due would fill the log).
+            if timer.handle is not None or timer.deliveries == 1:
                 log.error("ojs_timer_failed", key=timer.key, kind=timer.kind, deliveries=timer.deliveries,
-                          error=describe(exc))  # (its retries, 50 ms apart, would say it ten times)
+                          error=describe(exc))
             ended = False
         try:
             if not ended and await self._again(timer):
