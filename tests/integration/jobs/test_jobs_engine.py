@@ -82,27 +82,31 @@ async def test_a_timer_the_engine_holds_whose_firing_fails_is_fired_again_on_its
     """The engine's copy of a timer due soon is tried again at once when its firing fails (a store
     request timed out), not left to the store's copy a second later or more; its first failure is
     logged, not each of its tries. The store's clock here stays at its start, so its copy never comes:
-    only the engine's can move the job."""
+    only the engine's can move the job. Its reads of the job fail three times, the first once the push
+    has returned, however long that takes (the timer may come before the record is stored)."""
     store = MemoryJobStore()
     engine = await Engine(store).start()
-    get, failures = store.get, iter(range(3))
+    job_id, get, failures, pushed = "019a0000-0000-7000-8000-0000000000aa", store.get, iter(range(3)), asyncio.Event()
 
-    async def failing_once(key):
-        if next(failures, None) is None:
-            store.get = get
-            return await get(key)
-        raise ConnectionError("nats: timeout")
+    async def failing(key):
+        if key == job_id and next(failures, None) is not None:
+            await pushed.wait()
+            raise ConnectionError("nats: timeout")
+        return await get(key)
+    store.get = failing
     try:
-        due = datetime.now(timezone.utc) + timedelta(seconds=0.3)
-        _, pushed = await engine.ops.push({"type": "a.b", "args": [], "options": {"queue": "soon", "scheduled_at": due.isoformat()}})
-        store.get = failing_once
         with capture_logs() as logs:
+            due = datetime.now(timezone.utc) + timedelta(seconds=0.3)
+            await engine.ops.push({"id": job_id, "type": "a.b", "args": [],
+                                   "options": {"queue": "soon", "scheduled_at": due.isoformat()}})
+            pushed.set()
             deadline = asyncio.get_running_loop().time() + 30
-            while store.records[pushed["id"]].record["state"] != "available":  # a liveness bound only
+            while store.records[job_id].record["state"] != "available":  # a liveness bound only
                 assert asyncio.get_running_loop().time() < deadline, "the engine's copy was not fired again"
                 await asyncio.sleep(0.02)
     finally:
         await engine.stop()
+    assert next(failures, None) is None  # all three failed reads happened
     assert [e["event"] for e in logs if e["log_level"] == "error"] == ["ojs_timer_failed"]
 
 
