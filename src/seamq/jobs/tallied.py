@@ -8,8 +8,9 @@ queue, the way River's completer gathers completions. A commit whose writes may 
 (Write.may_wait: a worker's ack) is held until its time is up or another commit goes, so that a
 worker's acks and its next fetch's claims share one batch instead of paying one each. One batch is
 on its way at a time: what comes meanwhile goes next, as one. A batch whose CAS loses is tried again
-without the commits that its records, read once, show moved on, and those one at a time, so a
-conflict is told to the commit that lost it and to no other. A fetch that meets a job's ready entry
+without the commits whose records, read once, show them written again since (told at once that they
+lost), or, when none does, without those the read shows behind (a replica that lags), which go one
+at a time; so a conflict is told to the commit that lost it and to no other. A fetch that meets a job's ready entry
 before its record (the entry is written first) waits for the record's commit here (`landed`), in a
 batch or sent at once.
 
@@ -206,9 +207,19 @@ class Tallied:
         except Conflict as exc:
             if len(group) == 1:
                 return _settle(group[0], exc)
-            # Which one lost, only each alone can tell; the records read once set apart those that
-            # surely did, and the others go together once more (each alone if that loses too).
-            behind = await self._behind(group) if split else set()
+            # A commit whose record was written again since it was read surely lost: told so now, not
+            # sent alone to lose (after a burst of acks under load, hundreds of such batches of one,
+            # each staged by nats-server, held every count-moving commit behind them for seconds, a
+            # push for 10 s). The rest go again. Which one lost when the records show none written
+            # again, only each alone can tell; the records read once set apart those they show behind
+            # (a replica that lags), and the others go together once more (each alone if that loses too).
+            lost, behind = await self._behind(group) if split else (set(), set())
+            if lost:
+                for n in lost:
+                    _settle(group[n], Conflict(f"{group[n].writes[0].key}: written again since it was read"))
+                if rest := [pending for n, pending in enumerate(group) if n not in lost]:
+                    await self._batch(rest, lane)
+                return
             together = [pending for n, pending in enumerate(group) if n not in behind]
             if not behind or not together:  # nothing to go by: each alone
                 behind, together = set(range(len(group))), []
@@ -255,15 +266,22 @@ class Tallied:
             return revisions[:len(writes)]
         raise AssertionError("unreachable")
 
-    async def _behind(self, group: list[_Commit]) -> set[int]:
-        """The commits of `group` a write of which the store's records show moved on (a hint: a
-        replica may lag, and the compare-and-set decides)."""
+    async def _behind(self, group: list[_Commit]) -> tuple[set[int], set[int]]:
+        """The commits of `group` a write of which the store's records show written again since it was
+        read (its revision past the one the write expects: it surely lost), and those a write of which
+        they show at another revision (a replica may lag: the compare-and-set decides)."""
         try:
             held = await self.store.get_many(list({w.key for c in group for w in c.writes if w.revision is not None}))
         except Exception:  # only a hint: without it, each alone
-            return set()
-        return {n for n, pending in enumerate(group) for w in pending.writes if w.revision is not None and
-                (held[w.key].revision if w.key in held else 0) != w.revision}
+            return set(), set()
+        lost: set[int] = set()
+        behind: set[int] = set()
+        for n, pending in enumerate(group):
+            for w in pending.writes:
+                now = held[w.key].revision if w.key in held else 0
+                if w.revision is not None and now != w.revision:
+                    (lost if now > w.revision else behind).add(n)
+        return lost, behind - lost
 
     async def _read(self, key: str) -> tuple[dict | None, int]:
         held = await self.store.get(key)
