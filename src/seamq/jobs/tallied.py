@@ -10,9 +10,9 @@ worker's acks and its next fetch's claims share one batch instead of paying one 
 on its way at a time: what comes meanwhile goes next, as one. A batch whose CAS loses is tried again
 without the commits whose records, read once, show them written again since (told at once that they
 lost), or, when none does, without those the read shows behind (a replica that lags), which go one
-at a time; so a conflict is told to the commit that lost it and to no other. A fetch that meets a job's ready entry
-before its record (the entry is written first) waits for the record's commit here (`landed`), in a
-batch or sent at once.
+at a time; so a conflict is told to the commit that lost it and to no other. A fetch that meets a
+job's ready entry before its record (the entry is written first) waits for the record's commit here
+(`landed`), in a batch or sent at once.
 
 A queue has tally.SLOTS tally records, whatever the number of servers and however often they
 restart, so reading a queue's counts costs the same in a year as today. Each process sends its
@@ -208,15 +208,15 @@ class Tallied:
             if len(group) == 1:
                 return _settle(group[0], exc)
             # A commit whose record was written again since it was read surely lost: told so now, not
-            # sent alone to lose (after a burst of acks under load, hundreds of such batches of one,
-            # each staged by nats-server, held every count-moving commit behind them for seconds, a
-            # push for 10 s). The rest go again. Which one lost when the records show none written
-            # again, only each alone can tell; the records read once set apart those they show behind
-            # (a replica that lags), and the others go together once more (each alone if that loses too).
-            lost, behind = await self._behind(group) if split else (set(), set())
+            # sent alone to lose (hundreds of such batches of one, each staged by nats-server, once held
+            # every count-moving commit behind them for seconds: docs/benchmarks.md 7z). The rest go
+            # again. When the records show none written again, which one lost only each alone can tell;
+            # the records read once set apart those they show behind (a replica that lags), and the
+            # others go together once more (each alone if that loses too).
+            lost, behind = await self._behind(group) if split else ({}, set())
             if lost:
-                for n in lost:
-                    _settle(group[n], Conflict(f"{group[n].writes[0].key}: written again since it was read"))
+                for n, key in lost.items():
+                    _settle(group[n], Conflict(f"{key}: written again since it was read"))
                 if rest := [pending for n, pending in enumerate(group) if n not in lost]:
                     await self._batch(rest, lane)
                 return
@@ -266,22 +266,25 @@ class Tallied:
             return revisions[:len(writes)]
         raise AssertionError("unreachable")
 
-    async def _behind(self, group: list[_Commit]) -> tuple[set[int], set[int]]:
-        """The commits of `group` a write of which the store's records show written again since it was
-        read (its revision past the one the write expects: it surely lost), and those a write of which
-        they show at another revision (a replica may lag: the compare-and-set decides)."""
+    async def _behind(self, group: list[_Commit]) -> tuple[dict[int, str], set[int]]:
+        """The commits of `group` a record of which the store shows written again since it was read (at
+        a revision past the one the write expects, which no lag can show: it surely lost), with that
+        record's key; and those a record of which it shows behind (a replica may lag: the
+        compare-and-set decides)."""
         try:
             held = await self.store.get_many(list({w.key for c in group for w in c.writes if w.revision is not None}))
         except Exception:  # only a hint: without it, each alone
-            return set(), set()
-        lost: set[int] = set()
+            return {}, set()
+        lost: dict[int, str] = {}
         behind: set[int] = set()
         for n, pending in enumerate(group):
             for w in pending.writes:
                 now = held[w.key].revision if w.key in held else 0
-                if w.revision is not None and now != w.revision:
-                    (lost if now > w.revision else behind).add(n)
-        return lost, behind - lost
+                if w.revision is not None and now > w.revision:
+                    lost.setdefault(n, w.key)
+                elif w.revision is not None and now != w.revision:
+                    behind.add(n)
+        return lost, behind - lost.keys()
 
     async def _read(self, key: str) -> tuple[dict | None, int]:
         held = await self.store.get(key)
