@@ -1,6 +1,7 @@
 """Fixtures for the engine's unit tests: two servers on one in-memory store and a clock the test moves
 (tests/conftest.py loads them for every test; a module's own fixture of the same name wins), the
-job those tests push, and two ways to hold a change on its way to the store."""
+job those tests push, a store's next commit held on its way (`gated`), and the turns of the loop that
+let a change reach it (`every_task_ran`)."""
 
 from __future__ import annotations
 

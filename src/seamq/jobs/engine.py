@@ -195,8 +195,7 @@ class Engine:
                 return False
             heapq.heappush(self._deadlines, (time.time() + HELD_AGAIN, next(self._count),
                                              replace(timer, deliveries=timer.deliveries + 1)))
-            self._wake.set()
-            return True
+            return True  # (fired in the deadline loop, which reads the heap again once its round is done)
         if timer.deliveries >= EARLY_TIMER_TRIES:
             log.error("ojs_timer_dropped", key=timer.key, kind=timer.kind, deliveries=timer.deliveries,
                       reason="the change it was armed for was never stored, or its firing failed each time")

@@ -278,11 +278,11 @@ class Tallied:
         lost: dict[int, str] = {}
         behind: set[int] = set()
         for n, pending in enumerate(group):
-            for w in pending.writes:
+            for w in (w for w in pending.writes if w.revision is not None):
                 now = held[w.key].revision if w.key in held else 0
-                if w.revision is not None and now > w.revision:
+                if now > w.revision:
                     lost.setdefault(n, w.key)
-                elif w.revision is not None and now != w.revision:
+                elif now != w.revision:
                     behind.add(n)
         return lost, behind - lost.keys()
 
