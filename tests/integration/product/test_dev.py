@@ -121,7 +121,10 @@ def test_dev_on_a_three_node_cluster_runs_r3_streams_three_job_servers_and_stops
         except OSError as exc:
             raise AssertionError(f"no answer from {urls[2]}: {exc}\n{said()}") from None
         assert [j["id"] for j in fetched] == [job["id"]], said()
-        jobs_call(urls[1], "/ojs/v1/workers/ack", {"job_id": job["id"]})
+        try:
+            jobs_call(urls[1], "/ojs/v1/workers/ack", {"job_id": job["id"]})
+        except OSError as exc:  # it timed out once in a full run (session 52), with nothing to read
+            raise AssertionError(f"no answer from {urls[1]} to the ack: {exc}\n{said()}") from None
         # its dashboard, every 5 s: stopped once events have flowed end to end
         read_until(lambda line: handled(line, "sea__from_vibespro") > 50)
         dev.send_signal(signal.SIGTERM)
