@@ -25,7 +25,7 @@ RECORD_TTL = timedelta(days=7)  # a finished job is kept this long (the store's 
 TIMES = ("created_at", "enqueued_at", "scheduled_at", "started_at", "completed_at", "cancelled_at", "discarded_at",
          "next_attempt_at", "lease_until")
 INTERNAL = {"lease_until": "_lease_until", "dead_letter": "_dlq", "entry": "_entry", "hold": "_hold",
-            "counted_as": "_counted"}  # never shown
+            "counted_as": "_counted", "mark": "_mark"}  # never shown
 ALWAYS = ("enqueued_at", "scheduled_at", "expires_at", "timeout_ms", "tags", "retry", "unique", "options")
 
 
@@ -69,6 +69,8 @@ class Job:
     # The state its queue's counts still show it in, when not its own: a claim, an ack or a timer's move
     # that leaves its count to later (`count_later`, seamq.jobs.recounts). Every other change clears it.
     counted_as: str | None = None
+    # An ack's `counted_as` holds until its process counts this mark, [epoch, number] (seamq.jobs.recounts).
+    mark: list[Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # what else the client sent (specversion, schema, ...)
     # Its fields and its record as read from the store: to_record writes only what changed since.
     as_read: tuple[Record, Record] | None = field(default=None, compare=False, repr=False)
@@ -104,7 +106,7 @@ def replace(job: Job, **changes: Any) -> Job:
     if not changes.keys() <= _NAMES:
         raise TypeError(f"Job has no field {sorted(changes.keys() - _NAMES)}")
     new = object.__new__(Job)
-    _SET(new, "__dict__", {**job.__dict__, "counted_as": None, **changes})
+    _SET(new, "__dict__", {**job.__dict__, "counted_as": None, "mark": None, **changes})
     return new
 
 
@@ -147,9 +149,13 @@ def _iso(moment: datetime) -> str:
 def counted(job: Job) -> Record:
     """Where the job's record counts, and no more of it (seamq.jobs.tally.place): what a write names
     as the record it replaces."""
-    state = job.counted_as or job.state.value
-    at = getattr(job, f"{state}_at") if job.state in FINISHED and not job.counted_as else None
-    out = {"queue": job.queue, "state": state, f"{state}_at": _iso(at)} if at else {"queue": job.queue, "state": state}
+    if job.mark:  # counted where it is once its mark is (seamq.jobs.tally.place)
+        state, at = job.state.value, getattr(job, f"{job.state.value}_at")
+        out = {"queue": job.queue, "state": state, f"{state}_at": _iso(at), "_counted": job.counted_as, "_mark": job.mark}
+    else:
+        state = job.counted_as or job.state.value
+        at = getattr(job, f"{state}_at") if job.state in FINISHED and not job.counted_as else None
+        out = {"queue": job.queue, "state": state, f"{state}_at": _iso(at)} if at else {"queue": job.queue, "state": state}
     tenant = (job.meta or {}).get("tenant_id")
     return {**out, "meta": {"tenant_id": tenant}} if tenant else out  # its tenant's counts move too
 
@@ -201,6 +207,13 @@ def claimed(job: Job, now: datetime, worker_id: str | None, lease: timedelta, en
     return replace(job, state=State.ACTIVE, attempt=job.attempt + 1, started_at=now, worker_id=worker_id,
                    lease_until=now + lease, entry=entry, hold=hold,
                    counted_as=(job.counted_as or State.AVAILABLE.value) if count_later else None)
+
+
+def marked(job: Job, mark: list[Any]) -> Job:
+    """An ack that counts later, bearing the number its process counts it by (seamq.jobs.recounts)."""
+    if job.counted_as is None or job.state not in FINISHED:
+        raise conflict(f"cannot mark job {job.id}: it is counted as {job.state.value}")
+    return replace(job, counted_as=job.counted_as, mark=mark)
 
 
 def recounted(job: Job) -> Job:

@@ -28,7 +28,7 @@ from nats.js.errors import APIError, BadRequestError, KeyNotFoundError, KeyWrong
 
 from seamq.jobs.model import decode, encode, utcnow
 from seamq.jobs.ports import Conflict, Stored, Write
-from seamq.jobs.tally import RETENTION, record_ttl
+from seamq.jobs.tally import RETENTION, ttl
 from seamq.nats.replies import Replies, acked
 from seamq.nats.wire import header_block
 
@@ -146,8 +146,7 @@ class NatsRecords:
             if write.record is None:
                 headers["KV-Operation"] = "DEL"
             elif write.finished:  # a job's record, until its count ends (seamq.jobs.tally)
-                headers["Nats-TTL"] = str(record_ttl(write.record, utcnow()) if "." not in write.key
-                                          else RECORD_TTL_SECONDS)
+                headers["Nats-TTL"] = str(ttl(write.key, write.record, utcnow()))
             if batch_id:
                 headers.update({"Nats-Batch-Id": batch_id, "Nats-Batch-Sequence": str(index)})
             subject, payload = f"$KV.{JOBS}.{write.key}", b"" if write.record is None else encode(write.record)

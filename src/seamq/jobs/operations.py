@@ -124,8 +124,27 @@ class Operations:
         state needs comes first: its entry in the ready order when it became available, its clocks
         (an entry or a timer whose change was never stored is dropped when it comes). Then what its
         old state held and its new one does not, and its event (seamq.jobs.job.aftermath)."""
-        record, after = to_record(job), aftermath(before, job)
+        after = aftermath(before, job)
         await self.admission.ready(job)
+        if job.counted_as and after.finished:  # an ack counted later: numbered, its outcome told (recounts)
+            job = self.recounts.mark(job)
+        record = to_record(job)
+        try:
+            revisions, started, moved = await self._written(job, record, revision, before, after, may_wait)
+        except BaseException as exc:
+            self.recounts.unstored(job, surely=isinstance(exc, (Conflict, Lost)))
+            raise
+        await self.after_stored(job, revisions[0], before, after, record)
+        for new, revision in zip(started, revisions[2:]):
+            await self.admission.admitted(new, revision)
+        if self.flows is not None:
+            await self.flows.ended(moved)
+        return revisions[0], record
+
+    async def _written(self, job: Job, record: dict, revision: int, before: Job, after: Aftermath,
+                       may_wait: float) -> tuple[list[int], list[dict], dict | None]:
+        """The job's write, its workflow's next move and its dead letter, in one commit: their revisions,
+        the workflow's jobs started and the workflow as moved."""
         for attempt in range(CAS_TRIES):
             writes, started, moved = [Write(job.id, record, revision, after.finished, counted(before), may_wait)], [], None
             if after.workflow and self.flows is not None:
@@ -134,19 +153,13 @@ class Operations:
             if after.dead_letter:
                 writes.append(Write(f"dlq.{job.id}", {"_key": f"dlq.{job.id}", "id": job.id}, None, True))
             try:
-                revisions = await self.store.commit(writes)
-                break
+                return await self.store.commit(writes), started, moved
             except Conflict:
                 current = await self.store.get(job.id) if len(writes) > 1 and attempt < CAS_TRIES - 1 else None
                 if current is None or current.revision != revision:
                     raise Lost(409, "conflict", f"job {job.id} changed meanwhile; read it again") from None
                 # the job is as it was: its workflow moved on meanwhile (another of its jobs ended)
-        await self.after_stored(job, revisions[0], before, after, record)
-        for new, revision in zip(started, revisions[2:]):
-            await self.admission.admitted(new, revision)
-        if self.flows is not None:
-            await self.flows.ended(moved)
-        return revisions[0], record
+        raise Lost(409, "conflict", f"job {job.id}'s workflow kept changing; read it again")
 
     async def after_stored(self, job: Job, revision: int, before: Job, after: Aftermath, record: dict) -> None:
         """Once `job` is stored over `before`: the copy kept for its next change, and what it lets go."""

@@ -48,7 +48,8 @@ class Write:
     for the retention period only. A job's write names where the record it replaces (as read at
     `revision`) counts (`before`, seamq.jobs.job.counted): its counts move with it (seamq.jobs.tally).
     A store that gathers writes into batches may hold one for up to `may_wait` seconds, for others to
-    share its batch (a worker's ack, which nobody waits on, rides with the next fetch's claims)."""
+    share its batch (a worker's ack, which nobody waits on, rides with the next fetch's claims).
+    `moves`: counts moved with it besides its record's own (a marks record's: seamq.jobs.recounts)."""
 
     key: str
     record: Record | None
@@ -56,6 +57,7 @@ class Write:
     finished: bool = False
     before: Record | None = None
     may_wait: float = 0.0
+    moves: tuple[tuple[str, str, str, int], ...] = ()
 
 
 @dataclass(frozen=True)

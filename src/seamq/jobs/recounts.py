@@ -10,9 +10,16 @@ many jobs to a batch. A count may show such a job where it was for a moment, nev
 of the records counts `_counted` the same way (seamq.jobs.tally.place), so counts and records agree
 at every moment.
 
-- A finished job (an ack counted later) is recounted at once, and only then is its ready entry let
-  go: a server that dies first leaves the entry held, it comes again, and the fetch that meets it
-  recounts the job (seamq.jobs.operations). So no count is left behind by a kill -9.
+- An ack bears a mark: this process's epoch and the next number. Its counts move in one atomic batch
+  with the process's marks record, which then says every number up to `upto` is counted where its
+  record is (but those in `skip`): the record is not written again (a second write of each finished
+  record cost the HTTP path a tenth of its rate, docs/benchmarks.md 7z). The marks record moves on
+  only past numbers whose outcome is known: an ack whose write's answer never came is read back first
+  (not there: skipped, for it may land later, and then counts where its write left it). Only then is
+  its ready entry let go: a server that dies first leaves the entry held, it comes again, and the fetch
+  that meets it moves the count itself, putting the number in `skip` in the same batch (a compare-and-set
+  on the marks record decides between that and this process's batch). So no count is left behind by a
+  kill -9, and none is moved twice.
 - A running job (a claim counted later), or one made available by its timer, is recounted
   COUNTED_AFTER later, unless a change of it came first: any change moves its count, or carries it on
   to its own recount (a job come due is mostly claimed within milliseconds, and recounting it at once
@@ -28,10 +35,12 @@ servers").
 from __future__ import annotations
 
 import asyncio
+import secrets
 from dataclasses import replace
 from typing import Any, Awaitable
 
 from seamq.jobs import job as moves
+from seamq.jobs import tally
 from seamq.jobs.job import Aftermath, Job, counted, from_record, to_record
 from seamq.jobs.model import FINISHED, OjsError, State
 from seamq.jobs.ports import CAS_TRIES, Conflict, JobStore, Write
@@ -40,7 +49,8 @@ from seamq.observability import log
 
 COUNTED_AFTER = 0.25  # seconds after its claim (or its coming due) a job unchanged since is recounted
 RECOUNT_WAIT = 0.05  # seconds a recount may wait to share a batch with other commits (ports.Write)
-TOGETHER = 100  # finished jobs recounted in one commit, with their tallies (model.MAX_BATCH records at most)
+AGAIN = 1.0  # seconds after a round of counting marks that failed (NATS away) the next one starts
+TOGETHER = 400  # numbers counted in one batch: their queues' and tenants' tallies stay within model.MAX_BATCH
 
 
 class Recounts:
@@ -48,8 +58,15 @@ class Recounts:
         self.store = store
         self._later: dict[str, float] = {}  # claimed or come due here (loop time), not yet recounted
         self._timer: asyncio.TimerHandle | None = None
-        self._finished: list[tuple[Job, int, str | None]] = []  # (job, revision, its entry's hold), this turn
         self._tasks: set[asyncio.Task[None]] = set()
+        self.epoch, self._given = secrets.token_hex(6), 0  # the marks given out here, numbered from 1
+        # What became of each number given out and not yet counted: None while its write is on its way,
+        # then (the job, its entry's hold) as stored, False if it surely was not, or the job's id if unknown.
+        self._marked: dict[int, tuple[Job, str | None] | str | bool | None] = {}
+        self._upto, self._skip, self._revision = 0, [], 0  # this epoch's marks record as last stored
+        self._counting = asyncio.Lock()
+        self._round_due = False
+        self._again: asyncio.TimerHandle | None = None  # the next round, after one that failed
 
     def stored(self, job: Job, revision: int, after: Aftermath) -> Aftermath:
         """A change of the job stored here (`after`: what it leaves to do): its count moved by it, or left
@@ -58,10 +75,33 @@ class Recounts:
             self._later.pop(job.id, None)
         elif job.state in (State.ACTIVE, State.AVAILABLE):
             self._recount_later(job.id)
-        elif after.finished:
-            self._finished_here(job, revision, after.settle)
+        elif job.mark:
+            self._later.pop(job.id, None)
+            self._resolved(job.mark[1], (job, after.settle))
             return replace(after, settle=None)
         return after
+
+    def mark(self, job: Job) -> Job:
+        """An ack that counts later, numbered: every number's outcome must reach `stored` or `unstored`."""
+        self._given += 1
+        self._marked[self._given] = None
+        return moves.marked(job, [self.epoch, self._given])
+
+    def unstored(self, job: Job, surely: bool) -> None:
+        """The marked job's write lost its compare-and-set (`surely`), or its answer never came."""
+        if job.mark and not surely:  # read back before its number is passed; its claim's count goes with it
+            self._later.pop(job.id, None)
+        if job.mark:
+            self._resolved(job.mark[1], False if surely else job.id)
+
+    def _resolved(self, number: int, outcome: tuple[Job, str | None] | str | bool) -> None:
+        """Numbers are counted in order: one that comes when those before it are known starts a round."""
+        if number <= self._upto:  # counted by a batch whose answer never came (`_read_marks`)
+            return
+        self._marked[number] = outcome
+        if not self._round_due and self._marked.get(self._upto + 1) is not None:
+            self._round_due = True
+            asyncio.get_running_loop().call_soon(lambda: self._spawn(self._round()))
 
     def _recount_later(self, job_id: str) -> None:
         loop = asyncio.get_running_loop()
@@ -70,51 +110,89 @@ class Recounts:
         if self._timer is None:
             self._timer = loop.call_later(COUNTED_AFTER, self._recount_due)
 
-    def _finished_here(self, job: Job, revision: int, hold: str | None) -> None:
-        """Recounts said in one turn of the loop go to the store together, with no task each."""
-        self._later.pop(job.id, None)
-        self._finished.append((job, revision, hold))
-        if len(self._finished) == 1:
-            asyncio.get_running_loop().call_soon(lambda: self._spawn(self._recount_finished()))
-
     async def drained(self) -> None:
         """Once what this process had left to later when asked is recounted (or its recount failed, and
         was logged): those left to COUNTED_AFTER too, now. What comes meanwhile is not waited for."""
         while self._later:
             self._spawn(self._logged(self._later.popitem()[0]))
-        if self._finished:
-            self._spawn(self._recount_finished())  # now: the turn's own call then finds none left
+        if self._marked.get(self._upto + 1) is not None:
+            self._spawn(self._round())
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
     def stop(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        for timer in (self._timer, self._again):
+            if timer is not None:
+                timer.cancel()
+        self._timer = self._again = None
 
-    async def _recount_finished(self) -> None:
-        said, self._finished = self._finished, []
-        if not said:
-            return
-        writes = [Write(job.id, to_record(moves.recounted(job)), revision, True, counted(job), RECOUNT_WAIT)
-                  for job, revision, _ in said]
-        outcomes: list[Any] = []
-        for start in range(0, len(writes), TOGETHER):  # one commit (a commit each costs the store more)
-            part = writes[start:start + TOGETHER]
+    async def _round(self) -> None:
+        """The marks known in order counted, in batches; a round that fails is tried again AGAIN later."""
+        self._round_due = False
+        async with self._counting:
             try:
-                await self.store.commit(part)
-                outcomes += [None] * len(part)
-            except Conflict:  # one of them was written meanwhile: each on its own
-                outcomes += await self.store.commit_each([[write] for write in part])
+                lost = 0
+                while (went := await self._count()) is not None:
+                    lost = 0 if went else lost + 1
+                    if lost == CAS_TRIES:
+                        raise OjsError(409, "conflict", "the marks record kept changing while this process counted")
             except Exception as exc:
-                outcomes += [exc] * len(part)
-        for (job, _, hold), outcome in zip(said, outcomes):
-            if isinstance(outcome, Conflict):  # written meanwhile: read again
-                outcome = await _caught(self.recount(job.id))
-            if isinstance(outcome, BaseException):  # its entry comes again, and is recounted then
-                log.warning("job_recount_failed", job_id=job.id, error=describe(outcome))
-            elif hold:
+                log.warning("job_recount_failed", epoch=self.epoch, upto=self._upto, error=describe(exc))
+                self._again = asyncio.get_running_loop().call_later(AGAIN, lambda: self._spawn(self._round()))
+
+    async def _count(self) -> bool | None:
+        """One batch: the counts of the next numbers whose outcome is known, and the marks record that
+        says they are counted; None when none is known, False when the batch lost its compare-and-set."""
+        ready: list[tuple[int, tuple[Job, str | None] | str | bool]] = []
+        while (outcome := self._marked.get(self._upto + len(ready) + 1)) is not None and len(ready) < TOGETHER:
+            ready.append((self._upto + len(ready) + 1, outcome))
+        if not ready:
+            return None
+        moved: list[tally.Move] = []
+        skip, holds = list(self._skip), []
+        for number, outcome in ready:
+            if isinstance(outcome, tuple):
+                holds.append(outcome[1])  # its entry is done with, whoever counts it
+            if outcome is False or number in self._skip:  # never stored, or counted by whoever took it
+                continue
+            if isinstance(outcome, str):  # its write's answer never came: what the store holds says
+                held = await self.store.get(outcome)
+                if held is None or held.record.get("_mark") != [self.epoch, number]:
+                    skip.append(number)  # it may land yet, and is then counted where it was
+                    await self._logged(outcome)  # as its claim may have left it
+                else:
+                    moved += tally.counting(held.record)
+                continue
+            if isinstance(outcome, tuple):
+                moved += tally.counting(counted(outcome[0]))
+        upto = ready[-1][0]
+        write = Write(tally.marks_key(self.epoch), tally.marks_record(self.epoch, upto, skip), self._revision, True,
+                      moves=tuple(moved), may_wait=RECOUNT_WAIT)
+        try:
+            [self._revision] = await self.store.commit([write])
+        except Conflict:  # whoever took a number meanwhile put it in `skip`: read again, and go again
+            await self._read_marks()
+            return False
+        except Exception:
+            await self._read_marks()  # stored or not, the marks record says
+            if self._upto < upto:
+                raise
+        self._upto, self._skip = upto, skip
+        for number, _ in ready:
+            self._marked.pop(number, None)
+        for hold in holds:
+            if hold:
                 await _caught(self.store.settle(hold))
+        return True
+
+    async def _read_marks(self) -> None:
+        held = await self.store.get(tally.marks_key(self.epoch))
+        if held is None:  # wiped, or its retention ended with this process idle: made anew
+            self._revision = 0
+        else:
+            self._upto, self._skip, self._revision = held.record["upto"], held.record["skip"], held.revision
+            for number in [n for n in self._marked if n <= self._upto]:  # a batch whose answer never came
+                del self._marked[number]  # landed: their entries come again, and are let go then
 
     def _recount_due(self) -> None:
         """The jobs claimed or come due COUNTED_AFTER ago or more and unchanged since, recounted; then the
@@ -138,7 +216,7 @@ class Recounts:
         for _ in range(CAS_TRIES):
             held = await self.store.get(job_id)
             job = from_record(held.record) if held else None
-            if held is None or job is None or job.counted_as is None:
+            if held is None or job is None or job.counted_as is None or await self._counted(job.mark):
                 return
             try:
                 await self.store.commit([Write(job.id, to_record(moves.recounted(job)), held.revision,
@@ -147,6 +225,13 @@ class Recounts:
             except Conflict:
                 continue
         raise OjsError(409, "conflict", f"job {job_id} kept changing while it was recounted")
+
+    async def _counted(self, mark: list[Any] | None) -> bool:
+        """Whether the mark's process counted it (a number of this process's yet to be counted is taken)."""
+        if not mark:
+            return False
+        held = await self.store.get(tally.marks_key(mark[0]))
+        return held is not None and tally.covered(mark, {mark[0]: held.record})
 
     def _spawn(self, work: Awaitable[None]) -> None:
         task = asyncio.ensure_future(work)

@@ -19,7 +19,9 @@ restart, so reading a queue's counts costs the same in a year as today. Each pro
 batches on LANES of them, starting at a random one: a slot is rarely shared, and a CAS lost to another
 process's batch on it (seen as its record changed behind this one's back) is read again and tried
 again. A batch whose outcome is unknown (NATS did not answer) forgets what it knew of its slots,
-which are read again before their next use.
+which are read again before their next use. A commit that replaces a record whose ack its process
+has not counted yet (its mark, seamq.jobs.recounts) moves that count itself and takes the ack's number
+in the same batch.
 """
 
 from __future__ import annotations
@@ -71,7 +73,10 @@ class Tallied:
         return getattr(self.store, name)
 
     async def commit(self, writes: list[Write]) -> list[int]:
-        moved = _moved(writes)
+        marks = await self._marks(writes) if any(_marked(write) for write in writes) else {}
+        moved = _moved(writes, {epoch: record for epoch, (record, _) in marks.items() if record})
+        if marks:
+            writes = [*writes, *_taken(writes, marks)]
         if not moved:  # sent at once; on its way meanwhile too (a job made available, counted later)
             sending = asyncio.get_running_loop().create_future()
             for write in writes:
@@ -92,6 +97,8 @@ class Tallied:
     async def commit_each(self, commits: list[list[Write]]) -> list[list[int] | BaseException]:
         """Several commits, each all or nothing on its own, with no task or wait of their own: those that
         move counts gathered as `commit` gathers them, the others sent together by the store."""
+        if any(_marked(write) for writes in commits for write in writes):  # rare: read their marks first
+            return list(await asyncio.gather(*(self.commit(writes) for writes in commits), return_exceptions=True))
         queued: dict[int, asyncio.Future] = {}
         plain: dict[int, list[Write]] = {}
         for n, writes in enumerate(commits):
@@ -286,6 +293,11 @@ class Tallied:
                     behind.add(n)
         return lost, behind - lost.keys()
 
+    async def _marks(self, writes: list[Write]) -> dict[str, tuple[dict | None, int]]:
+        """The marks records, as last stored, of the epochs whose marks the records replaced bear."""
+        epochs = {mark[0] for write in writes if (mark := _marked(write))}
+        return {epoch: await self._read(tally.marks_key(epoch)) for epoch in epochs}
+
     async def _read(self, key: str) -> tuple[dict | None, int]:
         held = await self.store.get(key)
         return held if held is not None else (None, 0)
@@ -316,8 +328,30 @@ def _heard(done: asyncio.Future) -> None:
         done.exception()
 
 
-def _moved(writes: list[Write]) -> list[tally.Move]:
-    return [move for write in writes if _is_job(write) for move in tally.moves(_before(write), write.record)]
+def _moved(writes: list[Write], marks: tally.Marks | None = None) -> list[tally.Move]:
+    return [*(move for write in writes if _is_job(write) for move in tally.moves(_before(write), write.record, marks)),
+            *(move for write in writes for move in write.moves)]
+
+
+def _marked(write: Write) -> list | None:
+    return write.before.get("_mark") if write.before else None
+
+
+def _taken(writes: list[Write], marks: dict[str, tuple[dict | None, int]]) -> list[Write]:
+    """A change of a record whose ack its process has not counted yet moves the count itself (`_moved`)
+    and puts the ack's number in its process's `skip`, in the same batch: a compare-and-set on the marks
+    record, so that process's batch and this one do not both move it (seamq.jobs.recounts)."""
+    taken: dict[str, list[int]] = {}
+    seen = {epoch: record for epoch, (record, _) in marks.items() if record}
+    for write in writes:
+        if (mark := _marked(write)) and not tally.covered(mark, seen):
+            taken.setdefault(mark[0], []).append(mark[1])
+    out = []
+    for epoch, numbers in taken.items():
+        record, revision = marks[epoch]
+        out.append(Write(tally.marks_key(epoch), tally.marks_record(epoch, record["upto"] if record else 0, [
+            *(record["skip"] if record else []), *numbers]), revision, True))
+    return out
 
 
 def _is_job(write: Write) -> bool:

@@ -138,6 +138,42 @@ def test_an_ack_that_counts_later_is_counted_where_it_was_until_recounted(claim_
     assert refused.value.status == 409
 
 
+def test_a_marked_ack_counts_where_it_was_until_its_processs_marks_record_covers_its_number():
+    waiting = J.from_record(model.new_record({"type": "mail.send", "args": [], "meta": {"tenant_id": "acme"}}, NOW))
+    claimed = J.claimed(waiting, NOW, "w1", LEASE)
+    done = J.marked(J.completed(claimed, NOW, None, count_later=True), ["e1", 5])
+    record = J.to_record(done)
+    assert record["_mark"] == ["e1", 5] and "_mark" not in J.public(done)
+    assert J.from_record(record).mark == ["e1", 5] and J.replace(J.from_record(record)).mark is None
+    assert tally.moves(J.counted(claimed), record) == [], "the ack moves no count: one plain write"
+    where = {"none read": None, "another process's": {"e2": tally.marks_record("e2", 9, [])},
+             "not yet": {"e1": tally.marks_record("e1", 4, [])}, "taken": {"e1": tally.marks_record("e1", 9, [5])},
+             "counted": {"e1": tally.marks_record("e1", 5, [3])}}
+    assert {name: tally.place(record, marks)[1] for name, marks in where.items()} == {
+        "none read": "active", "another process's": "active", "not yet": "active", "taken": "active",
+        "counted": "completed"}
+    assert tally.counting(record) == tally.moves(J.counted(J.completed(claimed, NOW, None, count_later=True)),
+                                                 J.to_record(J.completed(claimed, NOW, None))) == [
+        ("default", "active", "", -1), ("default", "completed", "2026112412", 1),
+        ("default/acme", "active", "", -1), ("default/acme", "completed", "2026112412", 1)]
+    assert J.counted(done)["_mark"] == ["e1", 5], "a change of it says the mark it replaces"
+    assert tally.moves(J.counted(done), None, where["counted"]) == [
+        ("default", "completed", "2026112412", -1), ("default/acme", "completed", "2026112412", -1)]
+    assert tally.moves(J.counted(done), None, where["not yet"]) == [
+        ("default", "active", "", -1), ("default/acme", "active", "", -1)]
+    with pytest.raises(model.OjsError):
+        J.marked(claimed, ["e1", 6])  # only an ack that counts later bears a mark
+
+
+def test_a_finished_record_is_kept_until_its_hour_leaves_retention_and_a_marks_record_a_day_past_that():
+    done = J.to_record(J.marked(J.completed(active(), NOW, None, count_later=True), ["e1", 1]))
+    kept = tally.ttl("j1", done, NOW)
+    assert tally.RETENTION.total_seconds() < kept <= (tally.RETENTION + timedelta(hours=1)).total_seconds()
+    assert tally.ttl(tally.marks_key("e1"), tally.marks_record("e1", 1, []), NOW) == (
+        tally.RETENTION + timedelta(days=1)).total_seconds()
+    assert tally.ttl("dlq.j1", {"id": "j1"}, NOW) == tally.RETENTION.total_seconds()
+
+
 @pytest.mark.parametrize("state", ["scheduled", "retryable"])
 def test_a_job_come_due_that_counts_later_stays_counted_where_it_waited_through_a_claim_and_an_ack(state):
     waiting = J.replace(J.from_record(model.new_record({"type": "mail.send", "args": []}, NOW)), state=J.State(state))

@@ -1,8 +1,10 @@
 """Counts left to later (seamq.jobs.recounts), on the in-memory store with a clock the test moves: an
-ack that is one plain write is counted where it was, then recounted with its entry let go after; the
-counts read through its server say completed at once; and one whose server died before its recount
-is recounted by the fetch that meets its entry again. A job come due is one plain write too, its
-count carried on by the claim that usually comes first."""
+ack that is one plain write bearing a mark is counted where it was, then counted where it is by its
+server's marks record (the record not written again), its entry let go after; the counts read through
+its server say completed at once; one whose server died before counting it is counted by the fetch
+that meets its entry again, and never twice if that server was only slow; one whose write's answer
+never came is read back before its number is passed. A job come due is one plain write too, its count
+carried on by the claim that usually comes first."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from datetime import timedelta
 
 import pytest
 
-from seamq.jobs import recounts
+from seamq.jobs import recounts, tally
 from seamq.jobs.engine import Engine
 from seamq.jobs.ports import TAKEN_HOLD
 
@@ -44,34 +46,115 @@ def commits_of(store) -> list[list[str]]:
     return written
 
 
-async def test_an_ack_counted_later_is_one_plain_write_then_recounted_and_its_entry_let_go(server, store):
+async def marks_of(store, server) -> dict:
+    return (await store.get(tally.marks_key(server.recounts.epoch))).record
+
+
+async def test_an_ack_counted_later_is_one_plain_write_then_counted_by_its_mark_and_its_entry_let_go(server, store):
     pushed = (await push(server, job()))["id"]
     [got] = await server.ops.fetch(["q"], 1, "w", 60_000)
     written = commits_of(store)
     assert (await server.ops.ack(got["id"]))["state"] == "completed"
     assert written == [[pushed]], "the ack alone: no tally written with it"
     acked = (await store.get(pushed)).record
-    assert acked["_counted"] == "available"  # its claim counted later too
-    assert counts(await server.queues.stats("q")) == (0, 0, 1)  # read here: waits for the recount
-    assert (await store.get(pushed)).record == {k: v for k, v in acked.items() if k != "_counted"}
-    assert len(written) == 2 and pushed in written[1] and any(k.startswith("tally.") for k in written[1])
-    assert await store.ready_counts("q") == (0, 0), "its entry let go once recounted"
+    assert acked["_counted"] == "available" and acked["_mark"] == [server.recounts.epoch, 1]  # its claim counted later too
+    assert tally.place(acked)[:2] == ("q", "available"), "counted where it was until its mark is"
+    assert counts(await server.queues.stats("q")) == (0, 0, 1)  # read here: waits for its mark's batch
+    assert (await store.get(pushed)).record == acked, "the record not written again"
+    assert written[1][0] == tally.marks_key(server.recounts.epoch) and pushed not in written[1]
+    assert any(k.startswith("tally.q.") for k in written[1]), "its tally moved in the same batch"
+    assert await marks_of(store, server) == tally.marks_record(server.recounts.epoch, 1, [])
+    assert tally.place(acked, {server.recounts.epoch: await marks_of(store, server)})[:2] == ("q", "completed")
+    assert await store.ready_counts("q") == (0, 0), "its entry let go once counted"
 
 
-async def test_an_ack_whose_server_died_before_its_recount_is_recounted_by_the_fetch_that_meets_its_entry(
+async def test_an_ack_whose_server_died_before_counting_it_is_counted_by_the_fetch_that_meets_its_entry(
         server, servers, store, clock, monkeypatch):
     other = servers[0]  # counts at once
     pushed = (await push(server, job()))["id"]
     [got] = await server.ops.fetch(["q"], 1, "w", 60_000)
-    monkeypatch.setattr(server.recounts, "_finished_here", lambda *said: None)  # dies between write and recount
+    monkeypatch.setattr(server.recounts, "_resolved", lambda *said: None)  # dies between write and count
     await server.ops.ack(got["id"])
     assert counts(await other.queues.stats("q")) == (1, 0, 0), "counted where it was, as its record says"
     assert await other.ops.fetch(["q"], 1, "w2", 60_000) == [], "its entry is held"
     clock.advance(TAKEN_HOLD + 1)
-    assert await other.ops.fetch(["q"], 1, "w2", 60_000) == [], "met again: recounted, not run again"
+    assert await other.ops.fetch(["q"], 1, "w2", 60_000) == [], "met again: counted, not run again"
     assert counts(await other.queues.stats("q")) == (0, 0, 1)
     assert "_counted" not in (await store.get(pushed)).record
+    assert (await marks_of(store, server))["skip"] == [1], "its number taken: its server would leave it out"
     assert await store.ready_counts("q") == (0, 0)
+
+
+async def test_an_ack_counted_by_a_fetch_elsewhere_while_its_server_was_slow_is_counted_once(
+        server, servers, store, clock):
+    other = servers[0]
+    pushed = (await push(server, job()))["id"]
+    [got] = await server.ops.fetch(["q"], 1, "w", 60_000)
+    gate, reached, commit = asyncio.Event(), asyncio.Event(), store.commit
+    key = tally.marks_key(server.recounts.epoch)
+
+    async def slow(writes):  # the server's batch of marks held on its way, once
+        if writes[0].key == key and not reached.is_set():
+            reached.set()
+            await gate.wait()
+        return await commit(writes)
+
+    store.commit = slow
+    await server.ops.ack(got["id"])
+    await asyncio.wait_for(reached.wait(), 30)
+    clock.advance(TAKEN_HOLD + 1)
+    assert await other.ops.fetch(["q"], 1, "w2", 60_000) == []  # meets the entry: moves the count itself
+    assert counts(await other.queues.stats("q")) == (0, 0, 1)
+    gate.set()  # the slow batch loses its compare-and-set, reads the marks again and leaves the number out
+    assert counts(await server.queues.stats("q")) == (0, 0, 1), "counted once"
+    assert await marks_of(store, server) == tally.marks_record(server.recounts.epoch, 1, [1])
+    assert await store.ready_counts("q") == (0, 0)
+    assert tally.place((await store.get(pushed)).record, {server.recounts.epoch: await marks_of(store, server)})[:2] == (
+        "q", "completed")
+
+
+async def test_an_ack_whose_answer_never_came_is_read_back_and_counted_if_it_was_stored(server, store):
+    pushed = (await push(server, job()))["id"]
+    [got] = await server.ops.fetch(["q"], 1, "w", 60_000)
+    commit = store.commit
+
+    async def unanswered(writes):
+        out = await commit(writes)
+        if writes[0].key == pushed and writes[0].record.get("_mark"):
+            raise TimeoutError("nats: timeout")
+        return out
+
+    store.commit = unanswered
+    with pytest.raises(TimeoutError):
+        await server.ops.ack(got["id"])
+    assert counts(await server.queues.stats("q")) == (0, 0, 1), "read back: stored, so counted"
+    assert await marks_of(store, server) == tally.marks_record(server.recounts.epoch, 1, [])
+
+
+async def test_an_ack_whose_answer_never_came_and_that_lands_after_it_was_read_back_counts_where_it_was_until_met(
+        server, servers, store, clock):
+    pushed = (await push(server, job()))["id"]
+    [got] = await servers[0].ops.fetch(["q"], 1, "w", 60_000)  # a claim counted at once: nothing writes it again
+    commit, late = store.commit, []
+
+    async def unanswered(writes):
+        if writes[0].key == pushed and writes[0].record.get("_mark"):
+            late.append(writes)
+            raise TimeoutError("nats: timeout")
+        return await commit(writes)
+
+    store.commit = unanswered
+    with pytest.raises(TimeoutError):
+        await server.ops.ack(got["id"])
+    assert counts(await server.queues.stats("q")) == (0, 1, 0), "read back: not there, its number skipped"
+    assert (await marks_of(store, server))["skip"] == [1]
+    [write] = late[0]
+    await commit([write])  # the write lands late: its number already skipped
+    assert (await store.get(pushed)).record["state"] == "completed"
+    assert counts(await servers[0].queues.stats("q")) == (0, 1, 0), "counted where its write left it, as a scan says"
+    clock.advance(TAKEN_HOLD + 1)
+    assert await servers[0].ops.fetch(["q"], 1, "w2", 60_000) == [], "met again: counted, not run again"
+    assert counts(await servers[0].queues.stats("q")) == (0, 0, 1)
 
 
 async def test_a_claim_counted_later_is_counted_as_active_once_it_has_run_a_moment(server, servers, monkeypatch):
@@ -92,25 +175,21 @@ async def test_counts_read_through_the_server_that_claimed_show_the_claim_at_onc
     assert counts(await server.queues.stats("q")) == (0, 1, 0)
 
 
-async def test_acks_of_one_turn_are_recounted_together_and_one_written_meanwhile_does_not_hold_the_others(
+async def test_acks_of_one_turn_are_counted_together_and_one_taken_meanwhile_does_not_hold_the_others(
         server, servers, store):
     for _ in range(3):
         await push(server, job())
     got = await server.ops.fetch(["q"], 3, "w", 60_000)
-    commits: list[list[str]] = []
-    commit = store.commit
-
-    async def seen(writes):
-        commits.append(sorted(w.key for w in writes if "." not in w.key))
-        return await commit(writes)
-
-    store.commit = seen
+    written = commits_of(store)
     await asyncio.gather(*(server.ops.ack(j["id"]) for j in got))  # acked in one turn
-    await servers[0].delete(got[0]["id"])  # written before its recount: that commit loses its compare-and-set
+    await servers[0].delete(got[0]["id"])  # its count moved by the delete, its number taken
     assert counts(await server.queues.stats("q")) == (0, 0, 2)
-    assert sorted(j["id"] for j in got) in commits, "the turn's recounts sent as one commit"
+    marked = [keys for keys in written if tally.marks_key(server.recounts.epoch) in keys]
+    assert len(marked) == 3, "the delete's (with its job), the turn's batch that lost to it, the turn's batch again"
+    assert got[0]["id"] in marked[0] and all(len(keys) == 2 for keys in marked[1:]), "the turn's acks in one batch"
+    assert await marks_of(store, server) == tally.marks_record(server.recounts.epoch, 3, [1])
     assert await store.ready_counts("q") == (0, 0)
-    assert ["_counted" in (await store.get(j["id"])).record for j in got[1:]] == [False, False]
+    assert [(await store.get(j["id"])).record["_mark"][1] for j in got[1:]] == [2, 3], "not written again"
 
 
 def waiting(stats: dict) -> tuple[int, int, int]:
