@@ -67,6 +67,7 @@ class Recounts:
         self._counting = asyncio.Lock()
         self._round_due = False
         self._again: asyncio.TimerHandle | None = None  # the next round, after one that failed
+        self._heard: asyncio.Event | None = None  # set when a number's outcome comes, for `drained`
 
     def stored(self, job: Job, revision: int, after: Aftermath) -> Aftermath:
         """A change of the job stored here (`after`: what it leaves to do): its count moved by it, or left
@@ -99,6 +100,8 @@ class Recounts:
         if number <= self._upto:  # counted by a batch whose answer never came (`_read_marks`)
             return
         self._marked[number] = outcome
+        if self._heard is not None:
+            self._heard.set()
         if not self._round_due and self._marked.get(self._upto + 1) is not None:
             self._round_due = True
             asyncio.get_running_loop().call_soon(lambda: self._spawn(self._round()))
@@ -115,6 +118,10 @@ class Recounts:
         was logged): those left to COUNTED_AFTER too, now. What comes meanwhile is not waited for."""
         while self._later:
             self._spawn(self._logged(self._later.popitem()[0]))
+        given = self._given  # acks written before: their numbers' outcomes come within their writes' time
+        while any(self._marked.get(n, False) is None for n in range(self._upto + 1, given + 1)):
+            self._heard = asyncio.Event()
+            await self._heard.wait()
         if self._marked.get(self._upto + 1) is not None:
             self._spawn(self._round())
         if self._tasks:
@@ -127,8 +134,8 @@ class Recounts:
         self._timer = self._again = None
 
     async def _round(self) -> None:
-        """The marks known in order counted, in batches; a round that fails is tried again AGAIN later."""
-        self._round_due = False
+        """The marks known in order counted, in batches, until none is known (a number resolved meanwhile
+        is found by the round on its way: `_round_due` until it ends); one that fails goes again AGAIN later."""
         async with self._counting:
             try:
                 lost = 0
@@ -139,6 +146,8 @@ class Recounts:
             except Exception as exc:
                 log.warning("job_recount_failed", epoch=self.epoch, upto=self._upto, error=describe(exc))
                 self._again = asyncio.get_running_loop().call_later(AGAIN, lambda: self._spawn(self._round()))
+            finally:
+                self._round_due = False
 
     async def _count(self) -> bool | None:
         """One batch: the counts of the next numbers whose outcome is known, and the marks record that
@@ -149,7 +158,7 @@ class Recounts:
         if not ready:
             return None
         moved: list[tally.Move] = []
-        skip, holds = list(self._skip), []
+        skip, holds, acked = list(self._skip), [], dict[tuple[Any, ...], list[Any]]()
         for number, outcome in ready:
             if isinstance(outcome, tuple):
                 holds.append(outcome[1])  # its entry is done with, whoever counts it
@@ -164,7 +173,9 @@ class Recounts:
                     moved += tally.counting(held.record)
                 continue
             if isinstance(outcome, tuple):
-                moved += tally.counting(counted(outcome[0]))
+                acked.setdefault(_kind(outcome[0]), [outcome[0], 0])[1] += 1
+        for job, n in acked.values():  # the moves of many alike acks, counted once
+            moved += [(queue, state, hour, delta * n) for queue, state, hour, delta in tally.counting(counted(job))]
         upto = ready[-1][0]
         write = Write(tally.marks_key(self.epoch), tally.marks_record(self.epoch, upto, skip), self._revision, True,
                       moves=tuple(moved), may_wait=RECOUNT_WAIT)
@@ -237,6 +248,13 @@ class Recounts:
         task = asyncio.ensure_future(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+def _kind(job: Job) -> tuple[Any, ...]:
+    """What says where an ack counts, before and after its mark: acks alike move the same counts."""
+    at = job.ended_at
+    return job.queue, job.counted_as, job.state, at and at.replace(minute=0, second=0, microsecond=0), \
+        (job.meta or {}).get("tenant_id")
 
 
 async def _caught(work: Awaitable[Any]) -> Any:

@@ -18,7 +18,7 @@ from seamq.jobs.engine import Engine
 from seamq.jobs.ports import TAKEN_HOLD
 
 from helpers import wait_for
-from helpers.engines import job, push
+from helpers.engines import every_task_ran, gated, job, push
 
 
 @pytest.fixture
@@ -66,6 +66,24 @@ async def test_an_ack_counted_later_is_one_plain_write_then_counted_by_its_mark_
     assert await marks_of(store, server) == tally.marks_record(server.recounts.epoch, 1, [])
     assert tally.place(acked, {server.recounts.epoch: await marks_of(store, server)})[:2] == ("q", "completed")
     assert await store.ready_counts("q") == (0, 0), "its entry let go once counted"
+
+
+async def test_counts_read_through_a_server_wait_for_its_acks_on_their_way_before_counting_those_after(store, clock):
+    server = await Engine(store, clock=clock, count_acks_later=True).start(clocks=False)  # its claims counted at once
+    for _ in range(2):
+        await push(server, job())
+    first, second = await server.ops.fetch(["q"], 2, "w", 60_000)
+    gate = gated(store)  # the first ack's write held on its way: its number comes before the second's
+    acking = asyncio.ensure_future(server.ops.ack(first["id"]))
+    await every_task_ran()
+    await server.ops.ack(second["id"])
+    reading = asyncio.ensure_future(server.queues.stats("q"))
+    await every_task_ran()
+    assert not reading.done(), "the first ack's outcome decides whether the marks can pass its number"
+    gate.set()
+    await acking
+    assert counts(await reading) == (0, 0, 2), "the ack the worker was answered for counts as done"
+    await server.stop()
 
 
 async def test_an_ack_whose_server_died_before_counting_it_is_counted_by_the_fetch_that_meets_its_entry(
