@@ -32,6 +32,7 @@ from seamq.jobs.model import FINISHED, OjsError, conflict, not_found
 from seamq.jobs.ports import CAS_TRIES, TAKEN_HOLD, Conflict, Fired, JobStore, Stored, Taken, WorkflowMoves, Write
 from seamq.jobs.queues import Queues
 from seamq.jobs.recounts import Recounts
+from seamq.model import describe
 from seamq.observability import log
 
 
@@ -269,7 +270,11 @@ class Operations:
                     continue
                 job = self._lease_expired(job)
             elif latest and job is not None and job.counted_as and job.state in FINISHED:  # its server died
-                await self.recounts.recount(job.id)  # before its recount (seamq.jobs.recounts)
+                try:  # before it counted the job (seamq.jobs.recounts)
+                    await self.recounts.recount(job.id)
+                except Exception as exc:  # the fetch's other claims stand: this entry comes again
+                    log.warning("job_recount_failed", job_id=job.id, error=describe(exc))
+                    return None
                 break
             elif job is None or job.state != State.AVAILABLE:
                 if not latest:

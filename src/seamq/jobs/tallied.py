@@ -47,10 +47,11 @@ class _Commit:
     writes: list[Write]
     moved: list[tally.Move]
     due: float  # loop time by which it goes out
+    takes: list[tuple[str, int]] = field(default_factory=list)  # acks' marks it counts instead of their process
     done: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
     def size(self) -> int:
-        return len(self.writes) + len({move[0] for move in self.moved})
+        return len(self.writes) + len({move[0] for move in self.moved}) + len({epoch for epoch, _ in self.takes})
 
 
 class Tallied:
@@ -73,11 +74,14 @@ class Tallied:
         return getattr(self.store, name)
 
     async def commit(self, writes: list[Write]) -> list[int]:
-        marks = await self._marks(writes) if any(_marked(write) for write in writes) else {}
-        moved = _moved(writes, {epoch: record for epoch, (record, _) in marks.items() if record})
-        if marks:
-            writes = [*writes, *_taken(writes, marks)]
-        if not moved:  # sent at once; on its way meanwhile too (a job made available, counted later)
+        takes: list[tuple[str, int]] = []
+        if any(_marked(write) for write in writes):  # rare: the marks they bear read as last stored
+            marks = await self._marks(writes)
+            moved = _moved(writes, marks)
+            takes = [(mark[0], mark[1]) for write in writes if (mark := _marked(write)) and not tally.covered(mark, marks)]
+        else:
+            moved = _moved(writes)
+        if not moved and not takes:  # sent at once; on its way meanwhile too (a job made available, counted later)
             sending = asyncio.get_running_loop().create_future()
             for write in writes:
                 self._on_way[write.key] = sending
@@ -86,7 +90,7 @@ class Tallied:
             finally:
                 sending.set_result(None)
                 self._answered(writes, sending)
-        pending = self._queued(writes, moved)
+        pending = self._queued(writes, moved, takes)
         self._lend()
         try:
             return await asyncio.shield(pending.done)
@@ -122,8 +126,9 @@ class Tallied:
         if (pending := self._on_way.get(key)) is not None:
             await asyncio.wait([pending])  # its outcome is its caller's
 
-    def _queued(self, writes: list[Write], moved: list[tally.Move]) -> _Commit:
-        pending = _Commit(writes, moved, asyncio.get_running_loop().time() + min(write.may_wait for write in writes))
+    def _queued(self, writes: list[Write], moved: list[tally.Move], takes: list[tuple[str, int]] | None = None) -> _Commit:
+        pending = _Commit(writes, moved, asyncio.get_running_loop().time() + min(write.may_wait for write in writes),
+                          takes or [])
         pending.done.add_done_callback(_heard)
         for write in writes:
             self._on_way[write.key] = pending.done
@@ -191,18 +196,21 @@ class Tallied:
 
     def _gather(self) -> list[_Commit]:
         """The waiting commits that fit one batch, in the order they came; one that writes a key
-        already in the batch waits for the next (its CAS would lose to the first)."""
+        already in the batch waits for the next (its CAS would lose to the first). Takes of one
+        process's acks go together (one write of its marks record), apart from its own marks' write."""
         group: list[_Commit] = []
         rest: list[_Commit] = []
         keys: set[str] = set()
+        taking: set[str] = set()
         size = 0
         for pending in self._waiting:
-            mine = {write.key for write in pending.writes}
-            if group and (keys & mine or size + pending.size() > model.MAX_BATCH):
+            mine, takes = {write.key for write in pending.writes}, {tally.marks_key(e) for e, _ in pending.takes}
+            if group and (keys & (mine | takes) or taking & mine or size + pending.size() > model.MAX_BATCH):
                 rest.append(pending)
                 continue
             group.append(pending)
             keys |= mine
+            taking |= takes
             size += pending.size()
         self._waiting = rest
         self._first_due = min((pending.due for pending in rest), default=math.inf)
@@ -210,7 +218,8 @@ class Tallied:
 
     async def _batch(self, group: list[_Commit], lane: int, *, split: bool = True) -> None:
         try:
-            revisions = await self._commit([w for c in group for w in c.writes], [m for c in group for m in c.moved], lane)
+            revisions = await self._commit([w for c in group for w in c.writes], [m for c in group for m in c.moved], lane,
+                                           [t for c in group for t in c.takes])
         except Conflict as exc:
             if len(group) == 1:
                 return _settle(group[0], exc)
@@ -248,7 +257,8 @@ class Tallied:
             _settle(pending, revisions[start:start + len(pending.writes)])
             start += len(pending.writes)
 
-    async def _commit(self, writes: list[Write], moved: list[tally.Move], lane: int) -> list[int]:
+    async def _commit(self, writes: list[Write], moved: list[tally.Move], lane: int,
+                      takes: list[tuple[str, int]] | None = None) -> list[int]:
         by_queue: dict[str, list[tally.Move]] = {}
         for move in moved:
             by_queue.setdefault(move[0], []).append(move)
@@ -258,10 +268,11 @@ class Tallied:
                 key = tally.key(queue, lane)
                 record, revision = self._known.get(key) or await self._read(key)
                 tallies.append(Write(key, tally.applied(record, queue, queue_moves, self.clock()), revision))
+            taken = await self._taken(takes) if takes else []
             try:
-                revisions = await self.store.commit([*writes, *tallies])
+                revisions = await self.store.commit([*writes, *tallies, *taken])
             except Conflict:
-                if attempt == SLOT_TRIES - 1 or not await self._stale(tallies):
+                if attempt == SLOT_TRIES - 1 or not await self._stale([*tallies, *taken]):
                     raise  # a job's own CAS lost (or the slot stayed too busy)
                 continue
             except BaseException:
@@ -293,10 +304,29 @@ class Tallied:
                     behind.add(n)
         return lost, behind - lost.keys()
 
-    async def _marks(self, writes: list[Write]) -> dict[str, tuple[dict | None, int]]:
+    async def _marks(self, writes: list[Write]) -> tally.Marks:
         """The marks records, as last stored, of the epochs whose marks the records replaced bear."""
-        epochs = {mark[0] for write in writes if (mark := _marked(write))}
-        return {epoch: await self._read(tally.marks_key(epoch)) for epoch in epochs}
+        marks = {}
+        for epoch in {mark[0] for write in writes if (mark := _marked(write))}:
+            if (held := await self.store.get(tally.marks_key(epoch))) is not None:
+                marks[epoch] = held.record
+        return marks
+
+    async def _taken(self, takes: list[tuple[str, int]]) -> list[Write]:
+        """Acks whose process has not counted them yet, counted by this batch instead: their numbers put
+        in their process's `skip`, one write per process whatever the number of acks (a compare-and-set
+        on its marks record, as last stored: its own batch and this one do not both count them). One
+        that its process counted since its commit read the marks loses (Conflict): read again, its
+        count is where its record is."""
+        out = []
+        for epoch in {epoch for epoch, _ in takes}:
+            record, revision = await self._read(tally.marks_key(epoch))
+            numbers = [n for e, n in takes if e == epoch]
+            if record is not None and any(tally.covered([epoch, n], {epoch: record}) for n in numbers):
+                raise Conflict(f"an ack of {epoch} was counted by its process meanwhile")
+            out.append(Write(tally.marks_key(epoch), tally.marks_record(
+                epoch, record["upto"] if record else 0, [*(record["skip"] if record else []), *numbers]), revision, True))
+        return out
 
     async def _read(self, key: str) -> tuple[dict | None, int]:
         held = await self.store.get(key)
@@ -329,29 +359,13 @@ def _heard(done: asyncio.Future) -> None:
 
 
 def _moved(writes: list[Write], marks: tally.Marks | None = None) -> list[tally.Move]:
+    """The counts the writes move; a record whose ack's mark `marks` does not cover counts where it was."""
     return [*(move for write in writes if _is_job(write) for move in tally.moves(_before(write), write.record, marks)),
             *(move for write in writes for move in write.moves)]
 
 
 def _marked(write: Write) -> list | None:
     return write.before.get("_mark") if write.before else None
-
-
-def _taken(writes: list[Write], marks: dict[str, tuple[dict | None, int]]) -> list[Write]:
-    """A change of a record whose ack its process has not counted yet moves the count itself (`_moved`)
-    and puts the ack's number in its process's `skip`, in the same batch: a compare-and-set on the marks
-    record, so that process's batch and this one do not both move it (seamq.jobs.recounts)."""
-    taken: dict[str, list[int]] = {}
-    seen = {epoch: record for epoch, (record, _) in marks.items() if record}
-    for write in writes:
-        if (mark := _marked(write)) and not tally.covered(mark, seen):
-            taken.setdefault(mark[0], []).append(mark[1])
-    out = []
-    for epoch, numbers in taken.items():
-        record, revision = marks[epoch]
-        out.append(Write(tally.marks_key(epoch), tally.marks_record(epoch, record["upto"] if record else 0, [
-            *(record["skip"] if record else []), *numbers]), revision, True))
-    return out
 
 
 def _is_job(write: Write) -> bool:
