@@ -68,6 +68,7 @@ class Recounts:
         self._round_due = False
         self._again: asyncio.TimerHandle | None = None  # the next round, after one that failed
         self._heard: asyncio.Event | None = None  # set when a number's outcome comes, for `drained`
+        self._stopped = False
 
     def stored(self, job: Job, revision: int, after: Aftermath) -> Aftermath:
         """A change of the job stored here (`after`: what it leaves to do): its count moved by it, or left
@@ -115,7 +116,8 @@ class Recounts:
 
     async def drained(self) -> None:
         """Once what this process had left to later when asked is recounted (or its recount failed, and
-        was logged): those left to COUNTED_AFTER too, now. What comes meanwhile is not waited for."""
+        was logged): those left to COUNTED_AFTER too, now, and the acks written here before, once their
+        writes' outcomes are known. What comes meanwhile is not waited for."""
         while self._later:
             self._spawn(self._logged(self._later.popitem()[0]))
         given = self._given  # acks written before: their numbers' outcomes come within their writes' time
@@ -128,6 +130,7 @@ class Recounts:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
     def stop(self) -> None:
+        self._stopped = True  # `drained` still counts what is known; a round that fails then is not tried again
         for timer in (self._timer, self._again):
             if timer is not None:
                 timer.cancel()
@@ -145,9 +148,14 @@ class Recounts:
                         raise OjsError(409, "conflict", "the marks record kept changing while this process counted")
             except Exception as exc:
                 log.warning("job_recount_failed", epoch=self.epoch, upto=self._upto, error=describe(exc))
-                self._again = asyncio.get_running_loop().call_later(AGAIN, lambda: self._spawn(self._round()))
+                if not self._stopped and self._again is None:
+                    self._again = asyncio.get_running_loop().call_later(AGAIN, self._round_again)
             finally:
                 self._round_due = False
+
+    def _round_again(self) -> None:
+        self._again = None
+        self._spawn(self._round())
 
     async def _count(self) -> bool | None:
         """One batch: the counts of the next numbers whose outcome is known, and the marks record that

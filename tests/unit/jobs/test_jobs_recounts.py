@@ -12,6 +12,7 @@ import asyncio
 from datetime import timedelta
 
 import pytest
+from structlog.testing import capture_logs
 
 from seamq.jobs import recounts, tally
 from seamq.jobs.engine import Engine
@@ -150,6 +151,31 @@ async def test_an_ack_counted_by_a_fetch_elsewhere_while_its_server_was_slow_is_
     assert await store.ready_counts("q") == (0, 0)
     assert tally.place((await store.get(pushed)).record, {server.recounts.epoch: await marks_of(store, server)})[:2] == (
         "q", "completed")
+
+
+async def test_a_batch_of_marks_that_fails_is_logged_and_tried_again_and_not_after_its_server_stopped(
+        server, store, monkeypatch):
+    monkeypatch.setattr(recounts, "AGAIN", 0.01)
+    pushed = (await push(server, job()))["id"]
+    [got] = await server.ops.fetch(["q"], 1, "w", 60_000)
+    commit, failed, key = store.commit, [], tally.marks_key(server.recounts.epoch)
+
+    async def away(writes):  # NATS away for the marks' first two batches: not stored
+        if writes[0].key == key and len(failed) < 2:
+            failed.append(writes)
+            raise ConnectionError("nats: connection closed")
+        return await commit(writes)
+
+    store.commit = away
+    with capture_logs() as logs:
+        await server.ops.ack(got["id"])
+        async def counted():
+            held = await store.get(key)
+            return held is not None and held.record["upto"] == 1
+        await wait_for(counted, what="the marks counted once NATS answers")
+    assert len(failed) == 2 and [e["event"] for e in logs].count("job_recount_failed") == 2
+    assert counts(await server.queues.stats("q")) == (0, 0, 1) and await store.ready_counts("q") == (0, 0)
+    assert (await store.get(pushed)).record["_mark"] == [server.recounts.epoch, 1]
 
 
 async def test_an_ack_whose_answer_never_came_is_read_back_and_counted_if_it_was_stored(server, store):
