@@ -72,7 +72,7 @@ class Recounts:
 
     def stored(self, job: Job, revision: int, after: Aftermath) -> Aftermath:
         """A change of the job stored here (`after`: what it leaves to do): its count moved by it, or left
-        to a recount here; a finished job's entry then goes with the recount, not now."""
+        to a recount here; an ack's entry then goes once its mark is counted, not now."""
         if job.counted_as is None:
             self._later.pop(job.id, None)
         elif job.state in (State.ACTIVE, State.AVAILABLE):
@@ -91,10 +91,11 @@ class Recounts:
 
     def unstored(self, job: Job, surely: bool) -> None:
         """The marked job's write lost its compare-and-set (`surely`), or its answer never came."""
-        if job.mark and not surely:  # read back before its number is passed; its claim's count goes with it
+        if not job.mark:
+            return
+        if not surely:  # read back before its number is passed; its claim's count goes with it
             self._later.pop(job.id, None)
-        if job.mark:
-            self._resolved(job.mark[1], False if surely else job.id)
+        self._resolved(job.mark[1], False if surely else job.id)
 
     def _resolved(self, number: int, outcome: tuple[Job, str | None] | str | bool) -> None:
         """Numbers are counted in order: one that comes when those before it are known starts a round."""
@@ -167,21 +168,18 @@ class Recounts:
             return None
         moved: list[tally.Move] = []
         skip, holds, acked = list(self._skip), [], dict[tuple[Any, ...], list[Any]]()
-        for number, outcome in ready:
+        for number, outcome in ready:  # False: never stored, nothing to count
             if isinstance(outcome, tuple):
                 holds.append(outcome[1])  # its entry is done with, whoever counts it
-            if outcome is False or number in self._skip:  # never stored, or counted by whoever took it
-                continue
-            if isinstance(outcome, str):  # its write's answer never came: what the store holds says
+                if number not in self._skip:  # else counted by whoever took it
+                    acked.setdefault(_kind(outcome[0]), [outcome[0], 0])[1] += 1
+            elif isinstance(outcome, str) and number not in self._skip:  # no answer came: the store says
                 held = await self.store.get(outcome)
                 if held is None or held.record.get("_mark") != [self.epoch, number]:
                     skip.append(number)  # it may land yet, and is then counted where it was
                     await self._logged(outcome)  # as its claim may have left it
                 else:
                     moved += tally.counting(held.record)
-                continue
-            if isinstance(outcome, tuple):
-                acked.setdefault(_kind(outcome[0]), [outcome[0], 0])[1] += 1
         for job, n in acked.values():  # the moves of many alike acks, counted once
             moved += [(queue, state, hour, delta * n) for queue, state, hour, delta in tally.counting(counted(job))]
         upto = ready[-1][0]

@@ -14,7 +14,7 @@ moves the counts of many acks in one atomic batch with its marks record, which s
 `upto` (but those in `skip`) are counted where their records are: so a finished record need not be
 written again for its count to move, and a scan that reads the marks records counts as the tallies
 do (seamq.jobs.recounts). Finished jobs are counted per hour of finishing, and a
-finished job's record is kept until its hour leaves the retention period (`record_ttl`), so its
+finished job's record is kept until its hour leaves the retention period (`ttl`), so its
 count and its record end together.
 """
 
